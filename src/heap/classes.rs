@@ -1,0 +1,101 @@
+//! Size classes of the general-purpose caches.
+//!
+//! 8 B to 16 KiB, four classes per doubling from 32 B on (and 4-byte steps
+//! below), so a request wastes at most 25% of its class: the worst case is a
+//! request one byte above a class, e.g. 9 B in the 12 B class. A class's
+//! objects are aligned to the largest power of two dividing its size (capped
+//! at the page), so an over-aligned request moves up to the first class
+//! whose alignment suffices; the 4 KiB, 8 KiB, 12 KiB and 16 KiB classes are
+//! page aligned, so every alignment up to the page finds a class.
+
+use crate::platform::PAGE_SIZE;
+use crate::slab::Geometry;
+
+/// Object sizes of the classes, ascending.
+pub(crate) const CLASS_SIZES: [usize; NCLASSES] = [
+    8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+    896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
+];
+/// Number of size classes.
+pub(crate) const NCLASSES: usize = 43;
+/// The largest request served by a size class; larger ones get page runs.
+pub const MAX_CLASS_SIZE: usize = 16384;
+
+/// Alignment of a class's objects.
+const fn natural_align(size: usize) -> usize {
+    let a = 1usize << size.trailing_zeros();
+    if a > PAGE_SIZE { PAGE_SIZE } else { a }
+}
+
+/// Slab geometry of each class.
+pub(crate) const GEOMETRIES: [Geometry; NCLASSES] = {
+    let mut out = [Geometry { size: 0, align: 0, order: 0, capacity: 0, first: 0 }; NCLASSES];
+    let mut i = 0;
+    while i < NCLASSES {
+        out[i] = match Geometry::new(CLASS_SIZES[i], natural_align(CLASS_SIZES[i])) {
+            Some(g) => g,
+            None => panic!("size class does not fit a slab"),
+        };
+        i += 1;
+    }
+    out
+};
+
+/// `SMALL[(size + 3) >> 2]`: smallest class holding `size <= 1024`.
+const SMALL: [u8; 257] = {
+    let mut lut = [0u8; 257];
+    let mut i = 0;
+    while i < 257 {
+        lut[i] = first_class_at_least(i * 4) as u8;
+        i += 1;
+    }
+    lut
+};
+/// `BIG[(size + 255) >> 8]`: smallest class holding `1024 < size <= 16384`.
+const BIG: [u8; 65] = {
+    let mut lut = [0u8; 65];
+    let mut i = 0;
+    while i < 65 {
+        lut[i] = first_class_at_least(i * 256) as u8;
+        i += 1;
+    }
+    lut
+};
+
+const fn first_class_at_least(size: usize) -> usize {
+    let mut c = 0;
+    while c < NCLASSES - 1 && CLASS_SIZES[c] < size {
+        c += 1;
+    }
+    c
+}
+
+/// The class serving `size` bytes aligned to `align`, or `None` when the
+/// request belongs on the page path (too large, or aligned above a page).
+/// `size` must be non-zero and `align` a power of two.
+#[inline]
+pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
+    let idx = if size <= 1024 {
+        SMALL[(size + 3) >> 2] as usize
+    } else if size <= MAX_CLASS_SIZE {
+        BIG[(size + 255) >> 8] as usize
+    } else {
+        return None;
+    };
+    if align <= GEOMETRIES[idx].align { Some(idx) } else { class_for_align(idx, align) }
+}
+
+/// Moves up from `idx` to the first class aligned to `align`.
+#[cold]
+fn class_for_align(mut idx: usize, align: usize) -> Option<usize> {
+    if align > PAGE_SIZE {
+        return None;
+    }
+    while idx < NCLASSES {
+        if GEOMETRIES[idx].align >= align {
+            return Some(idx);
+        }
+        idx += 1;
+    }
+    None
+}

@@ -1,0 +1,225 @@
+//! Typed caches: `kmem_cache_create` for Rust types.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::{align_of, size_of};
+use core::ops::{BitOr, Deref, DerefMut};
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::Kmem;
+use crate::error::{Error, Name};
+use crate::platform::PageSource;
+use crate::slab::{Cache, CacheStats, Geometry};
+use crate::sync::{AtomicBool, Ordering, atomic_bool};
+
+/// Options of a typed cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheFlags(u32);
+
+impl CacheFlags {
+    /// No options.
+    pub const NONE: CacheFlags = CacheFlags(0);
+    /// Align objects to a cache line (64 bytes), so that no two objects share
+    /// one (Linux `SLAB_HWCACHE_ALIGN`).
+    pub const HWCACHE_ALIGN: CacheFlags = CacheFlags(1);
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: CacheFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for CacheFlags {
+    type Output = CacheFlags;
+    fn bitor(self, rhs: CacheFlags) -> CacheFlags {
+        CacheFlags(self.0 | rhs.0)
+    }
+}
+
+/// A typed cache's descriptor, kept in the allocator's own `descriptors`
+/// cache (self-hosting) and linked into its registry.
+///
+/// `cache`'s geometry, `name`, `flags` and `next` are fixed once the
+/// descriptor is published, so lock-free readers of the registry may read
+/// them; `live` is flipped under the registry lock.
+pub(crate) struct CacheDesc<R: RawMutex> {
+    pub(crate) cache: Cache<R>,
+    pub(crate) name: Name,
+    pub(crate) flags: CacheFlags,
+    /// Set while a `KmemCache` handle owns the descriptor.
+    pub(crate) live: AtomicBool,
+    /// The next older descriptor.
+    pub(crate) next: *mut CacheDesc<R>,
+}
+
+impl<R: RawMutex> CacheDesc<R> {
+    /// Slab geometry of the descriptor cache.
+    pub(crate) const GEOMETRY: Geometry = match Geometry::new(size_of::<Self>(), align_of::<Self>()) {
+        Some(g) => g,
+        None => panic!("cache descriptor does not fit a slab"),
+    };
+}
+
+impl<S: PageSource, R: RawMutex> Kmem<S, R> {
+    /// Creates a named cache of `T` objects (Linux `kmem_cache_create`).
+    ///
+    /// Names are unique among live caches and appear in [`Kmem::slabinfo`].
+    /// Destroying the handle gives the cache's slabs back; the descriptor
+    /// is kept and reused by the next cache of the same name, layout and
+    /// flags, so create/destroy cycles do not grow memory.
+    ///
+    /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
+    /// [`Error::NameTaken`], [`Error::BadLayout`] (aligned above a page or
+    /// larger than 1 MiB), [`Error::OutOfMemory`] for the descriptor.
+    pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, S, R>, Error> {
+        let name = Name::new(name)?;
+        let mut align = align_of::<T>();
+        if flags.contains(CacheFlags::HWCACHE_ALIGN) {
+            align = align.max(64);
+        }
+        let geo = Geometry::new(size_of::<T>(), align).ok_or(Error::BadLayout)?;
+        let _registry = self.registry_lock.lock();
+        let mut reuse = None;
+        let mut d = self.registry.load(Ordering::Acquire);
+        while let Some(p) = NonNull::new(d) {
+            // SAFETY: published descriptors are never freed.
+            let desc = unsafe { p.as_ref() };
+            if desc.name == name {
+                if desc.live.load(Ordering::Relaxed) {
+                    return Err(Error::NameTaken);
+                }
+                if *desc.cache.geometry() == geo && desc.flags == flags {
+                    reuse = Some(desc);
+                }
+            }
+            d = desc.next;
+        }
+        let desc = match reuse {
+            Some(desc) => desc,
+            None => {
+                let mem = self.descriptors.alloc(&self.source, self.node()).ok_or(Error::OutOfMemory)?;
+                let p = mem.cast::<CacheDesc<R>>();
+                // SAFETY: `mem` is a fresh object of the descriptor cache,
+                // sized and aligned for `CacheDesc<R>`.
+                unsafe {
+                    p.as_ptr().write(CacheDesc {
+                        cache: Cache::new(geo),
+                        name,
+                        flags,
+                        live: atomic_bool(false),
+                        next: self.registry.load(Ordering::Relaxed),
+                    });
+                }
+                // Publishes the initialised descriptor to lock-free readers
+                // (pairs with their Acquire loads of `registry`).
+                self.registry.store(p.as_ptr(), Ordering::Release);
+                // SAFETY: just initialised and never freed.
+                unsafe { &*p.as_ptr() }
+            }
+        };
+        desc.live.store(true, Ordering::Relaxed);
+        Ok(KmemCache { kmem: self, desc, _type: PhantomData })
+    }
+}
+
+/// A named cache of `T` objects; created by [`Kmem::create_cache`].
+/// Dropping it destroys the cache (its boxes borrow it, so none is left).
+pub struct KmemCache<'k, T, S: PageSource, R: RawMutex = crate::platform::DefaultRawMutex> {
+    kmem: &'k Kmem<S, R>,
+    desc: &'k CacheDesc<R>,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<'k, T, S: PageSource, R: RawMutex> KmemCache<'k, T, S, R> {
+    /// Moves `value` into a new object of this cache.
+    pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, S, R>, Error> {
+        let p = self.desc.cache.alloc(&self.kmem.source, self.kmem.node()).ok_or(Error::OutOfMemory)?;
+        let p = p.cast::<T>();
+        // SAFETY: a fresh object of this cache, laid out for `T`.
+        unsafe { p.as_ptr().write(value) };
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+    }
+
+    /// The cache's name.
+    pub fn name(&self) -> &str {
+        self.desc.name.as_str()
+    }
+
+    /// The cache's counters.
+    pub fn stats(&self) -> CacheStats {
+        self.desc.cache.stats()
+    }
+
+    /// Gives the cache's empty slabs back; returns the pages freed.
+    pub fn shrink(&self) -> usize {
+        self.desc.cache.shrink(&self.kmem.source)
+    }
+}
+
+impl<T, S: PageSource, R: RawMutex> Drop for KmemCache<'_, T, S, R> {
+    fn drop(&mut self) {
+        let _registry = self.kmem.registry_lock.lock();
+        self.desc.cache.shrink(&self.kmem.source);
+        self.desc.live.store(false, Ordering::Relaxed);
+    }
+}
+
+impl<T, S: PageSource, R: RawMutex> fmt::Debug for KmemCache<'_, T, S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KmemCache").field("name", &self.name()).field("stats", &self.stats()).finish()
+    }
+}
+
+// SAFETY: the handle holds shared references to a `Kmem` and a descriptor
+// whose mutable state sits behind locks and atomics; it holds no `T`.
+unsafe impl<T, S: PageSource, R: RawMutex + Sync> Send for KmemCache<'_, T, S, R> {}
+// SAFETY: as for Send: every method takes `&self` and synchronises inside.
+unsafe impl<T, S: PageSource, R: RawMutex + Sync> Sync for KmemCache<'_, T, S, R> {}
+
+/// An owned `T` in a typed cache; frees its object on drop.
+pub struct CacheBox<'c, T, S: PageSource, R: RawMutex = crate::platform::DefaultRawMutex> {
+    ptr: NonNull<T>,
+    kmem: &'c Kmem<S, R>,
+    desc: &'c CacheDesc<R>,
+    _owns: PhantomData<T>,
+}
+
+impl<T, S: PageSource, R: RawMutex> Deref for CacheBox<'_, T, S, R> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the box owns a live, initialised `T`.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T, S: PageSource, R: RawMutex> DerefMut for CacheBox<'_, T, S, R> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the box owns a live `T` exclusively.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T, S: PageSource, R: RawMutex> Drop for CacheBox<'_, T, S, R> {
+    fn drop(&mut self) {
+        // SAFETY: the box owns a live `T` in an object of `desc.cache`,
+        // allocated with this `Kmem`'s page source; nothing uses it after.
+        unsafe {
+            self.ptr.as_ptr().drop_in_place();
+            self.desc.cache.free(&self.kmem.source, self.ptr.cast());
+        }
+    }
+}
+
+impl<T: fmt::Debug, S: PageSource, R: RawMutex> fmt::Debug for CacheBox<'_, T, S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+// SAFETY: a box is an owned `T` plus shared references to synchronised
+// allocator state; sending it sends the `T`.
+unsafe impl<T: Send, S: PageSource, R: RawMutex + Sync> Send for CacheBox<'_, T, S, R> {}
+// SAFETY: `&CacheBox` only gives `&T`.
+unsafe impl<T: Sync, S: PageSource, R: RawMutex + Sync> Sync for CacheBox<'_, T, S, R> {}

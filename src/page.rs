@@ -1,0 +1,69 @@
+//! Page layer: exact page runs for large objects, and pointer → slab lookup.
+//!
+//! A slab is a naturally aligned run of `2^order` pages whose first bytes
+//! hold its header, so the slab of an object is found in O(1), with no lock
+//! and no per-object header, by masking the pointer with the slab size of
+//! its cache (which the caller knows from the layout or the typed handle).
+//!
+//! Large objects get *exact* runs: the smallest order that fits is taken and
+//! the pages past the object's end go straight back to the source, so a
+//! 1 MiB + 1 B object holds 257 pages, not 512.
+
+use core::ptr::NonNull;
+
+use crate::platform::{PAGE_SHIFT, PAGE_SIZE, PageSource, order_for_pages};
+
+use crate::platform::for_each_block;
+
+/// Pages needed for `bytes` (at least one), or `None` on overflow.
+#[inline]
+pub(crate) const fn pages_for(bytes: usize) -> Option<usize> {
+    match bytes.checked_add(PAGE_SIZE - 1) {
+        Some(b) => Some(if b >> PAGE_SHIFT == 0 { 1 } else { b >> PAGE_SHIFT }),
+        None => None,
+    }
+}
+
+/// The order of the run backing an exact run of `pages` pages aligned to
+/// `align` bytes (`align` a power of two).
+#[inline]
+fn run_order(pages: usize, align: usize) -> Option<u32> {
+    order_for_pages(pages.max(align >> PAGE_SHIFT))
+}
+
+/// Allocates `pages` pages aligned to `align` (a power of two) on `node`.
+pub(crate) fn alloc_exact<S: PageSource>(src: &S, pages: usize, align: usize, node: usize) -> Option<NonNull<u8>> {
+    let order = run_order(pages, align)?;
+    let run = src.alloc_pages(order, node)?;
+    let full = 1usize << order;
+    if full > pages {
+        let tail = run.addr.as_ptr() as usize + pages * PAGE_SIZE;
+        // SAFETY: the tail is an unused part of the run just allocated, split
+        // into naturally aligned pieces as `free_pages` requires.
+        for_each_block(tail, full - pages, |a, o| unsafe { src.free_pages(NonNull::new_unchecked(a as *mut u8), o) });
+    }
+    Some(run.addr)
+}
+
+/// Frees `pages` pages at `addr` (the first `pages` of an exact run, or its
+/// remaining tail).
+///
+/// # Safety
+///
+/// `[addr, addr + pages * PAGE_SIZE)` must be live pages of runs from `src`
+/// that start at a multiple of `PAGE_SIZE`, of which nothing is used after.
+pub(crate) unsafe fn free_exact<S: PageSource>(src: &S, addr: NonNull<u8>, pages: usize) {
+    // SAFETY: forwarded; each piece is naturally aligned and inside the run.
+    for_each_block(addr.as_ptr() as usize, pages, |a, o| unsafe {
+        src.free_pages(NonNull::new_unchecked(a as *mut u8), o)
+    });
+}
+
+/// The start of the slab of `2^order` pages that holds `ptr`.
+#[inline(always)]
+pub(crate) fn slab_base(ptr: *mut u8, order: u32) -> usize {
+    ptr as usize & !((PAGE_SIZE << order) - 1)
+}
+
+#[cfg(test)]
+mod tests;

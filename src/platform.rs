@@ -1,0 +1,151 @@
+//! Platform layer: where pages come from.
+//!
+//! A [`PageSource`] hands out *runs* of `2^order` pages, naturally aligned
+//! (a run of order `k` starts at a multiple of `PAGE_SIZE << k`) and tagged
+//! with the NUMA node they live on. Two sources ship with the crate:
+//!
+//! * [`Region`]: memory handed in by the caller (a static array, or the
+//!   physical ranges of a boot memory map), one or more regions per node,
+//!   managed by a per-node buddy allocator. Regions may be added at any time;
+//!   adjacent regions of one node merge, so runs may straddle their seam.
+//! * `OsPages` (feature `std`): pages from the OS with `mmap`, pooled in
+//!   4 MiB chunks managed by the same buddy allocator; a chunk whose pages are
+//!   all free goes back to the OS (one spare is kept), and runs larger than a
+//!   chunk are mapped and unmapped directly.
+//!
+//! This layer knows nothing of slabs or groups.
+
+mod buddy;
+#[cfg(all(feature = "std", not(loom)))]
+mod os;
+mod region;
+
+pub(crate) use buddy::for_each_block;
+#[cfg(all(feature = "std", not(loom)))]
+pub use os::OsPages;
+pub use region::{Region, RegionError};
+
+use core::ptr::NonNull;
+
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 12;
+/// The page size every layer of kmemcg works in: 4 KiB.
+pub const PAGE_SIZE: usize = 1 << PAGE_SHIFT;
+/// How many NUMA nodes a page source and a cache can tell apart.
+pub const MAX_NODES: usize = 4;
+/// Runs have orders `0..MAX_ORDER`: at most `2^(MAX_ORDER-1)` pages (512 GiB).
+pub const MAX_ORDER: u32 = 28;
+
+/// The default lock: a spinning mutex from `spin`. A kernel supplies its own
+/// [`lock_api::RawMutex`] that also disables interrupts, so that allocation
+/// from an interrupt handler cannot deadlock against the code it interrupted.
+pub type DefaultRawMutex = spin::mutex::SpinMutex<()>;
+
+/// A run of `2^order` pages returned by [`PageSource::alloc_pages`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRun {
+    /// First byte of the run; aligned to `PAGE_SIZE << order`.
+    pub addr: NonNull<u8>,
+    /// log2 of the number of pages.
+    pub order: u32,
+    /// The NUMA node the pages live on (`< MAX_NODES`).
+    pub node: usize,
+}
+
+/// What a page source can say about an address, for the debug and hardened
+/// checks of frees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// The address lies in memory this source manages.
+    Owned,
+    /// The address is certainly not this source's.
+    Foreign,
+    /// The source cannot tell cheaply (e.g. runs mapped directly from the OS).
+    Unknown,
+}
+
+/// Counters of a page source, in pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceStats {
+    /// Pages currently handed out to callers of `alloc_pages`.
+    pub pages_in_use: usize,
+    /// Pages the source holds from its backing store (handed in regions, or
+    /// mapped from the OS, including its own metadata and free pages).
+    pub pages_reserved: usize,
+}
+
+/// A supplier of naturally aligned page runs.
+///
+/// # Safety
+///
+/// An implementation must guarantee that:
+/// 1. `alloc_pages(order, node)` returns `None` or a run of exactly
+///    `PAGE_SIZE << order` bytes, aligned to that size, readable and writable,
+///    overlapping no other live run, and valid until freed;
+/// 2. the run's `node` is below [`MAX_NODES`];
+/// 3. `free_pages` accepts any naturally aligned `2^k`-page piece of a live
+///    run (so a caller may return the tail of a run it over-allocated), each
+///    page at most once;
+/// 4. it never allocates through the global allocator, never calls back into
+///    the allocator that uses it, and never panics: it runs under the
+///    allocator's locks and on allocation paths (no re-entrancy);
+/// 5. all methods may be called from several threads at once.
+pub unsafe trait PageSource: Sync {
+    /// A run of `2^order` pages, preferably on `node`; `None` when exhausted
+    /// or when `order >= MAX_ORDER`.
+    fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun>;
+
+    /// Gives back `2^order` pages at `addr`.
+    ///
+    /// # Safety
+    ///
+    /// `addr` and `order` must describe a naturally aligned piece of a run
+    /// that this source returned and that has not been freed, and nothing may
+    /// use those pages afterwards.
+    unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32);
+
+    /// Whether `addr` lies in memory this source manages.
+    fn ownership(&self, addr: usize) -> Ownership;
+
+    /// Current counters.
+    fn stats(&self) -> SourceStats;
+}
+
+// SAFETY: forwarding every method to `S` keeps each of S's guarantees.
+unsafe impl<S: PageSource> PageSource for &S {
+    #[inline]
+    fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun> {
+        (**self).alloc_pages(order, node)
+    }
+    #[inline]
+    unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
+        // SAFETY: the caller upholds `free_pages`'s contract for `S`.
+        unsafe { (**self).free_pages(addr, order) }
+    }
+    fn ownership(&self, addr: usize) -> Ownership {
+        (**self).ownership(addr)
+    }
+    fn stats(&self) -> SourceStats {
+        (**self).stats()
+    }
+}
+
+/// The smallest order whose run holds `pages` pages (`pages >= 1`), or
+/// `None` if no order below [`MAX_ORDER`] does.
+#[inline]
+pub const fn order_for_pages(pages: usize) -> Option<u32> {
+    if pages == 0 {
+        return Some(0);
+    }
+    let order = usize::BITS - (pages - 1).leading_zeros();
+    if pages == 1 {
+        Some(0)
+    } else if order < MAX_ORDER {
+        Some(order)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests;

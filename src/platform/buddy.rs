@@ -1,0 +1,433 @@
+//! A binary buddy allocator over page-aligned zones of memory.
+//!
+//! Bookkeeping lives out of band, one byte per page in a *meta* array carved
+//! from each zone: `FREE | order` on the first page of a free block, `0` on
+//! every other page. In-band, a free block holds only its list links. Blocks
+//! are naturally aligned in absolute addresses, so the buddy of the block at
+//! `a` of order `k` is `a ^ (PAGE_SIZE << k)`, wherever zones begin.
+//!
+//! Zones of one buddy may be *merged*: a free block may then straddle two
+//! adjacent zones (both halves are free, so both are ours). An *island* zone
+//! (an OS chunk) never merges, so it can be handed back whole once its
+//! `used` count returns to zero.
+//!
+//! Invariants (checked by [`Buddy::check`]):
+//! * every free block is on exactly the list of its order, and its meta byte
+//!   is `FREE | order`; no two free blocks overlap;
+//! * two free buddies of one order never coexist when they may merge;
+//! * `free_pages` equals the pages on all lists.
+
+use super::{MAX_ORDER, PAGE_SIZE};
+
+const FREE: u8 = 0x80;
+const ORDERS: usize = MAX_ORDER as usize;
+
+/// One span of managed memory: pages `[start, start + pages * PAGE_SIZE)`,
+/// with its meta array elsewhere (carved from the same memory the zone was
+/// given).
+#[derive(Clone, Copy)]
+struct Zone {
+    start: usize,
+    pages: usize,
+    meta: *mut u8,
+    /// Pages handed out from this zone; maintained for islands only.
+    used: usize,
+    /// First address of the memory the zone was built from (incl. meta).
+    raw_start: usize,
+    /// Length of that memory.
+    raw_len: usize,
+    island: bool,
+}
+
+impl Zone {
+    const EMPTY: Zone = Zone {
+        start: 0,
+        pages: 0,
+        meta: core::ptr::null_mut(),
+        used: 0,
+        raw_start: 0,
+        raw_len: 0,
+        island: false,
+    };
+
+    #[inline]
+    fn end(&self) -> usize {
+        self.start + self.pages * PAGE_SIZE
+    }
+}
+
+/// Link words at the start of a free block.
+#[repr(C)]
+struct FreeBlock {
+    next: usize,
+    prev: usize,
+}
+
+/// Why a zone could not be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZoneError {
+    /// Too small to hold its meta array and one page.
+    TooSmall,
+    /// Overlaps a zone already managed.
+    Overlap,
+    /// The zone table is full.
+    Full,
+}
+
+/// A buddy allocator over at most `Z` zones. Not synchronised: its owner
+/// wraps it in a lock.
+pub(crate) struct Buddy<const Z: usize> {
+    /// Sorted by `start`; the first `nzones` entries are live.
+    zones: [Zone; Z],
+    nzones: usize,
+    /// Head of the free list of each order (0 = empty).
+    heads: [usize; ORDERS],
+    free_pages: usize,
+    managed_pages: usize,
+    /// Island zones that are entirely free.
+    empty_islands: usize,
+}
+
+// SAFETY: the raw meta pointers point into memory the buddy owns exclusively
+// (carved from the zones handed to it); moving the buddy to another thread
+// moves that ownership with it. Its owner serialises all access with a lock.
+unsafe impl<const Z: usize> Send for Buddy<Z> {}
+
+impl<const Z: usize> Buddy<Z> {
+    /// An empty buddy allocator.
+    pub(crate) const fn new() -> Self {
+        Buddy {
+            zones: [Zone::EMPTY; Z],
+            nzones: 0,
+            heads: [0; ORDERS],
+            free_pages: 0,
+            managed_pages: 0,
+            empty_islands: 0,
+        }
+    }
+
+    /// Pages on the free lists.
+    pub(crate) fn free_pages(&self) -> usize {
+        self.free_pages
+    }
+
+    /// Pages handed out or free, excluding meta pages.
+    pub(crate) fn managed_pages(&self) -> usize {
+        self.managed_pages
+    }
+
+    /// Whether the zone table has room for another zone.
+    pub(crate) fn has_room(&self) -> bool {
+        self.nzones < Z
+    }
+
+    /// Number of island zones that are entirely free.
+    pub(crate) fn empty_islands(&self) -> usize {
+        self.empty_islands
+    }
+
+    /// Index of the zone holding `addr`.
+    fn zone_of(&self, addr: usize) -> Option<usize> {
+        let zones = &self.zones[..self.nzones];
+        // Last zone whose start is <= addr.
+        let idx = zones.partition_point(|z| z.start <= addr);
+        if idx == 0 {
+            return None;
+        }
+        let z = &zones[idx - 1];
+        (addr < z.end()).then_some(idx - 1)
+    }
+
+    /// Whether `addr` lies in memory given to this buddy (meta included).
+    pub(crate) fn contains_raw(&self, addr: usize) -> bool {
+        self.zones[..self.nzones]
+            .iter()
+            .any(|z| addr >= z.raw_start && addr - z.raw_start < z.raw_len)
+    }
+
+    /// The meta byte of the page at `addr` in zone `zi`.
+    #[inline]
+    fn meta(&self, zi: usize, addr: usize) -> *mut u8 {
+        let z = &self.zones[zi];
+        debug_assert!(addr >= z.start && addr < z.end());
+        // SAFETY: `addr` lies in zone `zi` (asserted by every caller's lookup),
+        // so the page index is below `z.pages`, the meta array's length.
+        unsafe { z.meta.add((addr - z.start) / PAGE_SIZE) }
+    }
+
+    /// Adds `[start, start + len)` as a zone, carving its meta array from it,
+    /// and frees its pages. Returns the zone's usable range.
+    ///
+    /// # Safety
+    ///
+    /// The memory must be valid for reads and writes, unused by anything
+    /// else, and stay so for as long as this buddy manages it.
+    pub(crate) unsafe fn add_zone(
+        &mut self,
+        start: usize,
+        len: usize,
+        island: bool,
+    ) -> Result<(usize, usize), ZoneError> {
+        let lo = start.checked_add(PAGE_SIZE - 1).ok_or(ZoneError::TooSmall)? & !(PAGE_SIZE - 1);
+        let hi = start.checked_add(len).ok_or(ZoneError::TooSmall)? & !(PAGE_SIZE - 1);
+        if hi <= lo {
+            return Err(ZoneError::TooSmall);
+        }
+        let total = (hi - lo) / PAGE_SIZE;
+        let meta_pages = total.div_ceil(PAGE_SIZE);
+        if total <= meta_pages {
+            return Err(ZoneError::TooSmall);
+        }
+        if self.nzones == Z {
+            return Err(ZoneError::Full);
+        }
+        if self.zones[..self.nzones]
+            .iter()
+            .any(|z| lo < z.raw_start + z.raw_len && z.raw_start < hi)
+        {
+            return Err(ZoneError::Overlap);
+        }
+        let pages = total - meta_pages;
+        // Put the meta array on the side away from a mergeable neighbour
+        // below, so free blocks can grow across the seam.
+        let low_neighbour = !island
+            && self.zones[..self.nzones]
+                .iter()
+                .any(|z| !z.island && z.raw_start + z.raw_len == lo);
+        let (ustart, meta) = if low_neighbour {
+            (lo, lo + pages * PAGE_SIZE)
+        } else {
+            (lo + meta_pages * PAGE_SIZE, lo)
+        };
+        // SAFETY: the meta range lies inside the memory the caller gave us.
+        unsafe { core::ptr::write_bytes(meta as *mut u8, 0, pages) };
+        let zone = Zone {
+            start: ustart,
+            pages,
+            meta: meta as *mut u8,
+            used: 0,
+            raw_start: lo,
+            raw_len: hi - lo,
+            island,
+        };
+        let idx = self.zones[..self.nzones].partition_point(|z| z.start < ustart);
+        self.zones.copy_within(idx..self.nzones, idx + 1);
+        self.zones[idx] = zone;
+        self.nzones += 1;
+        self.managed_pages += pages;
+        if island {
+            self.empty_islands += 1;
+        }
+        // Free the usable range as maximal naturally aligned blocks.
+        // SAFETY: each block is a fresh, unused part of the zone.
+        for_each_block(ustart, pages, |addr, order| unsafe { self.release(addr, order) });
+        Ok((ustart, ustart + pages * PAGE_SIZE))
+    }
+
+    /// Pushes the free block `addr` of `order` on its list.
+    ///
+    /// # Safety
+    ///
+    /// The block must be managed, free, and on no list.
+    unsafe fn push(&mut self, zi: usize, addr: usize, order: u32) {
+        let head = self.heads[order as usize];
+        let block = addr as *mut FreeBlock;
+        // SAFETY: the block is free memory we manage, at least a page long.
+        unsafe { block.write(FreeBlock { next: head, prev: 0 }) };
+        if head != 0 {
+            // SAFETY: `head` is a free block on this list.
+            unsafe { (*(head as *mut FreeBlock)).prev = addr };
+        }
+        self.heads[order as usize] = addr;
+        // SAFETY: zone `zi` holds `addr` (see `meta`).
+        unsafe { *self.meta(zi, addr) = FREE | order as u8 };
+        self.free_pages += 1 << order;
+    }
+
+    /// Takes the free block `addr` of `order` off its list.
+    ///
+    /// # Safety
+    ///
+    /// The block must be on the list of `order`.
+    unsafe fn unlink(&mut self, zi: usize, addr: usize, order: u32) {
+        // SAFETY: the block is free, so its links are ours to read and fix.
+        unsafe {
+            let b = &*(addr as *const FreeBlock);
+            let (next, prev) = (b.next, b.prev);
+            if prev != 0 {
+                (*(prev as *mut FreeBlock)).next = next;
+            } else {
+                self.heads[order as usize] = next;
+            }
+            if next != 0 {
+                (*(next as *mut FreeBlock)).prev = prev;
+            }
+            *self.meta(zi, addr) = 0;
+        }
+        self.free_pages -= 1 << order;
+    }
+
+    /// A block of `2^order` pages, or `None`.
+    pub(crate) fn alloc(&mut self, order: u32) -> Option<usize> {
+        let mut k = order;
+        while (k as usize) < ORDERS && self.heads[k as usize] == 0 {
+            k += 1;
+        }
+        if k as usize >= ORDERS {
+            return None;
+        }
+        let addr = self.heads[k as usize];
+        let zi = self.zone_of(addr)?;
+        // SAFETY: `addr` heads the list of order k.
+        unsafe { self.unlink(zi, addr, k) };
+        while k > order {
+            k -= 1;
+            let half = addr + (PAGE_SIZE << k);
+            let hz = self.zone_of(half)?;
+            // SAFETY: the upper half of a free block we just took is free.
+            unsafe { self.push(hz, half, k) };
+        }
+        let z = &mut self.zones[zi];
+        if z.island {
+            if z.used == 0 {
+                self.empty_islands -= 1;
+            }
+            z.used += 1 << order;
+        }
+        Some(addr)
+    }
+
+    /// Returns a block; `false` if `addr` is not managed here.
+    ///
+    /// # Safety
+    ///
+    /// `addr`/`order` must be a naturally aligned piece of a block handed out
+    /// by `alloc` and not yet returned.
+    pub(crate) unsafe fn free(&mut self, addr: usize, order: u32) -> bool {
+        let Some(zi) = self.zone_of(addr) else {
+            return false;
+        };
+        let z = &mut self.zones[zi];
+        if z.island {
+            z.used -= 1 << order;
+            if z.used == 0 {
+                self.empty_islands += 1;
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.release(addr, order) };
+        true
+    }
+
+    /// Inserts a free block, merging it with free buddies.
+    ///
+    /// # Safety
+    ///
+    /// The block must be managed and unused, and on no list.
+    unsafe fn release(&mut self, mut addr: usize, mut order: u32) {
+        let Some(mut zi) = self.zone_of(addr) else {
+            return;
+        };
+        while order + 1 < MAX_ORDER {
+            let buddy = addr ^ (PAGE_SIZE << order);
+            let Some(bz) = self.zone_of(buddy) else { break };
+            if bz != zi && (self.zones[bz].island || self.zones[zi].island) {
+                break;
+            }
+            // SAFETY: `buddy` is in zone `bz`.
+            if unsafe { *self.meta(bz, buddy) } != FREE | order as u8 {
+                break;
+            }
+            // SAFETY: its meta byte says it heads a free block of `order`.
+            unsafe { self.unlink(bz, buddy, order) };
+            if buddy < addr {
+                addr = buddy;
+                zi = bz;
+            }
+            order += 1;
+        }
+        // SAFETY: `addr` is a free, unlisted block in zone `zi`.
+        unsafe { self.push(zi, addr, order) };
+    }
+
+    /// Removes an island zone that is entirely free, returning its raw range
+    /// so the caller can hand the memory back. `None` if `addr` is not in an
+    /// empty island.
+    pub(crate) fn remove_empty_island(&mut self, addr: usize) -> Option<(usize, usize)> {
+        let zi = self.zone_of(addr)?;
+        let z = self.zones[zi];
+        if !z.island || z.used != 0 {
+            return None;
+        }
+        let mut a = z.start;
+        while a < z.end() {
+            // SAFETY: `a` is in zone `zi`.
+            let m = unsafe { *self.meta(zi, a) };
+            debug_assert!(m & FREE != 0, "empty island has a page that is not free");
+            let order = u32::from(m & !FREE);
+            // SAFETY: its meta byte says it heads a free block of `order`.
+            unsafe { self.unlink(zi, a, order) };
+            a += PAGE_SIZE << order;
+        }
+        self.zones.copy_within(zi + 1..self.nzones, zi);
+        self.nzones -= 1;
+        self.managed_pages -= z.pages;
+        self.empty_islands -= 1;
+        Some((z.raw_start, z.raw_len))
+    }
+
+    /// Walks every list and meta array and checks the invariants; panics
+    /// with a description on the first violation (tests and `paranoid`).
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        let mut listed = 0usize;
+        for order in 0..ORDERS {
+            let mut prev = 0usize;
+            let mut cur = self.heads[order];
+            while cur != 0 {
+                assert_eq!(cur % (PAGE_SIZE << order), 0, "misaligned free block");
+                let zi = self.zone_of(cur).expect("free block outside zones");
+                // SAFETY: `cur` is in zone `zi`.
+                assert_eq!(unsafe { *self.meta(zi, cur) }, FREE | order as u8);
+                // SAFETY: `cur` is on a free list, so it holds links.
+                let b = unsafe { &*(cur as *const FreeBlock) };
+                assert_eq!(b.prev, prev, "broken back link");
+                listed += 1 << order;
+                prev = cur;
+                cur = b.next;
+            }
+        }
+        assert_eq!(listed, self.free_pages, "free page count drifted");
+        let mut heads = 0usize;
+        for zi in 0..self.nzones {
+            let z = &self.zones[zi];
+            for p in 0..z.pages {
+                // SAFETY: p < z.pages, the meta length.
+                let m = unsafe { *z.meta.add(p) };
+                if m & FREE != 0 {
+                    heads += 1 << (m & !FREE);
+                }
+            }
+        }
+        assert_eq!(heads, self.free_pages, "meta bytes and lists disagree");
+    }
+}
+
+/// The largest order of a naturally aligned block starting at `addr` and
+/// ending at or before `end`.
+fn max_block_order(addr: usize, end: usize) -> u32 {
+    let align = (addr / PAGE_SIZE).trailing_zeros();
+    let fit = usize::BITS - 1 - ((end - addr) / PAGE_SIZE).leading_zeros();
+    align.min(fit).min(MAX_ORDER - 1)
+}
+
+/// Splits `[addr, addr + pages)` into naturally aligned blocks and calls `f`
+/// on each (address, order): how a caller frees an exact run's tail.
+pub(crate) fn for_each_block(mut addr: usize, pages: usize, mut f: impl FnMut(usize, u32)) {
+    let end = addr + pages * PAGE_SIZE;
+    while addr < end {
+        let order = max_block_order(addr, end);
+        f(addr, order);
+        addr += PAGE_SIZE << order;
+    }
+}

@@ -1,0 +1,217 @@
+//! `Region`: a page source over memory the caller hands in.
+
+use core::mem::MaybeUninit;
+use core::ptr::NonNull;
+
+use lock_api::{Mutex, RawMutex};
+
+use super::buddy::{Buddy, ZoneError};
+use super::{DefaultRawMutex, MAX_NODES, Ownership, PageRun, PageSource, SourceStats};
+use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize};
+
+/// Why a region was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionError {
+    /// `node` is not below [`MAX_NODES`].
+    BadNode,
+    /// Too small to hold its page metadata and at least one page.
+    TooSmall,
+    /// Overlaps a region already added.
+    Overlap,
+    /// The node already has `ZONES` regions.
+    Full,
+}
+
+impl core::fmt::Display for RegionError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            RegionError::BadNode => "node id out of range",
+            RegionError::TooSmall => "region too small for its metadata and one page",
+            RegionError::Overlap => "region overlaps one already added",
+            RegionError::Full => "no room for another region on this node",
+        })
+    }
+}
+
+impl core::error::Error for RegionError {}
+
+/// One entry of the lock-free address → node map.
+///
+/// Written once, before `Region::spans` is bumped with `Release`; read after
+/// an `Acquire` load of `spans`, so a reader never sees a half-written entry.
+struct Span {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    node: AtomicUsize,
+}
+
+/// A page source over memory handed in by the caller: static arrays, or the
+/// ranges of a boot memory map. Each node has its own buddy allocator and
+/// lock; regions can be added at any time (`add` takes `&self`), and
+/// adjacent regions of one node merge.
+///
+/// `ZONES` bounds the regions per node. About `1/4096` of each region is
+/// taken for page metadata (one byte per page).
+pub struct Region<R: RawMutex = DefaultRawMutex, const ZONES: usize = 32> {
+    nodes: [Mutex<R, Buddy<ZONES>>; MAX_NODES],
+    /// Address → node map for `free_pages`, append-only.
+    span_table: [[Span; ZONES]; MAX_NODES],
+    /// Published spans per node (`Release` after writing the entry).
+    spans: [AtomicUsize; MAX_NODES],
+    in_use: Stat,
+    reserved: Stat,
+}
+
+impl<R: RawMutex, const ZONES: usize> Default for Region<R, ZONES> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
+    /// An empty page source; add memory with [`Region::add`].
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Region {
+            nodes: [const { Mutex::const_new(R::INIT, Buddy::new()) }; MAX_NODES],
+            span_table: [const { [const { Span::new() }; ZONES] }; MAX_NODES],
+            spans: [const { atomic_usize(0) }; MAX_NODES],
+            in_use: Stat::new(),
+            reserved: Stat::new(),
+        }
+    }
+
+    /// An empty page source (loom: not `const`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Region {
+            nodes: core::array::from_fn(|_| Mutex::const_new(R::INIT, Buddy::new())),
+            span_table: core::array::from_fn(|_| core::array::from_fn(|_| Span::new())),
+            spans: core::array::from_fn(|_| atomic_usize(0)),
+            in_use: Stat::new(),
+            reserved: Stat::new(),
+        }
+    }
+
+    /// Hands a `'static` buffer (e.g. a `static mut` array) to `node`.
+    pub fn add(&self, mem: &'static mut [MaybeUninit<u8>], node: usize) -> Result<(), RegionError> {
+        // SAFETY: a `&'static mut` is exclusive for the rest of the program,
+        // so the memory is valid, unused elsewhere, and lives long enough.
+        unsafe { self.add_raw(mem.as_mut_ptr().cast(), mem.len(), node) }
+    }
+
+    /// Hands `[start, start + len)` to `node`. Partial pages at either end
+    /// are left unused.
+    ///
+    /// # Safety
+    ///
+    /// The range must be valid for reads and writes, used by nothing else,
+    /// and stay so for as long as this `Region` exists.
+    pub unsafe fn add_raw(&self, start: *mut u8, len: usize, node: usize) -> Result<(), RegionError> {
+        if node >= MAX_NODES {
+            return Err(RegionError::BadNode);
+        }
+        let mut buddy = self.nodes[node].lock();
+        let n = self.spans[node].load(Ordering::Relaxed);
+        let before = buddy.managed_pages();
+        // SAFETY: forwarded from the caller.
+        let (lo, hi) = unsafe { buddy.add_zone(start as usize, len, false) }.map_err(|e| match e {
+            ZoneError::TooSmall => RegionError::TooSmall,
+            ZoneError::Overlap => RegionError::Overlap,
+            ZoneError::Full => RegionError::Full,
+        })?;
+        let span = &self.span_table[node][n];
+        span.start.store(lo, Ordering::Relaxed);
+        span.end.store(hi, Ordering::Relaxed);
+        span.node.store(node, Ordering::Relaxed);
+        // Publishes the entry to `node_of` (pairs with its Acquire load).
+        self.spans[node].store(n + 1, Ordering::Release);
+        self.reserved.add(buddy.managed_pages() - before);
+        Ok(())
+    }
+
+    /// The node whose regions hold `addr`, without taking a lock.
+    fn node_of(&self, addr: usize) -> Option<usize> {
+        (0..MAX_NODES).find(|&node| {
+            let n = self.spans[node].load(Ordering::Acquire);
+            self.span_table[node][..n].iter().any(|s| {
+                let (lo, hi) = (s.start.load(Ordering::Relaxed), s.end.load(Ordering::Relaxed));
+                addr >= lo && addr < hi
+            })
+        })
+    }
+
+    /// Free pages on `node`.
+    pub fn free_pages_on(&self, node: usize) -> usize {
+        self.nodes.get(node).map_or(0, |b| b.lock().free_pages())
+    }
+
+    /// Walks every node's buddy and checks its invariants (tests only).
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        for b in &self.nodes {
+            b.lock().check();
+        }
+    }
+}
+
+impl Span {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        Span { start: atomic_usize(0), end: atomic_usize(0), node: atomic_usize(0) }
+    }
+    #[cfg(loom)]
+    fn new() -> Self {
+        Span { start: atomic_usize(0), end: atomic_usize(0), node: atomic_usize(0) }
+    }
+}
+
+// SAFETY: (1) runs come from a buddy that hands each block out once, aligned
+// to its size, inside memory the caller vouched for; (2) the node is the
+// index of the buddy, below MAX_NODES; (3) the buddy accepts any aligned
+// piece of a live block; (4) it takes only its own lock, allocates nothing,
+// and has no panicking path outside debug assertions; (5) each node's
+// buddy is behind a lock, and the span map is written before it is
+// published with Release.
+unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZONES> {
+    fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun> {
+        if order >= super::MAX_ORDER {
+            return None;
+        }
+        let home = node.min(MAX_NODES - 1);
+        // The preferred node first, then the others in order.
+        for n in core::iter::once(home).chain((0..MAX_NODES).filter(|&n| n != home)) {
+            if self.spans[n].load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            if let Some(addr) = self.nodes[n].lock().alloc(order) {
+                self.in_use.add(1 << order);
+                // SAFETY: the buddy never hands out address 0.
+                let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+                return Some(PageRun { addr, order, node: n });
+            }
+        }
+        None
+    }
+
+    unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
+        let a = addr.as_ptr() as usize;
+        let Some(node) = self.node_of(a) else {
+            debug_assert!(false, "Region::free_pages of a foreign address {a:#x}");
+            return;
+        };
+        // SAFETY: forwarded from the caller.
+        if unsafe { self.nodes[node].lock().free(a, order) } {
+            self.in_use.sub(1 << order);
+        }
+    }
+
+    fn ownership(&self, addr: usize) -> Ownership {
+        if self.node_of(addr).is_some() { Ownership::Owned } else { Ownership::Foreign }
+    }
+
+    fn stats(&self) -> SourceStats {
+        SourceStats { pages_in_use: self.in_use.get(), pages_reserved: self.reserved.get() }
+    }
+}
+

@@ -1,0 +1,518 @@
+//! Slab layer: caches of equal-sized objects carved from page runs.
+//!
+//! A [`Cache`] holds objects of one size and alignment in *slabs*: runs of
+//! `2^order` pages whose first [`HEADER`] bytes hold a [`Slab`] header and
+//! whose remainder is cut into objects. Each node has its own lists of
+//! partial, full and empty slabs behind its own lock, so no operation takes
+//! a lock wider than one node of one cache, and each critical section is a
+//! single slab-list update.
+//!
+//! Objects that were never handed out are not threaded on a free list: a
+//! slab hands them out from a bump index first, so growing a slab touches
+//! only its header page.
+//!
+//! Accounting equation, per node, under its lock:
+//! `active == Σ inuse over all listed slabs`, and for every slab
+//! `inuse + free-list length + (capacity - bump) == capacity`.
+
+use core::ptr::{self, NonNull};
+
+use crossbeam_utils::CachePadded;
+use lock_api::{Mutex, RawMutex};
+
+use crate::page::slab_base;
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource};
+
+/// Bytes reserved for the header at the start of every slab.
+pub(crate) const HEADER: usize = 64;
+/// The largest slab: 2^8 pages (1 MiB).
+pub(crate) const MAX_SLAB_ORDER: u32 = 8;
+/// Marks a live slab header ("kmsb").
+const SLAB_MAGIC: u32 = 0x6b6d_7362;
+/// Empty slabs each node keeps before giving slabs back to the page source.
+pub(crate) const EMPTY_RESERVE: usize = 1;
+
+/// How objects are laid out in a slab of one cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Object stride in bytes (a multiple of `align`, at least a pointer).
+    pub(crate) size: usize,
+    /// Object alignment; at most `PAGE_SIZE`.
+    pub(crate) align: usize,
+    /// log2 of the pages per slab.
+    pub(crate) order: u32,
+    /// Objects per slab.
+    pub(crate) capacity: usize,
+    /// Offset of the first object from the slab start.
+    pub(crate) first: usize,
+}
+
+impl Geometry {
+    /// The layout for objects of `size` bytes aligned to `align` (a power of
+    /// two): the smallest slab order whose waste (header, padding and tail)
+    /// is under 1/8 of the slab, or the least wasteful order up to
+    /// [`MAX_SLAB_ORDER`]. `None` if an object does not fit a 1 MiB slab.
+    pub(crate) const fn new(size: usize, align: usize) -> Option<Geometry> {
+        if !align.is_power_of_two() || align > PAGE_SIZE {
+            return None;
+        }
+        let min = core::mem::size_of::<usize>();
+        let align = if align < min { min } else { align };
+        let size = if size < min { min } else { size };
+        let size = match size.checked_add(align - 1) {
+            Some(s) => s & !(align - 1),
+            None => return None,
+        };
+        let first = (HEADER + align - 1) & !(align - 1);
+        let mut best: Option<Geometry> = None;
+        let mut best_waste_ppm = usize::MAX;
+        let mut order = 0;
+        while order <= MAX_SLAB_ORDER {
+            let bytes = PAGE_SIZE << order;
+            if bytes >= first + size {
+                let capacity = (bytes - first) / size;
+                let waste = bytes - capacity * size;
+                let g = Geometry { size, align, order, capacity, first };
+                if waste * 8 < bytes {
+                    return Some(g);
+                }
+                let ppm = waste * 1000 / (bytes / 1000);
+                if ppm < best_waste_ppm {
+                    best_waste_ppm = ppm;
+                    best = Some(g);
+                }
+            }
+            order += 1;
+        }
+        best
+    }
+
+    /// Pages per slab.
+    #[inline]
+    pub(crate) const fn slab_pages(&self) -> usize {
+        1 << self.order
+    }
+}
+
+/// Which list a slab is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum ListKind {
+    Partial = 1,
+    Full = 2,
+    Empty = 3,
+}
+
+/// The header at the start of every slab.
+///
+/// All fields but `magic`, `cache` and `node` (fixed at creation) are read
+/// and written only under the lock of node `node` of cache `cache`.
+#[repr(C)]
+pub(crate) struct Slab {
+    /// `SLAB_MAGIC` while the slab is live, 0 once handed back.
+    magic: u32,
+    /// The node whose lists hold this slab.
+    node: u8,
+    /// The list the slab is on.
+    list: ListKind,
+    /// Objects handed out and not returned.
+    inuse: u32,
+    /// Objects at indices `>= bump` have never been handed out.
+    bump: u32,
+    /// The cache that owns this slab.
+    cache: *const (),
+    /// Returned objects, linked through their first word.
+    free: *mut u8,
+    next: *mut Slab,
+    prev: *mut Slab,
+}
+
+static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
+
+/// An intrusive doubly linked list of slabs.
+struct List {
+    head: *mut Slab,
+    len: usize,
+}
+
+impl List {
+    const EMPTY: List = List { head: ptr::null_mut(), len: 0 };
+
+    /// # Safety
+    ///
+    /// `s` is a live slab header on no list, owned by the caller's lock.
+    unsafe fn push(&mut self, s: *mut Slab, kind: ListKind) {
+        // SAFETY: per the contract, `s` and the current head are live headers
+        // guarded by the lock the caller holds.
+        unsafe {
+            (*s).prev = ptr::null_mut();
+            (*s).next = self.head;
+            (*s).list = kind;
+            if !self.head.is_null() {
+                (*self.head).prev = s;
+            }
+        }
+        self.head = s;
+        self.len += 1;
+    }
+
+    /// # Safety
+    ///
+    /// `s` is on this list, and the caller holds its lock.
+    unsafe fn remove(&mut self, s: *mut Slab) {
+        // SAFETY: `s` and its neighbours are live headers on this list.
+        unsafe {
+            let (prev, next) = ((*s).prev, (*s).next);
+            if prev.is_null() {
+                self.head = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+        }
+        self.len -= 1;
+    }
+}
+
+/// One node's slabs of one cache.
+struct NodeSlabs {
+    partial: List,
+    full: List,
+    empty: List,
+    /// Objects handed out from this node's slabs.
+    active: usize,
+}
+
+// SAFETY: the raw slab pointers refer to page runs owned by the cache; all
+// access goes through the node lock that wraps this value.
+unsafe impl Send for NodeSlabs {}
+
+impl NodeSlabs {
+    const fn new() -> Self {
+        NodeSlabs { partial: List::EMPTY, full: List::EMPTY, empty: List::EMPTY, active: 0 }
+    }
+
+    fn list(&mut self, kind: ListKind) -> &mut List {
+        match kind {
+            ListKind::Partial => &mut self.partial,
+            ListKind::Full => &mut self.full,
+            ListKind::Empty => &mut self.empty,
+        }
+    }
+
+    /// Moves `s` from its list to `to`.
+    ///
+    /// # Safety
+    ///
+    /// `s` is a live slab on one of these lists.
+    unsafe fn relist(&mut self, s: *mut Slab, to: ListKind) {
+        // SAFETY: forwarded.
+        unsafe {
+            let from = (*s).list;
+            self.list(from).remove(s);
+            self.list(to).push(s, to);
+        }
+    }
+
+    /// Hands out one object from a partial (or else empty) slab.
+    ///
+    /// # Safety
+    ///
+    /// All listed slabs belong to a cache with geometry `g`.
+    unsafe fn take(&mut self, g: &Geometry) -> Option<NonNull<u8>> {
+        let mut s = self.partial.head;
+        if s.is_null() {
+            s = self.empty.head;
+            if s.is_null() {
+                return None;
+            }
+            // SAFETY: `s` heads the empty list.
+            unsafe { self.relist(s, ListKind::Partial) };
+        }
+        // SAFETY: `s` is a live slab of this node with a free object (it is
+        // partial or empty); its header is guarded by our lock.
+        unsafe {
+            let slab = &mut *s;
+            let obj = if !slab.free.is_null() {
+                let obj = slab.free;
+                slab.free = *(obj as *const *mut u8);
+                obj
+            } else {
+                let obj = (s as *mut u8).add(g.first + slab.bump as usize * g.size);
+                slab.bump += 1;
+                obj
+            };
+            slab.inuse += 1;
+            if slab.inuse as usize == g.capacity {
+                self.relist(s, ListKind::Full);
+            }
+            self.active += 1;
+            Some(NonNull::new_unchecked(obj))
+        }
+    }
+
+    /// Returns `obj` to slab `s`; yields a slab to give back to the page
+    /// source when more than `reserve` are empty.
+    ///
+    /// # Safety
+    ///
+    /// `obj` is a live object of `s`, a slab of this node with geometry `g`.
+    unsafe fn put(&mut self, s: *mut Slab, obj: *mut u8, g: &Geometry, reserve: usize) -> Option<*mut Slab> {
+        // SAFETY: per the contract; the object is dead, so its first word is
+        // ours to use as a link.
+        unsafe {
+            let slab = &mut *s;
+            *(obj as *mut *mut u8) = slab.free;
+            slab.free = obj;
+            let was_full = slab.inuse as usize == g.capacity;
+            slab.inuse -= 1;
+            self.active -= 1;
+            if slab.inuse == 0 {
+                self.relist(s, ListKind::Empty);
+                if self.empty.len > reserve {
+                    self.empty.remove(s);
+                    return Some(s);
+                }
+            } else if was_full {
+                self.relist(s, ListKind::Partial);
+            }
+        }
+        None
+    }
+}
+
+/// Counters of one cache, summed over nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Objects handed out and not returned.
+    pub active_objects: usize,
+    /// Object slots in all slabs.
+    pub total_objects: usize,
+    /// Slabs held (partial, full and empty).
+    pub slabs: usize,
+    /// Of those, slabs with no object in use.
+    pub empty_slabs: usize,
+    /// Pages held by those slabs.
+    pub pages: usize,
+}
+
+/// A cache of objects of one geometry.
+///
+/// The cache must stay at one address while it has slabs: each slab header
+/// records it, which is how frees are checked and, for accounted caches, how
+/// a slab's owner is found.
+pub(crate) struct Cache<R: RawMutex> {
+    geo: Geometry,
+    nodes: [CachePadded<Mutex<R, NodeSlabs>>; MAX_NODES],
+}
+
+impl<R: RawMutex> Cache<R> {
+    /// A cache with no slabs yet.
+    pub(crate) const fn new(geo: Geometry) -> Self {
+        Cache { geo, nodes: [const { CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())) }; MAX_NODES] }
+    }
+
+    /// The layout of this cache's objects.
+    #[inline]
+    pub(crate) fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    #[inline]
+    fn id(&self) -> *const () {
+        self as *const Self as *const ()
+    }
+
+    /// One object, from a slab of `node` if it has one, else from a new slab.
+    #[inline]
+    pub(crate) fn alloc<S: PageSource>(&self, src: &S, node: usize) -> Option<NonNull<u8>> {
+        let node = node.min(MAX_NODES - 1);
+        // SAFETY: every slab on this cache's lists has this cache's geometry.
+        if let Some(p) = unsafe { self.nodes[node].lock().take(&self.geo) } {
+            return Some(p);
+        }
+        self.alloc_slow(src, node)
+    }
+
+    /// Grows the cache by one slab and takes an object from it.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow<S: PageSource>(&self, src: &S, node: usize) -> Option<NonNull<u8>> {
+        // The page source is called without any cache lock held.
+        let run = src.alloc_pages(self.geo.order, node)?;
+        let s = run.addr.as_ptr() as *mut Slab;
+        // SAFETY: the run is fresh, at least HEADER bytes long and aligned
+        // for `Slab`; nothing else refers to it yet.
+        unsafe {
+            s.write(Slab {
+                magic: SLAB_MAGIC,
+                node: run.node as u8,
+                list: ListKind::Partial,
+                inuse: 0,
+                bump: 0,
+                cache: self.id(),
+                free: ptr::null_mut(),
+                next: ptr::null_mut(),
+                prev: ptr::null_mut(),
+            });
+        }
+        let mut lists = self.nodes[run.node].lock();
+        // SAFETY: `s` is a live header on no list; we hold its node's lock,
+        // and it has this cache's geometry.
+        unsafe {
+            lists.partial.push(s, ListKind::Partial);
+            lists.take(&self.geo)
+        }
+    }
+
+    /// Returns an object to its slab, and the slab to `src` if it empties
+    /// beyond the reserve.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live object allocated from this cache with `src`.
+    #[inline]
+    pub(crate) unsafe fn free<S: PageSource>(&self, src: &S, ptr: NonNull<u8>) {
+        let s = slab_base(ptr.as_ptr(), self.geo.order) as *mut Slab;
+        // SAFETY: `ptr` lies in a live slab of this cache, whose header is at
+        // the slab start; `node` is fixed at creation.
+        let node = unsafe { (*s).node } as usize;
+        // SAFETY: `ptr` is a live object of slab `s`, on node `node`.
+        let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), &self.geo, EMPTY_RESERVE) };
+        if let Some(s) = release {
+            // SAFETY: the slab is off every list and holds no live object.
+            unsafe { self.release_slab(src, s) };
+        }
+    }
+
+    /// Hands an unlisted empty slab back to the page source.
+    ///
+    /// # Safety
+    ///
+    /// `s` is an empty slab of this cache on no list.
+    unsafe fn release_slab<S: PageSource>(&self, src: &S, s: *mut Slab) {
+        // SAFETY: per the contract the header is ours; clearing the magic
+        // makes a stale free of one of its objects detectable.
+        unsafe {
+            (*s).magic = 0;
+            src.free_pages(NonNull::new_unchecked(s as *mut u8), self.geo.order);
+        }
+    }
+
+    /// Whether `ptr` is the start of an object this cache handed out, judged
+    /// from the slab header. Does not detect a double free.
+    ///
+    /// # Safety
+    ///
+    /// The page holding `slab_base(ptr)` must be readable (e.g. the page
+    /// source said it owns `ptr`).
+    pub(crate) unsafe fn is_object(&self, ptr: NonNull<u8>) -> bool {
+        let base = slab_base(ptr.as_ptr(), self.geo.order);
+        // SAFETY: per the contract the header page is readable; these fields
+        // are fixed while the slab lives, and a stale slab has magic 0.
+        let (magic, cache) = unsafe {
+            let s = base as *const Slab;
+            (ptr::addr_of!((*s).magic).read_volatile(), ptr::addr_of!((*s).cache).read_volatile())
+        };
+        let off = ptr.as_ptr() as usize - base;
+        magic == SLAB_MAGIC
+            && cache == self.id()
+            && off >= self.geo.first
+            && (off - self.geo.first) % self.geo.size == 0
+            && (off - self.geo.first) / self.geo.size < self.geo.capacity
+    }
+
+    /// Gives every empty slab back to `src`; returns the pages freed.
+    pub(crate) fn shrink<S: PageSource>(&self, src: &S) -> usize {
+        let mut pages = 0;
+        for node in &self.nodes {
+            loop {
+                let s = {
+                    let mut lists = node.lock();
+                    let s = lists.empty.head;
+                    if s.is_null() {
+                        break;
+                    }
+                    // SAFETY: `s` heads the empty list we hold the lock of.
+                    unsafe { lists.empty.remove(s) };
+                    s
+                };
+                // SAFETY: `s` is empty and unlisted.
+                unsafe { self.release_slab(src, s) };
+                pages += self.geo.slab_pages();
+            }
+        }
+        pages
+    }
+
+    /// Current counters.
+    pub(crate) fn stats(&self) -> CacheStats {
+        let mut st = CacheStats::default();
+        for node in &self.nodes {
+            let lists = node.lock();
+            let slabs = lists.partial.len + lists.full.len + lists.empty.len;
+            st.active_objects += lists.active;
+            st.slabs += slabs;
+            st.empty_slabs += lists.empty.len;
+        }
+        st.total_objects = st.slabs * self.geo.capacity;
+        st.pages = st.slabs * self.geo.slab_pages();
+        st
+    }
+
+    /// Walks every list and slab and checks the accounting equations;
+    /// panics on the first violation (tests).
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        for (n, node) in self.nodes.iter().enumerate() {
+            let lists = node.lock();
+            let mut active = 0;
+            for (kind, list) in
+                [(ListKind::Partial, &lists.partial), (ListKind::Full, &lists.full), (ListKind::Empty, &lists.empty)]
+            {
+                let mut len = 0;
+                let mut prev = ptr::null_mut();
+                let mut s = list.head;
+                while !s.is_null() {
+                    // SAFETY: listed slabs are live headers under our lock.
+                    let slab = unsafe { &*s };
+                    assert_eq!(slab.magic, SLAB_MAGIC);
+                    assert_eq!(slab.cache, self.id());
+                    assert_eq!(slab.node as usize, n);
+                    assert_eq!(slab.list, kind);
+                    assert_eq!(slab.prev, prev);
+                    assert_eq!(s as usize % (PAGE_SIZE << self.geo.order), 0);
+                    let mut free = 0;
+                    let mut f = slab.free;
+                    while !f.is_null() {
+                        let off = f as usize - s as usize;
+                        assert!(off >= self.geo.first && (off - self.geo.first) % self.geo.size == 0);
+                        assert!((off - self.geo.first) / self.geo.size < slab.bump as usize);
+                        free += 1;
+                        assert!(free <= self.geo.capacity, "free-list cycle");
+                        // SAFETY: free objects hold a link in their first word.
+                        f = unsafe { *(f as *const *mut u8) };
+                    }
+                    let inuse = slab.inuse as usize;
+                    assert_eq!(inuse + free + (self.geo.capacity - slab.bump as usize), self.geo.capacity);
+                    match kind {
+                        ListKind::Full => assert_eq!(inuse, self.geo.capacity),
+                        ListKind::Empty => assert_eq!(inuse, 0),
+                        ListKind::Partial => assert!(inuse < self.geo.capacity),
+                    }
+                    active += inuse;
+                    len += 1;
+                    prev = s;
+                    s = slab.next;
+                }
+                assert_eq!(len, list.len);
+            }
+            assert_eq!(active, lists.active, "active objects drifted on node {n}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
