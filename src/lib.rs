@@ -87,6 +87,8 @@ extern crate std;
 
 mod error;
 mod sync;
+#[cfg(test)]
+mod testutil;
 
 mod platform;
 

@@ -35,7 +35,8 @@ pub(crate) const EMPTY_RESERVE: usize = 1;
 /// How objects are laid out in a slab of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
-    /// Object stride in bytes (a multiple of `align`, at least a pointer).
+    /// Object stride in bytes (a multiple of `align`, at least a pointer;
+    /// free objects hold an unaligned link in their first word).
     pub(crate) size: usize,
     /// Object alignment; at most `PAGE_SIZE`.
     pub(crate) align: usize,
@@ -56,8 +57,9 @@ impl Geometry {
         if !align.is_power_of_two() || align > PAGE_SIZE {
             return None;
         }
+        // An object must hold the free-list link; the link is accessed
+        // unaligned, so small alignments (the 12-byte class) stay as asked.
         let min = core::mem::size_of::<usize>();
-        let align = if align < min { min } else { align };
         let size = if size < min { min } else { size };
         let size = match size.checked_add(align - 1) {
             Some(s) => s & !(align - 1),
@@ -237,7 +239,7 @@ impl NodeSlabs {
             let slab = &mut *s;
             let obj = if !slab.free.is_null() {
                 let obj = slab.free;
-                slab.free = *(obj as *const *mut u8);
+                slab.free = (obj as *const *mut u8).read_unaligned();
                 obj
             } else {
                 let obj = (s as *mut u8).add(g.first + slab.bump as usize * g.size);
@@ -264,7 +266,7 @@ impl NodeSlabs {
         // ours to use as a link.
         unsafe {
             let slab = &mut *s;
-            *(obj as *mut *mut u8) = slab.free;
+            (obj as *mut *mut u8).write_unaligned(slab.free);
             slab.free = obj;
             let was_full = slab.inuse as usize == g.capacity;
             slab.inuse -= 1;
@@ -493,7 +495,7 @@ impl<R: RawMutex> Cache<R> {
                         free += 1;
                         assert!(free <= self.geo.capacity, "free-list cycle");
                         // SAFETY: free objects hold a link in their first word.
-                        f = unsafe { *(f as *const *mut u8) };
+                        f = unsafe { (f as *const *mut u8).read_unaligned() };
                     }
                     let inuse = slab.inuse as usize;
                     assert_eq!(inuse + free + (self.geo.capacity - slab.bump as usize), self.geo.capacity);

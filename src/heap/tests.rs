@@ -1,0 +1,361 @@
+use core::alloc::{GlobalAlloc, Layout};
+use std::boxed::Box;
+use std::collections::BTreeMap;
+use std::string::ToString;
+use std::vec::Vec;
+
+use super::classes::{CLASS_SIZES, GEOMETRIES, NCLASSES, class_of};
+use super::*;
+use crate::error::Error;
+use crate::platform::{Region, SourceStats};
+use crate::testutil::{Rng, arena};
+
+type RKmem = Kmem<Region<DefaultRawMutex, 8>>;
+
+fn region_kmem(bytes: usize) -> &'static RKmem {
+    let k: &'static RKmem = Box::leak(Box::new(Kmem::new(Region::new())));
+    k.source().add(arena(bytes), 0).unwrap();
+    k
+}
+
+#[test]
+fn classes_cover_every_size_and_alignment() {
+    for w in CLASS_SIZES.windows(2) {
+        assert!(w[0] < w[1]);
+    }
+    assert_eq!(CLASS_SIZES[NCLASSES - 1], MAX_CLASS_SIZE);
+    for shift in 0..=16 {
+        let align = 1usize << shift;
+        for size in 1..=20_000usize {
+            let usable = RKmem::usable_size(size, align);
+            assert!(usable >= size);
+            match class_of(size, align) {
+                Some(c) => {
+                    assert!(align <= PAGE_SIZE);
+                    assert!(GEOMETRIES[c].size >= size && GEOMETRIES[c].align >= align);
+                    // The smallest class that fits.
+                    assert!((0..c).all(|d| GEOMETRIES[d].size < size || GEOMETRIES[d].align < align));
+                }
+                None => assert!(size > MAX_CLASS_SIZE || align > PAGE_SIZE),
+            }
+            // At most 25% waste once the request spans four alignment units.
+            if size >= 9 && size >= 4 * align {
+                assert!((usable - size) * 4 <= usable, "size {size} align {align}: usable {usable}");
+            }
+        }
+    }
+}
+
+/// A live block in the shadow model.
+#[derive(Clone, Copy)]
+struct Block {
+    ptr: *mut u8,
+    size: usize,
+    align: usize,
+    tag: u8,
+}
+
+fn fill(b: &Block) {
+    // SAFETY: the block is live with `size` bytes.
+    unsafe { core::ptr::write_bytes(b.ptr, b.tag, b.size) };
+}
+
+fn verify(b: &Block, len: usize) {
+    // SAFETY: the block is live with at least `len` bytes.
+    let s = unsafe { core::slice::from_raw_parts(b.ptr, len) };
+    let step = if len > 4096 { 61 } else { 1 };
+    for i in (0..len).step_by(step).chain(len.checked_sub(1)) {
+        assert_eq!(s[i], b.tag, "block {:p} (size {}) clobbered at {i}", b.ptr, b.size);
+    }
+}
+
+fn random_size(rng: &mut Rng) -> usize {
+    match rng.below(10) {
+        0..=3 => {
+            let c = CLASS_SIZES[rng.below(NCLASSES)];
+            (c + rng.below(3)).saturating_sub(1).max(1)
+        }
+        4..=7 => {
+            let bits = 1 + rng.below(14);
+            1 + rng.below(1 << bits)
+        }
+        8 => 16_385 + rng.below(300_000),
+        _ => 1 + rng.below(64),
+    }
+}
+
+fn random_align(rng: &mut Rng) -> usize {
+    match rng.below(10) {
+        0..=6 => 1 << rng.below(5),
+        7..=8 => 1 << rng.below(13),
+        _ => 1 << (13 + rng.below(4)),
+    }
+}
+
+/// Random programs of alloc/free/realloc through `GlobalAlloc`, checked
+/// against a shadow model for alignment, overlap and content.
+fn model<S: PageSource>(kmem: &Kmem<S>, ops: usize, seed: u64, check: impl Fn()) -> usize {
+    let mut rng = Rng::new(seed);
+    let mut live: Vec<Block> = Vec::new();
+    let mut by_addr: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut failures = 0;
+    let overlaps = |by_addr: &BTreeMap<usize, usize>, a: usize, len: usize| {
+        by_addr.range(..a + len).next_back().is_some_and(|(&b, &blen)| b + blen > a)
+    };
+    for step in 0..ops {
+        let roll = rng.below(100);
+        if live.is_empty() || (roll < 50 && live.len() < 3000) {
+            let (size, align) = (random_size(&mut rng), random_align(&mut rng));
+            let layout = Layout::from_size_align(size, align).unwrap();
+            // SAFETY: non-zero size.
+            let p = unsafe { kmem.alloc(layout) };
+            if p.is_null() {
+                failures += 1;
+                continue;
+            }
+            assert_eq!(p as usize % align, 0, "misaligned: size {size} align {align}");
+            assert!(!overlaps(&by_addr, p as usize, size), "overlap at {p:p} size {size}");
+            let b = Block { ptr: p, size, align, tag: step as u8 | 1 };
+            fill(&b);
+            by_addr.insert(p as usize, size);
+            live.push(b);
+        } else if roll < 85 || live.len() >= 3000 {
+            let b = live.swap_remove(rng.below(live.len()));
+            verify(&b, b.size);
+            by_addr.remove(&(b.ptr as usize));
+            // SAFETY: live block, freed once with its layout.
+            unsafe { kmem.dealloc(b.ptr, Layout::from_size_align(b.size, b.align).unwrap()) };
+        } else {
+            let i = rng.below(live.len());
+            let b = live[i];
+            let new_size = if rng.chance(50) { random_size(&mut rng) } else { (b.size / 2).max(1) + rng.below(b.size) };
+            verify(&b, b.size);
+            by_addr.remove(&(b.ptr as usize));
+            // SAFETY: live block with this layout; new size non-zero.
+            let p = unsafe { kmem.realloc(b.ptr, Layout::from_size_align(b.size, b.align).unwrap(), new_size) };
+            if p.is_null() {
+                failures += 1;
+                verify(&b, b.size);
+                by_addr.insert(b.ptr as usize, b.size);
+                continue;
+            }
+            assert_eq!(p as usize % b.align, 0);
+            let nb = Block { ptr: p, size: new_size, align: b.align, tag: b.tag };
+            verify(&nb, b.size.min(new_size));
+            assert!(!overlaps(&by_addr, p as usize, new_size), "realloc overlap");
+            let nb = Block { tag: b.tag.wrapping_add(2), ..nb };
+            fill(&nb);
+            by_addr.insert(p as usize, new_size);
+            live[i] = nb;
+        }
+        if step % 20_000 == 0 {
+            check();
+        }
+    }
+    for b in live {
+        verify(&b, b.size);
+        // SAFETY: live block, freed once.
+        unsafe { kmem.dealloc(b.ptr, Layout::from_size_align(b.size, b.align).unwrap()) };
+    }
+    check();
+    kmem.shrink();
+    failures
+}
+
+#[test]
+fn model_region_1m_ops() {
+    let k = region_kmem(256 << 20);
+    let failures = model(k, 1_000_000, 7, || {
+        k.check();
+        k.source().check();
+    });
+    assert_eq!(k.stats().bad_frees, 0);
+    assert_eq!(k.stats().large_objects, 0);
+    assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
+    assert_eq!(failures, 0, "allocations failed on a 256 MiB region");
+}
+
+#[cfg(feature = "std")]
+#[test]
+fn model_os_pages_1m_ops() {
+    let k: &'static Kmem<crate::OsPages> = Box::leak(Box::new(Kmem::new(crate::OsPages::new())));
+    let failures = model(k, 1_000_000, 11, || k.check());
+    assert_eq!(failures, 0);
+    assert_eq!(k.stats().bad_frees, 0);
+    assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
+    assert!(k.source().stats().pages_reserved <= 1024, "more than the spare chunk stays mapped");
+}
+
+#[test]
+fn small_region_model_runs_into_exhaustion_cleanly() {
+    // 2 MiB: large requests fail often; nothing may be corrupted by that.
+    let k = region_kmem(2 << 20);
+    let failures = model(k, 100_000, 3, || {
+        k.check();
+        k.source().check();
+    });
+    assert!(failures > 0);
+    assert_eq!(k.source().stats().pages_in_use, 0);
+}
+
+#[test]
+fn realloc_in_place() {
+    let k = region_kmem(8 << 20);
+    let l = Layout::from_size_align(100, 8).unwrap();
+    // SAFETY: valid layouts; each block is freed once.
+    unsafe {
+        let p = k.alloc(l);
+        assert_eq!(k.realloc(p, l, 112), p, "100 -> 112 stays in the 112 class");
+        let l112 = Layout::from_size_align(112, 8).unwrap();
+        let q = k.realloc(p, l112, 113);
+        assert_ne!(q, p, "113 needs the next class");
+        k.dealloc(q, Layout::from_size_align(113, 8).unwrap());
+
+        let big = Layout::from_size_align(100_000, 8).unwrap();
+        let p = k.alloc(big);
+        assert_eq!(k.realloc(p, big, 100_100), p, "same page count");
+        let pages = k.source().stats().pages_in_use;
+        assert_eq!(k.realloc(p, Layout::from_size_align(100_100, 8).unwrap(), 50_000), p, "page run shrinks in place");
+        assert_eq!(k.source().stats().pages_in_use, pages - (25 - 13));
+        k.dealloc(p, Layout::from_size_align(50_000, 8).unwrap());
+    }
+    k.shrink();
+    assert_eq!(k.source().stats().pages_in_use, 0);
+}
+
+#[test]
+fn bad_input_gives_null_and_keeps_live_objects() {
+    let k = region_kmem(4 << 20);
+    let keep = Layout::from_size_align(64, 8).unwrap();
+    // SAFETY: valid layout.
+    let live = unsafe { k.alloc(keep) };
+    // SAFETY: a live 64-byte block.
+    unsafe { core::ptr::write_bytes(live, 0xAB, 64) };
+    assert_eq!(k.alloc_raw(0, 8), None, "zero size");
+    assert_eq!(k.alloc_raw(8, 3), None, "alignment not a power of two");
+    assert_eq!(k.alloc_raw(usize::MAX, 8), None, "rounding overflows");
+    assert_eq!(k.alloc_raw(usize::MAX - PAGE_SIZE, PAGE_SIZE), None);
+    assert_eq!(k.alloc_raw(isize::MAX as usize, 1), None);
+    assert_eq!(k.alloc_raw(64, 1 << 40), None, "alignment beyond any run");
+    assert_eq!(k.alloc_raw(64 << 20, 8), None, "region exhausted");
+    // SAFETY: live block with layout `keep`.
+    unsafe {
+        assert!(k.realloc(live, keep, isize::MAX as usize - 7).is_null(), "realloc to huge");
+        assert_eq!(k.realloc_raw(NonNull::new(live).unwrap(), 64, 8, usize::MAX), None);
+    }
+    // Foreign frees are detected and ignored in debug builds.
+    if cfg!(debug_assertions) {
+        let mut on_stack = [0u64; 8];
+        // SAFETY: the debug check rejects it before anything is touched.
+        unsafe { k.dealloc(on_stack.as_mut_ptr().cast(), keep) };
+        assert_eq!(k.stats().bad_frees, 1);
+        // An interior pointer of a live object.
+        // SAFETY: as above: rejected by the slab-header check.
+        unsafe { k.dealloc(live.add(8), keep) };
+        assert_eq!(k.stats().bad_frees, 2);
+        // A misaligned large pointer.
+        // SAFETY: rejected by the page-alignment check.
+        unsafe { k.dealloc(live, Layout::from_size_align(1 << 20, 8).unwrap()) };
+        assert_eq!(k.stats().bad_frees, 3);
+    }
+    // SAFETY: still live, 64 bytes.
+    assert!(unsafe { core::slice::from_raw_parts(live, 64) }.iter().all(|&b| b == 0xAB));
+    k.check();
+    // SAFETY: freed once.
+    unsafe { k.dealloc(live, keep) };
+    k.shrink();
+    assert_eq!(k.source().stats(), SourceStats { pages_in_use: 0, ..k.source().stats() });
+}
+
+#[repr(C, align(8192))]
+struct OverAligned(u8);
+
+#[derive(Debug, PartialEq)]
+struct Dentry {
+    name: [u8; 40],
+    parent: usize,
+    hash: u64,
+}
+
+#[test]
+fn typed_caches() {
+    let k = region_kmem(8 << 20);
+    assert_eq!(k.create_cache::<u64>("", CacheFlags::NONE).err(), Some(Error::NameEmpty));
+    assert_eq!(k.create_cache::<u64>(&"x".repeat(33), CacheFlags::NONE).err(), Some(Error::NameTooLong));
+    assert_eq!(k.create_cache::<OverAligned>("big", CacheFlags::NONE).err(), Some(Error::BadLayout));
+    assert_eq!(k.create_cache::<[u8; 2 << 20]>("huge", CacheFlags::NONE).err(), Some(Error::BadLayout));
+    let dentries = k.create_cache::<Dentry>("dentry", CacheFlags::HWCACHE_ALIGN).unwrap();
+    assert_eq!(k.create_cache::<u64>("dentry", CacheFlags::NONE).err(), Some(Error::NameTaken));
+    let boxes: Vec<_> = (0..1000)
+        .map(|i| dentries.alloc(Dentry { name: [i as u8; 40], parent: i, hash: i as u64 * 7 }).unwrap())
+        .collect();
+    for (i, b) in boxes.iter().enumerate() {
+        assert_eq!(b.parent, i);
+        assert_eq!(&**b as *const Dentry as usize % 64, 0, "cache-line aligned");
+    }
+    assert_eq!(dentries.stats().active_objects, 1000);
+    let info = k.slabinfo().to_string();
+    let row = info.lines().find(|l| l.starts_with("dentry ")).expect("dentry row");
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "1000", "{row}");
+    assert_eq!(cols[3], "64", "{row}");
+    drop(boxes);
+    assert_eq!(dentries.stats().active_objects, 0);
+    k.check();
+    drop(dentries);
+    assert!(!k.slabinfo().to_string().contains("dentry "), "destroyed caches leave the report");
+    // Re-creating reuses the descriptor: create/destroy cycles do not grow.
+    let before = k.descriptors.stats().active_objects;
+    for _ in 0..100 {
+        let c = k.create_cache::<Dentry>("dentry", CacheFlags::HWCACHE_ALIGN).unwrap();
+        let b = c.alloc(Dentry { name: [0; 40], parent: 1, hash: 2 }).unwrap();
+        assert_eq!(b.hash, 2);
+    }
+    assert_eq!(k.descriptors.stats().active_objects, before);
+    k.shrink();
+    assert_eq!(k.source().stats().pages_in_use, k.descriptors.stats().pages);
+}
+
+#[test]
+fn typed_cache_out_of_memory_is_an_error() {
+    let k = region_kmem(1 << 20);
+    let c = k.create_cache::<[u8; 4000]>("blobs", CacheFlags::NONE).unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        match c.alloc([7; 4000]) {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, Error::OutOfMemory);
+    assert!(held.len() > 100);
+    assert!(held.iter().all(|b| b.iter().all(|&x| x == 7)));
+}
+
+#[test]
+fn slabinfo_rows_parse() {
+    let k = region_kmem(4 << 20);
+    let l = Layout::from_size_align(100, 8).unwrap();
+    // SAFETY: valid layout; freed below.
+    let p = unsafe { k.alloc(l) };
+    let info = k.slabinfo().to_string();
+    let mut lines = info.lines();
+    assert!(lines.next().unwrap().starts_with("slabinfo - version"));
+    assert!(lines.next().unwrap().starts_with("# name"));
+    let mut seen = 0;
+    for line in lines {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols.len(), 7, "{line}");
+        for c in &cols[1..] {
+            c.parse::<usize>().unwrap();
+        }
+        if cols[0] == "kmalloc-112" {
+            assert_eq!(cols[1], "1");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 1);
+    // SAFETY: freed once.
+    unsafe { k.dealloc(p, l) };
+    assert!(k.class_cache(100, 8).unwrap().stats().active_objects == 0);
+}

@@ -40,15 +40,8 @@ struct Zone {
 }
 
 impl Zone {
-    const EMPTY: Zone = Zone {
-        start: 0,
-        pages: 0,
-        meta: core::ptr::null_mut(),
-        used: 0,
-        raw_start: 0,
-        raw_len: 0,
-        island: false,
-    };
+    const EMPTY: Zone =
+        Zone { start: 0, pages: 0, meta: core::ptr::null_mut(), used: 0, raw_start: 0, raw_len: 0, island: false };
 
     #[inline]
     fn end(&self) -> usize {
@@ -116,11 +109,13 @@ impl<const Z: usize> Buddy<Z> {
         self.managed_pages
     }
 
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Whether the zone table has room for another zone.
     pub(crate) fn has_room(&self) -> bool {
         self.nzones < Z
     }
 
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Number of island zones that are entirely free.
     pub(crate) fn empty_islands(&self) -> usize {
         self.empty_islands
@@ -138,11 +133,10 @@ impl<const Z: usize> Buddy<Z> {
         (addr < z.end()).then_some(idx - 1)
     }
 
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Whether `addr` lies in memory given to this buddy (meta included).
     pub(crate) fn contains_raw(&self, addr: usize) -> bool {
-        self.zones[..self.nzones]
-            .iter()
-            .any(|z| addr >= z.raw_start && addr - z.raw_start < z.raw_len)
+        self.zones[..self.nzones].iter().any(|z| addr >= z.raw_start && addr - z.raw_start < z.raw_len)
     }
 
     /// The meta byte of the page at `addr` in zone `zi`.
@@ -181,35 +175,20 @@ impl<const Z: usize> Buddy<Z> {
         if self.nzones == Z {
             return Err(ZoneError::Full);
         }
-        if self.zones[..self.nzones]
-            .iter()
-            .any(|z| lo < z.raw_start + z.raw_len && z.raw_start < hi)
-        {
+        if self.zones[..self.nzones].iter().any(|z| lo < z.raw_start + z.raw_len && z.raw_start < hi) {
             return Err(ZoneError::Overlap);
         }
         let pages = total - meta_pages;
         // Put the meta array on the side away from a mergeable neighbour
         // below, so free blocks can grow across the seam.
-        let low_neighbour = !island
-            && self.zones[..self.nzones]
-                .iter()
-                .any(|z| !z.island && z.raw_start + z.raw_len == lo);
-        let (ustart, meta) = if low_neighbour {
-            (lo, lo + pages * PAGE_SIZE)
-        } else {
-            (lo + meta_pages * PAGE_SIZE, lo)
-        };
+        let low_neighbour =
+            !island && self.zones[..self.nzones].iter().any(|z| !z.island && z.raw_start + z.raw_len == lo);
+        let (ustart, meta) =
+            if low_neighbour { (lo, lo + pages * PAGE_SIZE) } else { (lo + meta_pages * PAGE_SIZE, lo) };
         // SAFETY: the meta range lies inside the memory the caller gave us.
         unsafe { core::ptr::write_bytes(meta as *mut u8, 0, pages) };
-        let zone = Zone {
-            start: ustart,
-            pages,
-            meta: meta as *mut u8,
-            used: 0,
-            raw_start: lo,
-            raw_len: hi - lo,
-            island,
-        };
+        let zone =
+            Zone { start: ustart, pages, meta: meta as *mut u8, used: 0, raw_start: lo, raw_len: hi - lo, island };
         let idx = self.zones[..self.nzones].partition_point(|z| z.start < ustart);
         self.zones.copy_within(idx..self.nzones, idx + 1);
         self.zones[idx] = zone;
@@ -350,6 +329,7 @@ impl<const Z: usize> Buddy<Z> {
         unsafe { self.push(zi, addr, order) };
     }
 
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Removes an island zone that is entirely free, returning its raw range
     /// so the caller can hand the memory back. `None` if `addr` is not in an
     /// empty island.

@@ -126,11 +126,7 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         if order >= MAX_ORDER {
             return None;
         }
-        let addr = if order <= CHUNK_MAX_ORDER {
-            self.alloc_pooled(order)
-        } else {
-            None
-        };
+        let addr = if order <= CHUNK_MAX_ORDER { self.alloc_pooled(order) } else { None };
         let addr = match addr {
             Some(a) => a,
             None => {

@@ -214,4 +214,3 @@ unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZON
         SourceStats { pages_in_use: self.in_use.get(), pages_reserved: self.reserved.get() }
     }
 }
-

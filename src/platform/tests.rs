@@ -1,0 +1,141 @@
+use std::collections::BTreeMap;
+use std::vec::Vec;
+
+use super::*;
+use crate::testutil::{Rng, arena};
+
+type R = Region<DefaultRawMutex, 8>;
+
+fn leak<T>(v: T) -> &'static T {
+    std::boxed::Box::leak(std::boxed::Box::new(v))
+}
+
+#[test]
+fn order_for_pages_edges() {
+    assert_eq!(order_for_pages(0), Some(0));
+    assert_eq!(order_for_pages(1), Some(0));
+    assert_eq!(order_for_pages(2), Some(1));
+    assert_eq!(order_for_pages(3), Some(2));
+    assert_eq!(order_for_pages(1 << 27), Some(27));
+    assert_eq!(order_for_pages((1 << 27) + 1), None);
+    assert_eq!(order_for_pages(usize::MAX), None);
+}
+
+#[test]
+fn region_errors() {
+    let r = leak(R::new());
+    assert_eq!(r.add(arena(8 * PAGE_SIZE), MAX_NODES), Err(RegionError::BadNode));
+    assert_eq!(r.add(arena(PAGE_SIZE), 0), Err(RegionError::TooSmall));
+    let mem = arena(64 * PAGE_SIZE);
+    let (p, len) = (mem.as_mut_ptr() as *mut u8, mem.len());
+    r.add(mem, 0).unwrap();
+    // SAFETY: the call is refused before the memory is touched.
+    assert_eq!(unsafe { r.add_raw(p, len, 0) }, Err(RegionError::Overlap));
+    for _ in 0..7 {
+        r.add(arena(8 * PAGE_SIZE), 0).unwrap();
+    }
+    assert_eq!(r.add(arena(8 * PAGE_SIZE), 0), Err(RegionError::Full));
+    r.check();
+}
+
+#[test]
+fn region_exhausts_cleanly_and_refills() {
+    let r = leak(R::new());
+    r.add(arena(33 * PAGE_SIZE + 100), 1).unwrap();
+    let mut runs = Vec::new();
+    while let Some(run) = r.alloc_pages(0, 1) {
+        assert_eq!(run.node, 1);
+        runs.push(run);
+    }
+    assert!(runs.len() >= 30, "{}", runs.len());
+    assert_eq!(r.alloc_pages(0, 0), None);
+    assert_eq!(r.alloc_pages(MAX_ORDER, 0), None);
+    assert_eq!(r.stats().pages_in_use, runs.len());
+    for run in runs {
+        // SAFETY: each run came from `r` and is freed once.
+        unsafe { r.free_pages(run.addr, run.order) };
+    }
+    assert_eq!(r.stats().pages_in_use, 0);
+    r.check();
+}
+
+#[test]
+fn adjacent_regions_merge() {
+    let r = leak(R::new());
+    // Two regions meeting at base + 1.5 MiB: the order-8 (1 MiB) block
+    // [base + 1 MiB, base + 2 MiB) exists only if they merged across the
+    // seam (the low region keeps its meta page at its start, the high one
+    // at its end, away from the seam).
+    let mem = arena(6 << 20);
+    let base = (mem.as_mut_ptr() as usize + (2 << 20) - 1) & !((2 << 20) - 1);
+    let seam = base + (3 << 19);
+    // SAFETY: both ranges lie inside the leaked buffer, disjoint.
+    unsafe {
+        r.add_raw(base as *mut u8, seam - base, 0).unwrap();
+        r.add_raw(seam as *mut u8, seam - base, 0).unwrap();
+    }
+    r.check();
+    let run = r.alloc_pages(8, 0).expect("merged regions yield an order-8 run");
+    assert_eq!(run.addr.as_ptr() as usize, base + (1 << 20));
+    assert_eq!(r.alloc_pages(8, 0), None);
+    // SAFETY: from `r`, freed once.
+    unsafe { r.free_pages(run.addr, run.order) };
+    r.check();
+}
+
+/// Random alloc/free against a shadow map: alignment, no overlap, content.
+fn buddy_model<S: PageSource>(src: &S, ops: usize, max_order: u32, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut live: BTreeMap<usize, (u32, u8)> = BTreeMap::new();
+    for i in 0..ops {
+        if live.is_empty() || rng.chance(55) {
+            let order = rng.below(max_order as usize + 1) as u32;
+            if let Some(run) = src.alloc_pages(order, rng.below(2)) {
+                let a = run.addr.as_ptr() as usize;
+                let len = PAGE_SIZE << order;
+                assert_eq!(a % len, 0, "misaligned run");
+                if let Some((&b, &(o, _))) = live.range(..a + len).next_back() {
+                    assert!(b + (PAGE_SIZE << o) <= a || b >= a + len, "overlap");
+                }
+                let tag = (i % 251) as u8;
+                // SAFETY: a fresh run of `len` bytes.
+                unsafe { core::ptr::write_bytes(a as *mut u8, tag, len) };
+                live.insert(a, (order, tag));
+            }
+        } else {
+            let k = *live.keys().nth(rng.below(live.len())).unwrap();
+            let (order, tag) = live.remove(&k).unwrap();
+            // SAFETY: live run of `PAGE_SIZE << order` bytes.
+            let s = unsafe { core::slice::from_raw_parts(k as *const u8, PAGE_SIZE << order) };
+            assert!(s.iter().all(|&b| b == tag), "run content clobbered");
+            // SAFETY: from `src`, freed once.
+            unsafe { src.free_pages(core::ptr::NonNull::new(k as *mut u8).unwrap(), order) };
+        }
+    }
+    for (k, (order, _)) in live {
+        // SAFETY: from `src`, freed once.
+        unsafe { src.free_pages(core::ptr::NonNull::new(k as *mut u8).unwrap(), order) };
+    }
+    assert_eq!(src.stats().pages_in_use, 0);
+}
+
+#[test]
+fn region_model() {
+    let r = leak(R::new());
+    r.add(arena(3 << 20), 0).unwrap();
+    r.add(arena(1 << 20), 1).unwrap();
+    buddy_model(r, 20_000, 6, 1);
+    r.check();
+    let free: usize = (0..MAX_NODES).map(|n| r.free_pages_on(n)).sum();
+    assert_eq!(free, r.stats().pages_reserved, "pages lost");
+}
+
+#[cfg(feature = "std")]
+#[test]
+fn os_pages_model_and_release() {
+    let os = leak(OsPages::<DefaultRawMutex>::new());
+    buddy_model(os, 5_000, 11, 2);
+    // Everything is free: at most the spare chunk stays mapped.
+    assert!(os.stats().pages_reserved <= 1024, "{:?}", os.stats());
+    assert_eq!(os.ownership(0x1000), Ownership::Unknown);
+}

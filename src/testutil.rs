@@ -1,0 +1,33 @@
+//! Helpers shared by the in-crate tests.
+
+use std::boxed::Box;
+use std::vec;
+
+/// A small deterministic PRNG (xorshift64*), so failures replay exactly.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub(crate) fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A leaked, page-aligned buffer of `len` bytes for a `Region`.
+pub(crate) fn arena(len: usize) -> &'static mut [core::mem::MaybeUninit<u8>] {
+    Box::leak(vec![core::mem::MaybeUninit::<u8>::uninit(); len].into_boxed_slice())
+}
