@@ -10,13 +10,13 @@ use allocator_api2::alloc::{AllocError, Allocator};
 use lock_api::RawMutex;
 
 use crate::heap::Kmem;
-use crate::platform::PageSource;
+use crate::platform::{PageSource, Platform};
 
 // SAFETY: `alloc_raw` returns null or a block of at least `layout.size()`
 // bytes aligned to `layout.align()` that overlaps no live block; `dealloc`
 // and `realloc` accept exactly what `alloc` returned with the same layout,
 // and realloc keeps the old block intact when it fails. Nothing unwinds.
-unsafe impl<S: PageSource, R: RawMutex> GlobalAlloc for Kmem<S, R> {
+unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, P> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.alloc_raw(layout.size(), layout.align()).map_or(ptr::null_mut(), NonNull::as_ptr)
@@ -39,7 +39,7 @@ unsafe impl<S: PageSource, R: RawMutex> GlobalAlloc for Kmem<S, R> {
 }
 
 // SAFETY: forwards to the `GlobalAlloc` of `Kmem`, which is sound.
-unsafe impl<S: PageSource, R: RawMutex> GlobalAlloc for &Kmem<S, R> {
+unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for &Kmem<S, R, P> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded.
@@ -71,14 +71,14 @@ fn dangling(layout: Layout) -> NonNull<[u8]> {
 // `shrink` either keep the block or move it preserving its contents; the
 // usable length reported is the class or page-run size, which any size
 // between the request and it maps back to.
-unsafe impl<S: PageSource, R: RawMutex> Allocator for &Kmem<S, R> {
+unsafe impl<S: PageSource, R: RawMutex, P: Platform> Allocator for &Kmem<S, R, P> {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         if layout.size() == 0 {
             return Ok(dangling(layout));
         }
         let p = self.alloc_raw(layout.size(), layout.align()).ok_or(AllocError)?;
-        let len = Kmem::<S, R>::usable_size(layout.size(), layout.align());
+        let len = Kmem::<S, R, P>::usable_size(layout.size(), layout.align());
         Ok(NonNull::slice_from_raw_parts(p, len))
     }
 
@@ -100,7 +100,7 @@ unsafe impl<S: PageSource, R: RawMutex> Allocator for &Kmem<S, R> {
     }
 }
 
-impl<S: PageSource, R: RawMutex> Kmem<S, R> {
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `grow`/`shrink` of the `Allocator` impl.
     ///
     /// # Safety
@@ -109,7 +109,7 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
     unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
         let len = Self::usable_size(new.size(), new.align());
         if old.size() == 0 {
-            return (&*self).allocate(new);
+            return Allocator::allocate(&self, new);
         }
         if new.size() == 0 {
             // SAFETY: forwarded.
@@ -121,7 +121,7 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
             let p = unsafe { self.realloc_raw(ptr, old.size(), old.align(), new.size()) }.ok_or(AllocError)?;
             return Ok(NonNull::slice_from_raw_parts(p, len));
         }
-        let fresh = (&*self).allocate(new)?;
+        let fresh = Allocator::allocate(&self, new)?;
         // SAFETY: both blocks are live and distinct; the copy is no longer
         // than either.
         unsafe {

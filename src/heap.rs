@@ -17,8 +17,9 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
+use crate::magazine::{Ctx, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::page::{alloc_exact, free_exact, pages_for};
-use crate::platform::{DefaultRawMutex, Ownership, PAGE_SIZE, PageSource};
+use crate::platform::{DefaultPlatform, DefaultRawMutex, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
 use crate::sync::{AtomicPtr, Stat, atomic_null};
 use classes::{GEOMETRIES, NCLASSES, class_of};
@@ -45,9 +46,14 @@ use typed::CacheDesc;
 /// assert!(!p.is_null());
 /// unsafe { KMEM.dealloc(p, layout) };
 /// ```
-pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex> {
+pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     source: S,
-    classes: [Cache<R>; NCLASSES],
+    platform: P,
+    /// Handshake state of the per-CPU slots, shared by all caches.
+    slots: Slots,
+    /// Self-hosted metadata: magazines of every cache.
+    magazines: Cache<R>,
+    classes: [MagCache<R>; NCLASSES],
     /// Self-hosted metadata: descriptors of typed caches.
     descriptors: Cache<R>,
     /// Typed caches, newest first; descriptors are never unlinked (a
@@ -63,12 +69,24 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex> {
     bad_frees: Stat,
 }
 
-impl<S: PageSource, R: RawMutex> Kmem<S, R> {
-    /// An allocator over `source`; nothing is allocated until first use.
+impl<S: PageSource, R: RawMutex> Kmem<S, R, DefaultPlatform> {
+    /// An allocator over `source` with the default platform (per-thread
+    /// slots with `std`, none without); nothing is allocated until first use.
     #[cfg(not(loom))]
     pub const fn new(source: S) -> Self {
+        Self::with_platform(source, DefaultPlatform::new())
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// An allocator over `source` whose per-CPU slots `platform` assigns.
+    #[cfg(not(loom))]
+    pub const fn with_platform(source: S, platform: P) -> Self {
         Kmem {
             source,
+            platform,
+            slots: Slots::new(),
+            magazines: Cache::new(MAGAZINE_GEOMETRY),
             classes: class_caches(),
             descriptors: Cache::new(CacheDesc::<R>::GEOMETRY),
             registry: atomic_null(),
@@ -84,10 +102,21 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
         &self.source
     }
 
-    /// The node new slabs and runs should come from.
+    /// The platform.
+    pub fn platform(&self) -> &P {
+        &self.platform
+    }
+
+    /// The node new slabs and runs should come from when no slot is held.
     #[inline]
     fn node(&self) -> usize {
         0
+    }
+
+    /// What the magazine layer needs for one operation.
+    #[inline(always)]
+    pub(crate) fn cx(&self) -> Ctx<'_, S, P, R> {
+        Ctx { src: &self.source, plat: &self.platform, slots: &self.slots, mags: &self.magazines }
     }
 
     /// `size` bytes aligned to `align`, or `None`. `size == 0`, an alignment
@@ -99,7 +128,7 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
             return None;
         }
         match class_of(size, align) {
-            Some(c) => self.classes[c].alloc(&self.source, self.node()),
+            Some(c) => self.classes[c].alloc(&self.cx()),
             None => self.alloc_large(size, align),
         }
     }
@@ -131,17 +160,17 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
         match class_of(size, align) {
             Some(c) => {
                 let cache = &self.classes[c];
-                if cfg!(debug_assertions) && !self.is_object_of(cache, ptr) {
+                if cfg!(debug_assertions) && !self.is_object_of(&cache.cache, ptr) {
                     self.bad_frees.add(1);
                     return;
                 }
                 // SAFETY: per the contract `ptr` is a live object of class c.
-                unsafe { cache.free(&self.source, ptr) }
+                unsafe { cache.free(&self.cx(), ptr) }
             }
             None => {
                 let pages = pages_for(size).unwrap_or(0);
                 if cfg!(debug_assertions)
-                    && (ptr.as_ptr() as usize % PAGE_SIZE != 0
+                    && (!(ptr.as_ptr() as usize).is_multiple_of(PAGE_SIZE)
                         || self.source.ownership(ptr.as_ptr() as usize) == Ownership::Foreign)
                 {
                     self.bad_frees.add(1);
@@ -221,31 +250,59 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
         }
     }
 
-    /// Gives every empty slab of every cache back to the page source;
-    /// returns the pages freed.
-    pub fn shrink(&self) -> usize {
-        let mut pages: usize = self.classes.iter().map(|c| c.shrink(&self.source)).sum();
+    /// Calls `f` on every magazine cache: the size classes, then the live
+    /// typed caches.
+    fn for_each_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
+        self.classes.iter().for_each(&mut f);
         let mut d = self.registry.load(crate::sync::Ordering::Acquire);
         while let Some(desc) = NonNull::new(d) {
             // SAFETY: descriptors are never freed once published.
             let desc = unsafe { desc.as_ref() };
-            pages += desc.cache.shrink(&self.source);
+            f(&desc.cache);
             d = desc.next;
         }
-        pages
+    }
+
+    /// Empties every magazine on every CPU and in every depot, gives every
+    /// empty slab back to the page source, and trims the source. Returns
+    /// the pages given back. (Linux `kmem_cache_shrink` on all caches.)
+    pub fn shrink(&self) -> usize {
+        let cx = self.cx();
+        let mut pages = 0;
+        self.for_each_cache(|c| {
+            c.drain(&cx);
+            pages += c.cache.shrink(&self.source);
+        });
+        self.magazines.shrink(&self.source);
+        pages + self.source.trim()
+    }
+
+    /// Bonwick's working-set reap, for a periodic timer (he used 15 s):
+    /// depot magazines unused since the last reap and the magazines of
+    /// slots no thread holds go back to the slabs, then empty slabs go back
+    /// to the page source and the source is trimmed. Returns the pages
+    /// given back.
+    pub fn reap(&self) -> usize {
+        let cx = self.cx();
+        let mut pages = 0;
+        self.for_each_cache(|c| {
+            c.reap(&cx);
+            pages += c.cache.shrink(&self.source);
+        });
+        pages + self.source.trim()
     }
 
     /// The cache serving `size`/`align` requests, for tests and reports.
     #[cfg(test)]
     pub(crate) fn class_cache(&self, size: usize, align: usize) -> Option<&Cache<R>> {
-        class_of(size, align).map(|c| &self.classes[c])
+        class_of(size, align).map(|c| &self.classes[c].cache)
     }
 
     /// Checks every cache's lists and accounting (tests).
     #[cfg(test)]
     pub(crate) fn check(&self) {
         for c in &self.classes {
-            c.check();
+            c.cache.check();
         }
         self.descriptors.check();
     }
@@ -253,14 +310,14 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
 
 /// One cache per size class, built in a `const` context.
 #[cfg(not(loom))]
-const fn class_caches<R: RawMutex>() -> [Cache<R>; NCLASSES] {
-    let mut out = core::mem::MaybeUninit::<[Cache<R>; NCLASSES]>::uninit();
-    let first = out.as_mut_ptr() as *mut Cache<R>;
+const fn class_caches<R: RawMutex>() -> [MagCache<R>; NCLASSES] {
+    let mut out = core::mem::MaybeUninit::<[MagCache<R>; NCLASSES]>::uninit();
+    let first = out.as_mut_ptr() as *mut MagCache<R>;
     let mut i = 0;
     while i < NCLASSES {
         // SAFETY: `i < NCLASSES`, so the slot is inside the array; each slot
         // is written once and none is read before all are written.
-        unsafe { first.add(i).write(Cache::new(GEOMETRIES[i])) };
+        unsafe { first.add(i).write(MagCache::new(GEOMETRIES[i])) };
         i += 1;
     }
     // SAFETY: the loop initialised every element.

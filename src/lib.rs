@@ -96,6 +96,8 @@ mod page;
 
 mod slab;
 
+mod magazine;
+
 #[cfg(not(loom))]
 mod heap;
 
@@ -105,10 +107,13 @@ mod global;
 pub use error::{Error, NAME_MAX};
 #[cfg(not(loom))]
 pub use heap::{CacheBox, CacheFlags, Kmem, KmemCache, KmemStats, MAX_CLASS_SIZE, SlabInfo};
+pub use magazine::MagazineStats;
 #[cfg(all(feature = "std", not(loom)))]
 pub use platform::OsPages;
+#[cfg(all(feature = "std", not(loom)))]
+pub use platform::Threads;
 pub use platform::{
-    DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, Region, RegionError,
-    SourceStats, order_for_pages,
+    DefaultPlatform, DefaultRawMutex, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE,
+    PageRun, PageSource, Platform, Region, RegionError, SourceStats, order_for_pages,
 };
 pub use slab::CacheStats;

@@ -16,9 +16,23 @@
 //! This layer knows nothing of slabs or groups.
 
 mod buddy;
+mod cpu;
 #[cfg(all(feature = "std", not(loom)))]
 mod os;
 mod region;
+#[cfg(all(feature = "std", not(loom)))]
+mod threads;
+
+pub use cpu::{MAX_CPUS, NoCpus, Platform};
+#[cfg(all(feature = "std", not(loom)))]
+pub use threads::Threads;
+
+/// The platform `Kmem::new` uses: per-thread slots with `std`, none without.
+#[cfg(all(feature = "std", not(loom)))]
+pub type DefaultPlatform = Threads;
+/// The platform `Kmem::new` uses: per-thread slots with `std`, none without.
+#[cfg(not(all(feature = "std", not(loom))))]
+pub type DefaultPlatform = NoCpus;
 
 pub(crate) use buddy::for_each_block;
 #[cfg(all(feature = "std", not(loom)))]
@@ -109,6 +123,12 @@ pub unsafe trait PageSource: Sync {
 
     /// Current counters.
     fn stats(&self) -> SourceStats;
+
+    /// Gives back memory the source keeps cached (e.g. free OS chunks);
+    /// returns the pages released. Called by `Kmem::reap`.
+    fn trim(&self) -> usize {
+        0
+    }
 }
 
 // SAFETY: forwarding every method to `S` keeps each of S's guarantees.
@@ -127,6 +147,9 @@ unsafe impl<S: PageSource> PageSource for &S {
     }
     fn stats(&self) -> SourceStats {
         (**self).stats()
+    }
+    fn trim(&self) -> usize {
+        (**self).trim()
     }
 }
 

@@ -21,7 +21,7 @@ use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
 use crate::page::slab_base;
-use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource};
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 
 /// Bytes reserved for the header at the start of every slab.
 pub(crate) const HEADER: usize = 64;
@@ -344,6 +344,99 @@ impl<R: RawMutex> Cache<R> {
     fn alloc_slow<S: PageSource>(&self, src: &S, node: usize) -> Option<NonNull<u8>> {
         // The page source is called without any cache lock held.
         let run = src.alloc_pages(self.geo.order, node)?;
+        let s = self.init_slab(run);
+        let mut lists = self.nodes[run.node].lock();
+        // SAFETY: `s` is a live header on no list; we hold its node's lock,
+        // and it has this cache's geometry.
+        unsafe {
+            lists.partial.push(s, ListKind::Partial);
+            lists.take(&self.geo)
+        }
+    }
+
+    /// Fills `out` with up to `out.len()` objects from `node`'s slabs,
+    /// growing the cache as needed; returns how many it took. One lock hold
+    /// serves the whole batch from existing slabs.
+    pub(crate) fn alloc_bulk<S: PageSource>(&self, src: &S, node: usize, out: &mut [*mut u8]) -> usize {
+        let node = node.min(MAX_NODES - 1);
+        let mut n = 0;
+        {
+            let mut lists = self.nodes[node].lock();
+            while n < out.len() {
+                // SAFETY: every listed slab has this cache's geometry.
+                match unsafe { lists.take(&self.geo) } {
+                    Some(p) => out[n] = p.as_ptr(),
+                    None => break,
+                }
+                n += 1;
+            }
+        }
+        while n < out.len() {
+            let Some(run) = src.alloc_pages(self.geo.order, node) else { break };
+            let s = self.init_slab(run);
+            let mut lists = self.nodes[run.node].lock();
+            // SAFETY: `s` is a fresh header on no list, of this geometry.
+            unsafe { lists.partial.push(s, ListKind::Partial) };
+            while n < out.len() {
+                // SAFETY: as above.
+                match unsafe { lists.take(&self.geo) } {
+                    Some(p) => out[n] = p.as_ptr(),
+                    None => break,
+                }
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Returns a batch of objects to their slabs, one lock hold per run of
+    /// objects on the same node; slabs that empty beyond the reserve go back
+    /// to `src` after the lock is dropped.
+    ///
+    /// # Safety
+    ///
+    /// Every pointer must be a distinct live object of this cache from `src`.
+    pub(crate) unsafe fn free_bulk<S: PageSource>(&self, src: &S, objs: &[*mut u8]) {
+        let mut i = 0;
+        while i < objs.len() {
+            let mut release = [ptr::null_mut::<Slab>(); 8];
+            let mut nrel = 0;
+            // SAFETY: live objects of this cache lie in live slabs.
+            let node = unsafe { self.node_of(objs[i]) };
+            {
+                let mut lists = self.nodes[node].lock();
+                // SAFETY: as above, and the slab's node matches the lock held.
+                while i < objs.len() && nrel < release.len() && unsafe { self.node_of(objs[i]) } == node {
+                    let s = slab_base(objs[i], self.geo.order) as *mut Slab;
+                    // SAFETY: a live object of slab `s` on this node.
+                    if let Some(r) = unsafe { lists.put(s, objs[i], &self.geo, EMPTY_RESERVE) } {
+                        release[nrel] = r;
+                        nrel += 1;
+                    }
+                    i += 1;
+                }
+            }
+            for &s in &release[..nrel] {
+                // SAFETY: unlisted empty slabs of this cache.
+                unsafe { self.release_slab(src, s) };
+            }
+        }
+    }
+
+    /// The node of the slab holding `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live object of this cache.
+    #[inline]
+    pub(crate) unsafe fn node_of(&self, ptr: *mut u8) -> usize {
+        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        // SAFETY: the header of a live slab; `node` is fixed at creation.
+        unsafe { (*s).node as usize }
+    }
+
+    /// Writes a fresh header into `run`.
+    fn init_slab(&self, run: PageRun) -> *mut Slab {
         let s = run.addr.as_ptr() as *mut Slab;
         // SAFETY: the run is fresh, at least HEADER bytes long and aligned
         // for `Slab`; nothing else refers to it yet.
@@ -360,13 +453,7 @@ impl<R: RawMutex> Cache<R> {
                 prev: ptr::null_mut(),
             });
         }
-        let mut lists = self.nodes[run.node].lock();
-        // SAFETY: `s` is a live header on no list; we hold its node's lock,
-        // and it has this cache's geometry.
-        unsafe {
-            lists.partial.push(s, ListKind::Partial);
-            lists.take(&self.geo)
-        }
+        s
     }
 
     /// Returns an object to its slab, and the slab to `src` if it empties
@@ -378,9 +465,8 @@ impl<R: RawMutex> Cache<R> {
     #[inline]
     pub(crate) unsafe fn free<S: PageSource>(&self, src: &S, ptr: NonNull<u8>) {
         let s = slab_base(ptr.as_ptr(), self.geo.order) as *mut Slab;
-        // SAFETY: `ptr` lies in a live slab of this cache, whose header is at
-        // the slab start; `node` is fixed at creation.
-        let node = unsafe { (*s).node } as usize;
+        // SAFETY: `ptr` is a live object of this cache.
+        let node = unsafe { self.node_of(ptr.as_ptr()) };
         // SAFETY: `ptr` is a live object of slab `s`, on node `node`.
         let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), &self.geo, EMPTY_RESERVE) };
         if let Some(s) = release {
@@ -422,7 +508,7 @@ impl<R: RawMutex> Cache<R> {
         magic == SLAB_MAGIC
             && cache == self.id()
             && off >= self.geo.first
-            && (off - self.geo.first) % self.geo.size == 0
+            && (off - self.geo.first).is_multiple_of(self.geo.size)
             && (off - self.geo.first) / self.geo.size < self.geo.capacity
     }
 
@@ -490,7 +576,7 @@ impl<R: RawMutex> Cache<R> {
                     let mut f = slab.free;
                     while !f.is_null() {
                         let off = f as usize - s as usize;
-                        assert!(off >= self.geo.first && (off - self.geo.first) % self.geo.size == 0);
+                        assert!(off >= self.geo.first && (off - self.geo.first).is_multiple_of(self.geo.size));
                         assert!((off - self.geo.first) / self.geo.size < slab.bump as usize);
                         free += 1;
                         assert!(free <= self.geo.capacity, "free-list cycle");

@@ -11,13 +11,14 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use super::classes::{CLASS_SIZES, NCLASSES};
-use crate::platform::{PageSource, SourceStats};
-use crate::slab::{Cache, CacheStats};
+use crate::magazine::{MagCache, MagazineStats};
+use crate::platform::{PageSource, Platform, SourceStats};
+use crate::slab::{Cache, CacheStats, Geometry};
 use crate::sync::Ordering;
 
 /// A `/proc/slabinfo`-like table; see [`Kmem::slabinfo`].
-pub struct SlabInfo<'a, S: PageSource, R: RawMutex> {
-    kmem: &'a Kmem<S, R>,
+pub struct SlabInfo<'a, S: PageSource, R: RawMutex, P: Platform> {
+    kmem: &'a Kmem<S, R, P>,
 }
 
 /// Allocator-wide counters; see [`Kmem::stats`].
@@ -34,11 +35,13 @@ pub struct KmemStats {
     pub bad_frees: usize,
 }
 
-impl<S: PageSource, R: RawMutex> Kmem<S, R> {
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// A `/proc/slabinfo`-style report: one row per cache, whitespace
     /// separated, columns `name active_objs num_objs objsize objperslab
-    /// pagesperslab num_slabs`.
-    pub fn slabinfo(&self) -> SlabInfo<'_, S, R> {
+    /// pagesperslab num_slabs limit depot_full depot_empty pages`, where
+    /// `limit` is the rounds per magazine and `active_objs` counts objects
+    /// out of the slabs (live or cached in magazines), as Linux does.
+    pub fn slabinfo(&self) -> SlabInfo<'_, S, R, P> {
         SlabInfo { kmem: self }
     }
 
@@ -72,45 +75,78 @@ impl fmt::Write for NameBuf {
     }
 }
 
-fn row<R: RawMutex>(f: &mut fmt::Formatter<'_>, name: fmt::Arguments<'_>, cache: &Cache<R>) -> fmt::Result {
+/// The columns of one row, snapshotted before anything is written.
+struct Row {
+    slabs: CacheStats,
+    mags: MagazineStats,
+    geo: Geometry,
+}
+
+impl Row {
+    fn of_plain<R: RawMutex>(c: &Cache<R>) -> Row {
+        Row { slabs: c.stats(), mags: MagazineStats::default(), geo: *c.geometry() }
+    }
+    fn of<R: RawMutex>(c: &MagCache<R>) -> Row {
+        let (slabs, mags) = c.stats();
+        Row { slabs, mags, geo: *c.cache.geometry() }
+    }
+}
+
+const HEADER_ROW: [&str; 11] = [
+    "# name",
+    "active_objs",
+    "num_objs",
+    "objsize",
+    "objperslab",
+    "pagesperslab",
+    "num_slabs",
+    "limit",
+    "depot_full",
+    "depot_empty",
+    "pages",
+];
+
+fn row(f: &mut fmt::Formatter<'_>, name: fmt::Arguments<'_>, r: Row) -> fmt::Result {
     let mut nb = NameBuf { buf: [0; 48], len: 0 };
     fmt::write(&mut nb, name)?;
     let name = core::str::from_utf8(&nb.buf[..nb.len]).unwrap_or("?");
-    // Snapshot first: the counters are read under the cache's locks, which
-    // are released before anything is written.
-    let st: CacheStats = cache.stats();
-    let g = cache.geometry();
     writeln!(
         f,
-        "{:<24} {:>10} {:>10} {:>7} {:>6} {:>5} {:>8}",
+        "{:<24} {:>11} {:>10} {:>7} {:>10} {:>12} {:>9} {:>5} {:>10} {:>11} {:>7}",
         name,
-        st.active_objects,
-        st.total_objects,
-        g.size,
-        g.capacity,
-        g.slab_pages(),
-        st.slabs
+        r.slabs.active_objects,
+        r.slabs.total_objects,
+        r.geo.size,
+        r.geo.capacity,
+        r.geo.slab_pages(),
+        r.slabs.slabs,
+        r.mags.rounds,
+        r.mags.depot_full,
+        r.mags.depot_empty,
+        r.slabs.pages
     )
 }
 
-impl<S: PageSource, R: RawMutex> fmt::Display for SlabInfo<'_, S, R> {
+impl<S: PageSource, R: RawMutex, P: Platform> fmt::Display for SlabInfo<'_, S, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "slabinfo - version: kmemcg 1")?;
+        let h = HEADER_ROW;
         writeln!(
             f,
-            "{:<24} {:>10} {:>10} {:>7} {:>6} {:>5} {:>8}",
-            "# name", "active_objs", "num_objs", "objsize", "objper", "pages", "slabs"
+            "{:<24} {:>11} {:>10} {:>7} {:>10} {:>12} {:>9} {:>5} {:>10} {:>11} {:>7}",
+            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10]
         )?;
         for (c, size) in CLASS_SIZES.iter().enumerate().take(NCLASSES) {
-            row(f, format_args!("kmalloc-{size}"), &self.kmem.classes[c])?;
+            row(f, format_args!("kmalloc-{size}"), Row::of(&self.kmem.classes[c]))?;
         }
-        row(f, format_args!("kmem_cache"), &self.kmem.descriptors)?;
+        row(f, format_args!("kmem_cache"), Row::of_plain(&self.kmem.descriptors))?;
+        row(f, format_args!("kmem_magazine"), Row::of_plain(&self.kmem.magazines))?;
         let mut d = self.kmem.registry.load(Ordering::Acquire);
         while let Some(p) = NonNull::new(d) {
             // SAFETY: published descriptors are never freed.
             let desc = unsafe { p.as_ref() };
             if desc.live.load(Ordering::Relaxed) {
-                row(f, format_args!("{}", desc.name.as_str()), &desc.cache)?;
+                row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache))?;
             }
             d = desc.next;
         }

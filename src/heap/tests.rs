@@ -293,13 +293,16 @@ fn typed_caches() {
         assert_eq!(b.parent, i);
         assert_eq!(&**b as *const Dentry as usize % 64, 0, "cache-line aligned");
     }
-    assert_eq!(dentries.stats().active_objects, 1000);
+    // Objects out of the slabs: the live ones plus what the magazines hold.
+    let out = dentries.stats().active_objects;
+    assert!((1000..=1000 + 2 * 64).contains(&out), "{out}");
     let info = k.slabinfo().to_string();
     let row = info.lines().find(|l| l.starts_with("dentry ")).expect("dentry row");
     let cols: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cols[1], "1000", "{row}");
+    assert_eq!(cols[1], out.to_string(), "{row}");
     assert_eq!(cols[3], "64", "{row}");
     drop(boxes);
+    dentries.shrink();
     assert_eq!(dentries.stats().active_objects, 0);
     k.check();
     drop(dentries);
@@ -345,17 +348,18 @@ fn slabinfo_rows_parse() {
     let mut seen = 0;
     for line in lines {
         let cols: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(cols.len(), 7, "{line}");
+        assert_eq!(cols.len(), 11, "{line}");
         for c in &cols[1..] {
             c.parse::<usize>().unwrap();
         }
         if cols[0] == "kmalloc-112" {
-            assert_eq!(cols[1], "1");
+            assert!(cols[1].parse::<usize>().unwrap() >= 1, "{line}");
             seen += 1;
         }
     }
     assert_eq!(seen, 1);
     // SAFETY: freed once.
     unsafe { k.dealloc(p, l) };
+    k.shrink();
     assert!(k.class_cache(100, 8).unwrap().stats().active_objects == 0);
 }

@@ -10,8 +10,9 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use crate::error::{Error, Name};
-use crate::platform::PageSource;
-use crate::slab::{Cache, CacheStats, Geometry};
+use crate::magazine::MagCache;
+use crate::platform::{PageSource, Platform};
+use crate::slab::{CacheStats, Geometry};
 use crate::sync::{AtomicBool, Ordering, atomic_bool};
 
 /// Options of a typed cache.
@@ -45,7 +46,7 @@ impl BitOr for CacheFlags {
 /// descriptor is published, so lock-free readers of the registry may read
 /// them; `live` is flipped under the registry lock.
 pub(crate) struct CacheDesc<R: RawMutex> {
-    pub(crate) cache: Cache<R>,
+    pub(crate) cache: MagCache<R>,
     pub(crate) name: Name,
     pub(crate) flags: CacheFlags,
     /// Set while a `KmemCache` handle owns the descriptor.
@@ -62,7 +63,7 @@ impl<R: RawMutex> CacheDesc<R> {
     };
 }
 
-impl<S: PageSource, R: RawMutex> Kmem<S, R> {
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Creates a named cache of `T` objects (Linux `kmem_cache_create`).
     ///
     /// Names are unique among live caches and appear in [`Kmem::slabinfo`].
@@ -73,7 +74,7 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
     /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
     /// [`Error::NameTaken`], [`Error::BadLayout`] (aligned above a page or
     /// larger than 1 MiB), [`Error::OutOfMemory`] for the descriptor.
-    pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, S, R>, Error> {
+    pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, S, R, P>, Error> {
         let name = Name::new(name)?;
         let mut align = align_of::<T>();
         if flags.contains(CacheFlags::HWCACHE_ALIGN) {
@@ -90,7 +91,7 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
                 if desc.live.load(Ordering::Relaxed) {
                     return Err(Error::NameTaken);
                 }
-                if *desc.cache.geometry() == geo && desc.flags == flags {
+                if *desc.cache.cache.geometry() == geo && desc.flags == flags {
                     reuse = Some(desc);
                 }
             }
@@ -105,7 +106,7 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
                 // sized and aligned for `CacheDesc<R>`.
                 unsafe {
                     p.as_ptr().write(CacheDesc {
-                        cache: Cache::new(geo),
+                        cache: MagCache::new(geo),
                         name,
                         flags,
                         live: atomic_bool(false),
@@ -126,16 +127,22 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R> {
 
 /// A named cache of `T` objects; created by [`Kmem::create_cache`].
 /// Dropping it destroys the cache (its boxes borrow it, so none is left).
-pub struct KmemCache<'k, T, S: PageSource, R: RawMutex = crate::platform::DefaultRawMutex> {
-    kmem: &'k Kmem<S, R>,
+pub struct KmemCache<
+    'k,
+    T,
+    S: PageSource,
+    R: RawMutex = crate::platform::DefaultRawMutex,
+    P: Platform = crate::platform::DefaultPlatform,
+> {
+    kmem: &'k Kmem<S, R, P>,
     desc: &'k CacheDesc<R>,
     _type: PhantomData<fn() -> T>,
 }
 
-impl<'k, T, S: PageSource, R: RawMutex> KmemCache<'k, T, S, R> {
+impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     /// Moves `value` into a new object of this cache.
-    pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, S, R>, Error> {
-        let p = self.desc.cache.alloc(&self.kmem.source, self.kmem.node()).ok_or(Error::OutOfMemory)?;
+    pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, S, R, P>, Error> {
+        let p = self.desc.cache.alloc(&self.kmem.cx()).ok_or(Error::OutOfMemory)?;
         let p = p.cast::<T>();
         // SAFETY: a fresh object of this cache, laid out for `T`.
         unsafe { p.as_ptr().write(value) };
@@ -149,24 +156,26 @@ impl<'k, T, S: PageSource, R: RawMutex> KmemCache<'k, T, S, R> {
 
     /// The cache's counters.
     pub fn stats(&self) -> CacheStats {
-        self.desc.cache.stats()
+        self.desc.cache.cache.stats()
     }
 
-    /// Gives the cache's empty slabs back; returns the pages freed.
+    /// Empties the cache's magazines and gives its empty slabs back;
+    /// returns the pages freed.
     pub fn shrink(&self) -> usize {
-        self.desc.cache.shrink(&self.kmem.source)
+        self.desc.cache.drain(&self.kmem.cx());
+        self.desc.cache.cache.shrink(&self.kmem.source)
     }
 }
 
-impl<T, S: PageSource, R: RawMutex> Drop for KmemCache<'_, T, S, R> {
+impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for KmemCache<'_, T, S, R, P> {
     fn drop(&mut self) {
         let _registry = self.kmem.registry_lock.lock();
-        self.desc.cache.shrink(&self.kmem.source);
+        self.shrink();
         self.desc.live.store(false, Ordering::Relaxed);
     }
 }
 
-impl<T, S: PageSource, R: RawMutex> fmt::Debug for KmemCache<'_, T, S, R> {
+impl<T, S: PageSource, R: RawMutex, P: Platform> fmt::Debug for KmemCache<'_, T, S, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KmemCache").field("name", &self.name()).field("stats", &self.stats()).finish()
     }
@@ -174,19 +183,25 @@ impl<T, S: PageSource, R: RawMutex> fmt::Debug for KmemCache<'_, T, S, R> {
 
 // SAFETY: the handle holds shared references to a `Kmem` and a descriptor
 // whose mutable state sits behind locks and atomics; it holds no `T`.
-unsafe impl<T, S: PageSource, R: RawMutex + Sync> Send for KmemCache<'_, T, S, R> {}
+unsafe impl<T, S: PageSource, R: RawMutex + Sync, P: Platform> Send for KmemCache<'_, T, S, R, P> {}
 // SAFETY: as for Send: every method takes `&self` and synchronises inside.
-unsafe impl<T, S: PageSource, R: RawMutex + Sync> Sync for KmemCache<'_, T, S, R> {}
+unsafe impl<T, S: PageSource, R: RawMutex + Sync, P: Platform> Sync for KmemCache<'_, T, S, R, P> {}
 
 /// An owned `T` in a typed cache; frees its object on drop.
-pub struct CacheBox<'c, T, S: PageSource, R: RawMutex = crate::platform::DefaultRawMutex> {
+pub struct CacheBox<
+    'c,
+    T,
+    S: PageSource,
+    R: RawMutex = crate::platform::DefaultRawMutex,
+    P: Platform = crate::platform::DefaultPlatform,
+> {
     ptr: NonNull<T>,
-    kmem: &'c Kmem<S, R>,
+    kmem: &'c Kmem<S, R, P>,
     desc: &'c CacheDesc<R>,
     _owns: PhantomData<T>,
 }
 
-impl<T, S: PageSource, R: RawMutex> Deref for CacheBox<'_, T, S, R> {
+impl<T, S: PageSource, R: RawMutex, P: Platform> Deref for CacheBox<'_, T, S, R, P> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: the box owns a live, initialised `T`.
@@ -194,25 +209,25 @@ impl<T, S: PageSource, R: RawMutex> Deref for CacheBox<'_, T, S, R> {
     }
 }
 
-impl<T, S: PageSource, R: RawMutex> DerefMut for CacheBox<'_, T, S, R> {
+impl<T, S: PageSource, R: RawMutex, P: Platform> DerefMut for CacheBox<'_, T, S, R, P> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the box owns a live `T` exclusively.
         unsafe { self.ptr.as_mut() }
     }
 }
 
-impl<T, S: PageSource, R: RawMutex> Drop for CacheBox<'_, T, S, R> {
+impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, P> {
     fn drop(&mut self) {
         // SAFETY: the box owns a live `T` in an object of `desc.cache`,
         // allocated with this `Kmem`'s page source; nothing uses it after.
         unsafe {
             self.ptr.as_ptr().drop_in_place();
-            self.desc.cache.free(&self.kmem.source, self.ptr.cast());
+            self.desc.cache.free(&self.kmem.cx(), self.ptr.cast());
         }
     }
 }
 
-impl<T: fmt::Debug, S: PageSource, R: RawMutex> fmt::Debug for CacheBox<'_, T, S, R> {
+impl<T: fmt::Debug, S: PageSource, R: RawMutex, P: Platform> fmt::Debug for CacheBox<'_, T, S, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (**self).fmt(f)
     }
@@ -220,6 +235,6 @@ impl<T: fmt::Debug, S: PageSource, R: RawMutex> fmt::Debug for CacheBox<'_, T, S
 
 // SAFETY: a box is an owned `T` plus shared references to synchronised
 // allocator state; sending it sends the `T`.
-unsafe impl<T: Send, S: PageSource, R: RawMutex + Sync> Send for CacheBox<'_, T, S, R> {}
+unsafe impl<T: Send, S: PageSource, R: RawMutex + Sync, P: Platform> Send for CacheBox<'_, T, S, R, P> {}
 // SAFETY: `&CacheBox` only gives `&T`.
-unsafe impl<T: Sync, S: PageSource, R: RawMutex + Sync> Sync for CacheBox<'_, T, S, R> {}
+unsafe impl<T: Sync, S: PageSource, R: RawMutex + Sync, P: Platform> Sync for CacheBox<'_, T, S, R, P> {}

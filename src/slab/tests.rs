@@ -14,8 +14,8 @@ fn source(bytes: usize) -> &'static Src {
 
 #[test]
 fn geometry_waste_under_an_eighth() {
-    for size in (8..=16384).step_by(8) {
-        let align = 1usize << (size as usize).trailing_zeros().min(12);
+    for size in (8..=16384usize).step_by(8) {
+        let align = 1usize << size.trailing_zeros().min(12);
         let g = Geometry::new(size, align).unwrap();
         assert!(g.capacity >= 1);
         assert_eq!(g.first % g.align, 0);

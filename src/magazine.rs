@@ -1,0 +1,631 @@
+//! Magazine layer: per-CPU magazines and per-node depots (Bonwick & Adams,
+//! "Magazines and Vmem", USENIX 2001; Linux SLUB's sheaves and barns).
+//!
+//! Every cache keeps, per CPU slot, a *loaded* and a *previous* magazine (a
+//! stack of free objects), and per node a *depot* of full and empty
+//! magazines. Allocation pops from `loaded`; when it is empty it swaps with
+//! `previous`, then trades with the depot, then refills a whole magazine
+//! from the slot's node-local slabs in one lock hold. Free mirrors it, and
+//! when the depot holds [`DEPOT_FULL_MAX`] full magazines it flushes one to
+//! the slabs instead of growing. A free of an object from another node goes
+//! straight back to its home node's slabs.
+//!
+//! # The slot protocol
+//!
+//! A slot's magazines are touched with plain loads and stores, by the
+//! context the [`Platform`] says holds the slot, bracketed by a handshake
+//! with *drainers* (reap, `drain`, and later group removal) that must empty
+//! another CPU's magazines:
+//!
+//! | holder | drainer |
+//! | --- | --- |
+//! | `in_use = 1` (Relaxed) | take `drainers` lock |
+//! | light fence | `drain = 1` (Relaxed) |
+//! | read `drain` (Acquire); if 1: `in_use = 0`, use the shared path | heavy fence |
+//! | ... magazines ... | wait for `in_use == 0` (Acquire) |
+//! | `in_use = 0` (Release) | ... magazines ... ; `drain = 0` (Release) |
+//!
+//! This is Dekker's pattern: each side stores its flag, fences, and reads
+//! the other's, so they cannot both proceed. With an asymmetric platform
+//! (Linux `membarrier`) the holder's fence is a compiler fence and the
+//! drainer's `heavy_barrier` makes it a full one on every CPU, so the fast
+//! path has no atomic read-modify-write and no hardware fence; otherwise
+//! both sides use `fence(SeqCst)`. A slot nobody holds is *stolen* through
+//! the platform instead. Loom checks the protocol with full fences on both
+//! sides (`src/tests/loom_magazine.rs`).
+//!
+//! Accounting equation per cache: objects out of the slabs = objects in
+//! loaded/previous magazines + objects in depot magazines + live objects.
+
+use core::mem::{align_of, size_of};
+use core::ptr::{self, NonNull};
+
+use crossbeam_utils::CachePadded;
+use lock_api::{Mutex, RawMutex};
+
+use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
+use crate::slab::{Cache, CacheStats, Geometry};
+use crate::sync::{AtomicBool, Ordering, UnsafeCell, atomic_bool, compiler_fence, fence, spin_hint};
+
+/// Rounds in the largest magazine (4 under loom and Miri).
+pub(crate) const MAG_MAX: usize = if cfg!(any(loom, miri)) { 4 } else { 64 };
+/// Full magazines a depot keeps per node before frees flush to slabs.
+pub(crate) const DEPOT_FULL_MAX: usize = if cfg!(any(loom, miri)) { 1 } else { 16 };
+
+/// A stack of free objects of one cache.
+#[repr(C)]
+pub(crate) struct Magazine {
+    next: *mut Magazine,
+    count: usize,
+    rounds: [*mut u8; MAG_MAX],
+}
+
+/// Geometry of the internal cache magazines live in.
+pub(crate) const MAGAZINE_GEOMETRY: Geometry = match Geometry::new(size_of::<Magazine>(), align_of::<Magazine>()) {
+    Some(g) => g,
+    None => panic!("magazine does not fit a slab"),
+};
+
+/// Rounds per magazine for objects of `size` bytes: fewer for larger
+/// objects, bounding what a CPU can hold (2 magazines) to about 32 KiB.
+pub(crate) const fn rounds_for(size: usize) -> usize {
+    let r = if size <= 256 {
+        64
+    } else if size <= 1024 {
+        32
+    } else if size <= 4096 {
+        8
+    } else {
+        4
+    };
+    if r > MAG_MAX { MAG_MAX } else { r }
+}
+
+/// The handshake state of one slot, shared by every cache of a `Kmem`.
+pub(crate) struct SlotSync {
+    /// Set by the holder around each use of the slot's magazines.
+    in_use: AtomicBool,
+    /// Set by a drainer that wants the slot's magazines.
+    drain: AtomicBool,
+    /// Serialises drainers of this slot.
+    drainers: AtomicBool,
+}
+
+/// The handshake states of all slots.
+pub(crate) struct Slots {
+    sync: [CachePadded<SlotSync>; MAX_CPUS],
+}
+
+impl Slots {
+    /// Nobody holds or drains any slot.
+    #[cfg(not(loom))]
+    pub(crate) const fn new() -> Self {
+        Slots {
+            sync: [const {
+                CachePadded::new(SlotSync {
+                    in_use: atomic_bool(false),
+                    drain: atomic_bool(false),
+                    drainers: atomic_bool(false),
+                })
+            }; MAX_CPUS],
+        }
+    }
+
+    /// Nobody holds or drains any slot (loom: not `const`).
+    #[cfg(loom)]
+    pub(crate) fn new() -> Self {
+        Slots {
+            sync: core::array::from_fn(|_| {
+                CachePadded::new(SlotSync {
+                    in_use: atomic_bool(false),
+                    drain: atomic_bool(false),
+                    drainers: atomic_bool(false),
+                })
+            }),
+        }
+    }
+
+    /// The holder's side: the caller's slot, or `None` for the shared path.
+    #[inline(always)]
+    fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
+        let slot = plat.enter()?;
+        let s = &self.sync[slot];
+        s.in_use.store(true, Ordering::Relaxed);
+        // Orders the store above before the load below (Dekker).
+        if plat.asymmetric() {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        // Acquire: if a drain just finished, see what it did to the slot.
+        if s.drain.load(Ordering::Acquire) {
+            s.in_use.store(false, Ordering::Release);
+            plat.exit(slot);
+            return None;
+        }
+        Some(slot)
+    }
+
+    /// Ends the holder's use of `slot`.
+    #[inline(always)]
+    fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
+        // Release: a drainer that sees `false` sees our magazine writes.
+        self.sync[slot].in_use.store(false, Ordering::Release);
+        plat.exit(slot);
+    }
+
+    /// The drainer's side: exclusive access to `slot`'s magazines until
+    /// `end_drain`. Spins only against other drainers and a holder's
+    /// current operation, never on an allocation path.
+    fn begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> bool {
+        let s = &self.sync[slot];
+        while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spin_hint();
+        }
+        if plat.steal(slot) {
+            return true;
+        }
+        s.drain.store(true, Ordering::Relaxed);
+        if plat.asymmetric() {
+            plat.heavy_barrier();
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        while s.in_use.load(Ordering::Acquire) {
+            spin_hint();
+        }
+        false
+    }
+
+    fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
+        let s = &self.sync[slot];
+        if stolen {
+            plat.unsteal(slot);
+        } else {
+            // Release: the next holder sees the emptied slot.
+            s.drain.store(false, Ordering::Release);
+        }
+        s.drainers.store(false, Ordering::Release);
+    }
+}
+
+/// What a cache operation needs from the layers around it.
+pub(crate) struct Ctx<'a, S, P, R: RawMutex> {
+    pub(crate) src: &'a S,
+    pub(crate) plat: &'a P,
+    pub(crate) slots: &'a Slots,
+    /// The internal cache magazines are allocated from.
+    pub(crate) mags: &'a Cache<R>,
+}
+
+/// One slot's magazines of one cache. Either pointer may be null.
+struct CpuMags {
+    loaded: *mut Magazine,
+    previous: *mut Magazine,
+}
+
+/// One node's spare magazines of one cache.
+struct Depot {
+    full: *mut Magazine,
+    empty: *mut Magazine,
+    nfull: usize,
+    nempty: usize,
+    /// Lowest `nfull`/`nempty` since the last reap: the magazines the
+    /// working set did not need, which `reap` gives back.
+    min_full: usize,
+    min_empty: usize,
+}
+
+// SAFETY: the magazines are owned by the depot and only reached through
+// the lock that wraps it.
+unsafe impl Send for Depot {}
+
+impl Depot {
+    const fn new() -> Self {
+        Depot { full: ptr::null_mut(), empty: ptr::null_mut(), nfull: 0, nempty: 0, min_full: 0, min_empty: 0 }
+    }
+
+    /// # Safety
+    ///
+    /// `m` is a full magazine owned by the caller.
+    unsafe fn push_full(&mut self, m: *mut Magazine) {
+        // SAFETY: per the contract.
+        unsafe { (*m).next = self.full };
+        self.full = m;
+        self.nfull += 1;
+    }
+
+    /// # Safety
+    ///
+    /// `m` is an empty magazine owned by the caller.
+    unsafe fn push_empty(&mut self, m: *mut Magazine) {
+        // SAFETY: per the contract.
+        unsafe { (*m).next = self.empty };
+        self.empty = m;
+        self.nempty += 1;
+    }
+
+    fn pop_full(&mut self) -> Option<*mut Magazine> {
+        let m = NonNull::new(self.full)?.as_ptr();
+        // SAFETY: a magazine on our list.
+        self.full = unsafe { (*m).next };
+        self.nfull -= 1;
+        self.min_full = self.min_full.min(self.nfull);
+        Some(m)
+    }
+
+    fn pop_empty(&mut self) -> Option<*mut Magazine> {
+        let m = NonNull::new(self.empty)?.as_ptr();
+        // SAFETY: a magazine on our list.
+        self.empty = unsafe { (*m).next };
+        self.nempty -= 1;
+        self.min_empty = self.min_empty.min(self.nempty);
+        Some(m)
+    }
+}
+
+/// Magazine counters of a cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MagazineStats {
+    /// Rounds per magazine.
+    pub rounds: usize,
+    /// Full magazines in the depots.
+    pub depot_full: usize,
+    /// Empty magazines in the depots.
+    pub depot_empty: usize,
+}
+
+/// A slab cache with per-CPU magazines in front of it.
+pub(crate) struct MagCache<R: RawMutex> {
+    pub(crate) cache: Cache<R>,
+    rounds: usize,
+    cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
+    depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
+}
+
+// SAFETY: a slot's `CpuMags` is touched only by the context holding the
+// slot (platform contract) or by a drainer that completed the handshake;
+// everything else is behind locks. Magazine pointers are owned by exactly
+// one of: a slot, a depot, a drainer.
+unsafe impl<R: RawMutex + Sync> Sync for MagCache<R> {}
+// SAFETY: as above; nothing is tied to the creating thread.
+unsafe impl<R: RawMutex + Send> Send for MagCache<R> {}
+
+impl<R: RawMutex> MagCache<R> {
+    /// A cache of `geo` objects with empty magazines.
+    #[cfg(not(loom))]
+    pub(crate) const fn new(geo: Geometry) -> Self {
+        MagCache {
+            cache: Cache::new(geo),
+            rounds: rounds_for(geo.size),
+            cpus: [const { UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() }) }; MAX_CPUS],
+            depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
+        }
+    }
+
+    /// A cache of `geo` objects (loom: not `const`).
+    #[cfg(loom)]
+    pub(crate) fn new(geo: Geometry) -> Self {
+        MagCache {
+            cache: Cache::new(geo),
+            rounds: rounds_for(geo.size),
+            cpus: core::array::from_fn(|_| {
+                UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() })
+            }),
+            depots: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, Depot::new()))),
+        }
+    }
+
+    /// One object: from this CPU's magazines when it holds a slot.
+    #[inline]
+    pub(crate) fn alloc<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>) -> Option<NonNull<u8>> {
+        let Some(slot) = cx.slots.hold(cx.plat) else {
+            return self.cache.alloc(cx.src, 0);
+        };
+        let r = self.cpus[slot].with_mut(|m| {
+            // SAFETY: we hold the slot, so its magazines are ours; a
+            // non-null `loaded` is a live magazine of this cache.
+            unsafe {
+                let m = &mut *m;
+                let l = m.loaded;
+                if !l.is_null() && (*l).count > 0 {
+                    (*l).count -= 1;
+                    Some(NonNull::new_unchecked((*l).rounds[(*l).count]))
+                } else {
+                    self.alloc_refill(cx, slot, m)
+                }
+            }
+        });
+        cx.slots.unhold(cx.plat, slot);
+        r
+    }
+
+    /// Pops one round off `m.loaded`, which the caller made non-empty.
+    ///
+    /// # Safety
+    ///
+    /// `m.loaded` is a live magazine with at least one round.
+    #[inline(always)]
+    unsafe fn pop(m: &mut CpuMags) -> Option<NonNull<u8>> {
+        // SAFETY: per the contract.
+        unsafe {
+            let l = m.loaded;
+            (*l).count -= 1;
+            Some(NonNull::new_unchecked((*l).rounds[(*l).count]))
+        }
+    }
+
+    /// `loaded` is empty: swap, trade with the depot, or refill from slabs.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot` and `m` is its magazines of this cache.
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_refill<S: PageSource, P: Platform>(
+        &self,
+        cx: &Ctx<'_, S, P, R>,
+        slot: usize,
+        m: &mut CpuMags,
+    ) -> Option<NonNull<u8>> {
+        let node = cx.plat.node_of(slot).min(MAX_NODES - 1);
+        // SAFETY: the slot's magazines are ours (contract); magazines taken
+        // from the depot become ours under its lock.
+        unsafe {
+            if !m.previous.is_null() && (*m.previous).count > 0 {
+                core::mem::swap(&mut m.loaded, &mut m.previous);
+                return Self::pop(m);
+            }
+            let mut depot = self.depots[node].lock();
+            if let Some(full) = depot.pop_full() {
+                if !m.previous.is_null() {
+                    depot.push_empty(m.previous);
+                }
+                drop(depot);
+                m.previous = m.loaded;
+                m.loaded = full;
+                return Self::pop(m);
+            }
+            if m.loaded.is_null() {
+                m.loaded = match depot.pop_empty() {
+                    Some(e) => e,
+                    None => {
+                        drop(depot);
+                        match Self::new_magazine(cx, node) {
+                            Some(e) => e,
+                            None => return self.cache.alloc(cx.src, node),
+                        }
+                    }
+                };
+            } else {
+                drop(depot);
+            }
+            let l = m.loaded;
+            let n = self.cache.alloc_bulk(cx.src, node, &mut (&mut (*l).rounds)[..self.rounds]);
+            (*l).count = n;
+            if n == 0 {
+                return None;
+            }
+            Self::pop(m)
+        }
+    }
+
+    /// An empty magazine from the internal magazine cache.
+    fn new_magazine<S: PageSource, P: Platform>(cx: &Ctx<'_, S, P, R>, node: usize) -> Option<*mut Magazine> {
+        let p = cx.mags.alloc(cx.src, node)?.as_ptr() as *mut Magazine;
+        // SAFETY: a fresh object of the magazine cache, laid out for one.
+        unsafe { ptr::addr_of_mut!((*p).count).write(0) };
+        Some(p)
+    }
+
+    /// Frees `ptr`: into this CPU's magazines when it holds a slot and the
+    /// object is node-local, else straight to its slab.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of this cache, allocated with `cx.src`.
+    #[inline]
+    pub(crate) unsafe fn free<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>, ptr: NonNull<u8>) {
+        if let Some(slot) = cx.slots.hold(cx.plat) {
+            // SAFETY: `ptr` is a live object of this cache.
+            let local = cx.plat.nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat.node_of(slot);
+            if local {
+                self.cpus[slot].with_mut(|m| {
+                    // SAFETY: we hold the slot; `loaded`, if set, is live.
+                    unsafe {
+                        let m = &mut *m;
+                        let l = m.loaded;
+                        if !l.is_null() && (*l).count < self.rounds {
+                            (*l).rounds[(*l).count] = ptr.as_ptr();
+                            (*l).count += 1;
+                        } else {
+                            self.free_spill(cx, slot, m, ptr);
+                        }
+                    }
+                });
+                cx.slots.unhold(cx.plat, slot);
+                return;
+            }
+            cx.slots.unhold(cx.plat, slot);
+        }
+        // SAFETY: forwarded.
+        unsafe { self.cache.free(cx.src, ptr) }
+    }
+
+    /// `loaded` is full (or missing): swap, trade with the depot, grow a
+    /// magazine, or flush one to the slabs.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`, `m` is its magazines of this cache, and
+    /// `ptr` is a live object of this cache.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_spill<S: PageSource, P: Platform>(
+        &self,
+        cx: &Ctx<'_, S, P, R>,
+        slot: usize,
+        m: &mut CpuMags,
+        ptr: NonNull<u8>,
+    ) {
+        let node = cx.plat.node_of(slot).min(MAX_NODES - 1);
+        // SAFETY: as in `alloc_refill`; `ptr` is a live object of ours.
+        unsafe {
+            if !m.previous.is_null() && (*m.previous).count == 0 {
+                core::mem::swap(&mut m.loaded, &mut m.previous);
+            } else {
+                let mut depot = self.depots[node].lock();
+                let fresh = match depot.pop_empty() {
+                    Some(e) => Some(e),
+                    None if depot.nfull < DEPOT_FULL_MAX || m.previous.is_null() => {
+                        drop(depot);
+                        let e = Self::new_magazine(cx, node);
+                        depot = self.depots[node].lock();
+                        e
+                    }
+                    None => None,
+                };
+                match fresh {
+                    Some(e) => {
+                        if !m.previous.is_null() {
+                            depot.push_full(m.previous);
+                        }
+                        m.previous = m.loaded;
+                        m.loaded = e;
+                    }
+                    None if !m.previous.is_null() => {
+                        // The depot is full of full magazines: flush one.
+                        drop(depot);
+                        let p = m.previous;
+                        self.cache.free_bulk(cx.src, &(&(*p).rounds)[..(*p).count]);
+                        (*p).count = 0;
+                        core::mem::swap(&mut m.loaded, &mut m.previous);
+                    }
+                    None => {
+                        drop(depot);
+                        self.cache.free(cx.src, ptr);
+                        return;
+                    }
+                }
+            }
+            if m.loaded.is_null() {
+                self.cache.free(cx.src, ptr);
+                return;
+            }
+            let l = m.loaded;
+            (*l).rounds[(*l).count] = ptr.as_ptr();
+            (*l).count += 1;
+        }
+    }
+
+    /// Empties magazine `mag` into the slabs and frees it.
+    ///
+    /// # Safety
+    ///
+    /// `mag` is a live magazine of this cache owned by the caller.
+    unsafe fn discard<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>, mag: *mut Magazine) -> usize {
+        // SAFETY: per the contract its rounds are live free objects of
+        // this cache, and the magazine is an object of `cx.mags`.
+        unsafe {
+            let n = (*mag).count;
+            self.cache.free_bulk(cx.src, &(&(*mag).rounds)[..n]);
+            cx.mags.free(cx.src, NonNull::new_unchecked(mag as *mut u8));
+            n
+        }
+    }
+
+    /// Empties slot `slot`'s magazines of this cache into the slabs; with
+    /// `orphans_only`, only if nobody holds the slot. Returns the objects
+    /// flushed.
+    fn drain_slot<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>, slot: usize, orphans_only: bool) -> usize {
+        let stolen = cx.slots.begin_drain(cx.plat, slot);
+        let taken = if stolen || !orphans_only {
+            self.cpus[slot].with_mut(|m| {
+                // SAFETY: the handshake (or the steal) made the slot ours.
+                let m = unsafe { &mut *m };
+                let t = (m.loaded, m.previous);
+                m.loaded = ptr::null_mut();
+                m.previous = ptr::null_mut();
+                t
+            })
+        } else {
+            (ptr::null_mut(), ptr::null_mut())
+        };
+        cx.slots.end_drain(cx.plat, slot, stolen);
+        let mut n = 0;
+        for mag in [taken.0, taken.1] {
+            if !mag.is_null() {
+                // SAFETY: taken from the slot, so ours.
+                n += unsafe { self.discard(cx, mag) };
+            }
+        }
+        n
+    }
+
+    /// Empties every magazine of this cache (all slots and depots) into
+    /// the slabs. Returns the objects flushed.
+    pub(crate) fn drain<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>) -> usize {
+        let mut n = 0;
+        for slot in 0..MAX_CPUS {
+            n += self.drain_slot(cx, slot, false);
+        }
+        for node in 0..MAX_NODES {
+            n += self.trim_depot(cx, node, usize::MAX, usize::MAX);
+        }
+        n
+    }
+
+    /// Bonwick's working-set reap: give back the depot magazines unused
+    /// since the last reap, and drain slots nobody holds. Returns objects
+    /// flushed.
+    pub(crate) fn reap<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>) -> usize {
+        let mut n = 0;
+        for slot in 0..MAX_CPUS {
+            n += self.drain_slot(cx, slot, true);
+        }
+        for node in 0..MAX_NODES {
+            let (full, empty) = {
+                let d = self.depots[node].lock();
+                (d.min_full, d.min_empty)
+            };
+            n += self.trim_depot(cx, node, full, empty);
+            let mut d = self.depots[node].lock();
+            d.min_full = d.nfull;
+            d.min_empty = d.nempty;
+        }
+        n
+    }
+
+    /// Frees up to `full` full and `empty` empty depot magazines of `node`.
+    fn trim_depot<S: PageSource, P: Platform>(
+        &self,
+        cx: &Ctx<'_, S, P, R>,
+        node: usize,
+        full: usize,
+        empty: usize,
+    ) -> usize {
+        let mut n = 0;
+        for _ in 0..full {
+            let Some(m) = self.depots[node].lock().pop_full() else { break };
+            // SAFETY: popped from the depot, so ours.
+            n += unsafe { self.discard(cx, m) };
+        }
+        for _ in 0..empty {
+            let Some(m) = self.depots[node].lock().pop_empty() else { break };
+            // SAFETY: popped from the depot, so ours; empty, so no rounds.
+            n += unsafe { self.discard(cx, m) };
+        }
+        n
+    }
+
+    /// Slab counters and magazine counters.
+    pub(crate) fn stats(&self) -> (CacheStats, MagazineStats) {
+        let mut ms = MagazineStats { rounds: self.rounds, ..MagazineStats::default() };
+        for d in &self.depots {
+            let d = d.lock();
+            ms.depot_full += d.nfull;
+            ms.depot_empty += d.nempty;
+        }
+        (self.cache.stats(), ms)
+    }
+}

@@ -1,0 +1,68 @@
+//! CPU and node identity: which per-CPU slot the caller may use.
+
+/// Per-CPU slots a `Kmem` keeps magazines for (2 under loom and Miri).
+pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
+
+/// Tells the allocator which per-CPU slot the calling context owns.
+///
+/// The magazine layer keeps one pair of magazines per slot and cache and
+/// touches them with plain loads and stores; the platform's job is to make
+/// sure only one context uses a slot at a time.
+///
+/// # Safety
+///
+/// An implementation must guarantee that:
+/// 1. `enter` returns `None` or a slot below [`MAX_CPUS`] that no other
+///    context holds until the caller's matching `exit`; the caller is not
+///    re-entered in between (an interrupt handler that allocates must be
+///    masked by `enter`, or get another slot);
+/// 2. `node_of` returns a value below [`crate::MAX_NODES`], the same for a
+///    slot for as long as it is held;
+/// 3. if `asymmetric()` ever returns `true`, it returns `true` from before
+///    the first slot is handed out, and `heavy_barrier` then acts as a full
+///    memory barrier on every context that holds a slot (Linux `membarrier`
+///    semantics), so slot holders may use compiler fences only;
+/// 4. `steal(slot)` returns `true` only for a slot no context holds, and
+///    then no `enter` returns it until `unsteal(slot)`;
+/// 5. nothing here allocates, panics, or calls back into the allocator.
+pub unsafe trait Platform: Sync {
+    /// The calling context's slot, held until [`Platform::exit`]; `None`
+    /// sends the operation to the shared (locked) path.
+    fn enter(&self) -> Option<usize>;
+    /// Ends the hold of `slot` taken by `enter`.
+    fn exit(&self, slot: usize);
+    /// The NUMA node of `slot`.
+    fn node_of(&self, _slot: usize) -> usize {
+        0
+    }
+    /// Number of nodes in use; 1 lets frees skip the home-node check.
+    fn nodes(&self) -> usize {
+        1
+    }
+    /// Whether [`Platform::heavy_barrier`] is an asymmetric barrier.
+    fn asymmetric(&self) -> bool {
+        false
+    }
+    /// A full barrier on every slot holder (only when `asymmetric`).
+    fn heavy_barrier(&self) {}
+    /// Takes a slot that nobody holds, to drain it; see the contract.
+    fn steal(&self, _slot: usize) -> bool {
+        false
+    }
+    /// Gives back a slot taken by `steal`.
+    fn unsteal(&self, _slot: usize) {}
+}
+
+/// A platform with no per-CPU slots: every operation takes the shared,
+/// locked path. The default without `std`; kernels supply their own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoCpus;
+
+// SAFETY: `enter` never hands out a slot, so (1), (3) and (4) hold
+// vacuously; (2) node 0 is valid; (5) nothing is done at all.
+unsafe impl Platform for NoCpus {
+    fn enter(&self) -> Option<usize> {
+        None
+    }
+    fn exit(&self, _slot: usize) {}
+}

@@ -1,0 +1,147 @@
+//! `Threads`: per-thread slots for programs on an OS (feature `std`).
+//!
+//! A thread claims a free slot on its first allocation and keeps it in a
+//! `const`-initialised thread-local with no destructor, so the allocator
+//! never re-enters itself through TLS teardown. A `pthread` key destructor
+//! (which, unlike Rust TLS destructors, allocates nothing) hands the slot
+//! back when the thread exits. Whatever magazines the slot still holds stay
+//! with it: the next thread to claim the slot adopts them, and `reap`
+//! drains slots nobody holds, so an exiting thread strands nothing.
+//!
+//! Where the kernel offers `membarrier(PRIVATE_EXPEDITED)`, slot holders
+//! use compiler fences only and remote drains pay for a heavy barrier.
+
+use core::cell::Cell;
+
+use super::cpu::{MAX_CPUS, Platform};
+use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize};
+
+const NONE: usize = usize::MAX;
+
+std::thread_local! {
+    /// This thread's slot, or `NONE`. `Cell<usize>` has no destructor.
+    static SLOT: Cell<usize> = const { Cell::new(NONE) };
+}
+
+/// Slots held by a thread (or stolen by a drainer).
+static CLAIMED: [AtomicBool; MAX_CPUS] = [const { atomic_bool(false) }; MAX_CPUS];
+/// `pthread` key whose destructor gives a slot back: 0 not yet made,
+/// 1 being made, `key + 2` once made.
+static KEY: AtomicUsize = atomic_usize(0);
+/// 0 unknown, 1 membarrier available, 2 not available.
+static ASYM: AtomicU8 = atomic_u8(0);
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+/// The per-thread slot platform; the default with `std`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Threads;
+
+impl Threads {
+    /// The platform (all state is process-wide).
+    pub const fn new() -> Self {
+        Threads
+    }
+}
+
+/// Runs at thread exit for threads that claimed a slot.
+extern "C" fn release_slot(value: *mut libc::c_void) {
+    let slot = value as usize - 1;
+    // The thread-local has no destructor, so it is still accessible here.
+    let _ = SLOT.try_with(|s| s.set(NONE));
+    // Publishes this thread's last writes to the slot's magazines to the
+    // next claimer (pairs with the Acquire of the claiming CAS).
+    CLAIMED[slot].store(false, Ordering::Release);
+}
+
+/// One-time set-up: the exit key and the barrier mode. Both finish before
+/// any slot is handed out (contract point 3).
+#[cold]
+fn init() -> Option<libc::pthread_key_t> {
+    loop {
+        match KEY.load(Ordering::Acquire) {
+            0 => {
+                if KEY.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                    continue;
+                }
+                // SAFETY: registering for private expedited membarrier has no
+                // effect on memory; failure just means "not available".
+                let asym = unsafe {
+                    libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0
+                };
+                ASYM.store(if asym { 1 } else { 2 }, Ordering::Release);
+                let mut key: libc::pthread_key_t = 0;
+                // SAFETY: `key` is a valid out-pointer; the destructor is an
+                // `extern "C"` fn that never unwinds.
+                let ok = unsafe { libc::pthread_key_create(&mut key, Some(release_slot)) } == 0;
+                KEY.store(if ok { key as usize + 2 } else { 0 }, Ordering::Release);
+                if !ok {
+                    return None;
+                }
+            }
+            1 => crate::sync::spin_hint(),
+            k => return Some((k - 2) as libc::pthread_key_t),
+        }
+    }
+}
+
+impl Threads {
+    #[cold]
+    #[inline(never)]
+    fn claim(&self) -> Option<usize> {
+        let key = init()?;
+        for (slot, claimed) in CLAIMED.iter().enumerate() {
+            // Acquire: adopt the magazines the previous holder left behind.
+            if claimed.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                // SAFETY: `key` is a live key; the value is a plain integer.
+                if unsafe { libc::pthread_setspecific(key, (slot + 1) as *const libc::c_void) } != 0 {
+                    // Without an exit hook the slot would leak on exit.
+                    claimed.store(false, Ordering::Release);
+                    return None;
+                }
+                let _ = SLOT.try_with(|s| s.set(slot));
+                return Some(slot);
+            }
+        }
+        None
+    }
+}
+
+// SAFETY: (1) a slot is claimed by CAS, recorded in one thread's local, and
+// released only by that thread's exit destructor (or by `unsteal` of a
+// drainer that stole an unclaimed one), so two threads never hold one slot;
+// Rust code does not re-enter a thread between enter and exit. (2) one node.
+// (3) ASYM is settled in `init`, before the first claim. (4) `steal` claims
+// by the same CAS. (5) TLS access, atomics, and two libc calls that do not
+// allocate (pthread_setspecific for keys below PTHREAD_KEYS_2NDLEVEL_SIZE).
+unsafe impl Platform for Threads {
+    #[inline(always)]
+    fn enter(&self) -> Option<usize> {
+        match SLOT.try_with(Cell::get) {
+            Ok(slot) if slot != NONE => Some(slot),
+            _ => self.claim(),
+        }
+    }
+
+    #[inline(always)]
+    fn exit(&self, _slot: usize) {}
+
+    #[inline(always)]
+    fn asymmetric(&self) -> bool {
+        ASYM.load(Ordering::Relaxed) == 1
+    }
+
+    fn heavy_barrier(&self) {
+        // SAFETY: registered in `init` (asymmetric() is true only then).
+        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
+    }
+
+    fn steal(&self, slot: usize) -> bool {
+        CLAIMED[slot].compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    fn unsteal(&self, slot: usize) {
+        CLAIMED[slot].store(false, Ordering::Release);
+    }
+}
