@@ -17,7 +17,7 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
-use crate::magazine::{Ctx, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::page::{alloc_exact, free_exact, pages_for};
 use crate::platform::{DefaultPlatform, DefaultRawMutex, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
@@ -113,12 +113,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         0
     }
 
-    /// What the magazine layer needs for one operation.
-    #[inline(always)]
-    pub(crate) fn cx(&self) -> Ctx<'_, S, P, R> {
-        Ctx { src: &self.source, plat: &self.platform, slots: &self.slots, mags: &self.magazines }
-    }
-
     /// `size` bytes aligned to `align`, or `None`. `size == 0`, an alignment
     /// that is not a power of two, and sizes whose rounding overflows all
     /// give `None`.
@@ -128,7 +122,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return None;
         }
         match class_of(size, align) {
-            Some(c) => self.classes[c].alloc(&self.cx()),
+            Some(c) => self.classes[c].alloc(self),
             None => self.alloc_large(size, align),
         }
     }
@@ -165,7 +159,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     return;
                 }
                 // SAFETY: per the contract `ptr` is a live object of class c.
-                unsafe { cache.free(&self.cx(), ptr) }
+                unsafe { cache.free(self, ptr) }
             }
             None => {
                 let pages = pages_for(size).unwrap_or(0);
@@ -267,10 +261,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// empty slab back to the page source, and trims the source. Returns
     /// the pages given back. (Linux `kmem_cache_shrink` on all caches.)
     pub fn shrink(&self) -> usize {
-        let cx = self.cx();
         let mut pages = 0;
         self.for_each_cache(|c| {
-            c.drain(&cx);
+            c.drain(self);
             pages += c.cache.shrink(&self.source);
         });
         self.magazines.shrink(&self.source);
@@ -283,10 +276,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// to the page source and the source is trimmed. Returns the pages
     /// given back.
     pub fn reap(&self) -> usize {
-        let cx = self.cx();
         let mut pages = 0;
         self.for_each_cache(|c| {
-            c.reap(&cx);
+            c.reap(self);
             pages += c.cache.shrink(&self.source);
         });
         pages + self.source.trim()
@@ -305,6 +297,27 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             c.cache.check();
         }
         self.descriptors.check();
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
+    type Src = S;
+    type Plat = P;
+    #[inline(always)]
+    fn src(&self) -> &S {
+        &self.source
+    }
+    #[inline(always)]
+    fn plat(&self) -> &P {
+        &self.platform
+    }
+    #[inline(always)]
+    fn slots(&self) -> &Slots {
+        &self.slots
+    }
+    #[inline(always)]
+    fn mags(&self) -> &Cache<R> {
+        &self.magazines
     }
 }
 

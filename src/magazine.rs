@@ -189,13 +189,18 @@ impl Slots {
     }
 }
 
-/// What a cache operation needs from the layers around it.
-pub(crate) struct Ctx<'a, S, P, R: RawMutex> {
-    pub(crate) src: &'a S,
-    pub(crate) plat: &'a P,
-    pub(crate) slots: &'a Slots,
-    /// The internal cache magazines are allocated from.
-    pub(crate) mags: &'a Cache<R>,
+/// What a cache operation needs from the layers around it: the page
+/// source, the platform, the slot handshakes and the internal cache that
+/// magazines live in. `Kmem` implements it; loom models build a small one.
+pub(crate) trait Env<R: RawMutex> {
+    /// The page source.
+    type Src: PageSource;
+    /// The platform.
+    type Plat: Platform;
+    fn src(&self) -> &Self::Src;
+    fn plat(&self) -> &Self::Plat;
+    fn slots(&self) -> &Slots;
+    fn mags(&self) -> &Cache<R>;
 }
 
 /// One slot's magazines of one cache. Either pointer may be null.
@@ -318,9 +323,9 @@ impl<R: RawMutex> MagCache<R> {
 
     /// One object: from this CPU's magazines when it holds a slot.
     #[inline]
-    pub(crate) fn alloc<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>) -> Option<NonNull<u8>> {
-        let Some(slot) = cx.slots.hold(cx.plat) else {
-            return self.cache.alloc(cx.src, 0);
+    pub(crate) fn alloc<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
+        let Some(slot) = cx.slots().hold(cx.plat()) else {
+            return self.cache.alloc(cx.src(), 0);
         };
         let r = self.cpus[slot].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours; a
@@ -336,7 +341,7 @@ impl<R: RawMutex> MagCache<R> {
                 }
             }
         });
-        cx.slots.unhold(cx.plat, slot);
+        cx.slots().unhold(cx.plat(), slot);
         r
     }
 
@@ -362,13 +367,8 @@ impl<R: RawMutex> MagCache<R> {
     /// The caller holds `slot` and `m` is its magazines of this cache.
     #[cold]
     #[inline(never)]
-    unsafe fn alloc_refill<S: PageSource, P: Platform>(
-        &self,
-        cx: &Ctx<'_, S, P, R>,
-        slot: usize,
-        m: &mut CpuMags,
-    ) -> Option<NonNull<u8>> {
-        let node = cx.plat.node_of(slot).min(MAX_NODES - 1);
+    unsafe fn alloc_refill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags) -> Option<NonNull<u8>> {
+        let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
         // SAFETY: the slot's magazines are ours (contract); magazines taken
         // from the depot become ours under its lock.
         unsafe {
@@ -393,7 +393,7 @@ impl<R: RawMutex> MagCache<R> {
                         drop(depot);
                         match Self::new_magazine(cx, node) {
                             Some(e) => e,
-                            None => return self.cache.alloc(cx.src, node),
+                            None => return self.cache.alloc(cx.src(), node),
                         }
                     }
                 };
@@ -401,7 +401,7 @@ impl<R: RawMutex> MagCache<R> {
                 drop(depot);
             }
             let l = m.loaded;
-            let n = self.cache.alloc_bulk(cx.src, node, &mut (&mut (*l).rounds)[..self.rounds]);
+            let n = self.cache.alloc_bulk(cx.src(), node, &mut (&mut (*l).rounds)[..self.rounds]);
             (*l).count = n;
             if n == 0 {
                 return None;
@@ -411,8 +411,8 @@ impl<R: RawMutex> MagCache<R> {
     }
 
     /// An empty magazine from the internal magazine cache.
-    fn new_magazine<S: PageSource, P: Platform>(cx: &Ctx<'_, S, P, R>, node: usize) -> Option<*mut Magazine> {
-        let p = cx.mags.alloc(cx.src, node)?.as_ptr() as *mut Magazine;
+    fn new_magazine<E: Env<R>>(cx: &E, node: usize) -> Option<*mut Magazine> {
+        let p = cx.mags().alloc(cx.src(), node)?.as_ptr() as *mut Magazine;
         // SAFETY: a fresh object of the magazine cache, laid out for one.
         unsafe { ptr::addr_of_mut!((*p).count).write(0) };
         Some(p)
@@ -423,12 +423,13 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// # Safety
     ///
-    /// `ptr` is a live object of this cache, allocated with `cx.src`.
+    /// `ptr` is a live object of this cache, allocated with `cx.src()`.
     #[inline]
-    pub(crate) unsafe fn free<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>, ptr: NonNull<u8>) {
-        if let Some(slot) = cx.slots.hold(cx.plat) {
+    pub(crate) unsafe fn free<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) {
+        if let Some(slot) = cx.slots().hold(cx.plat()) {
             // SAFETY: `ptr` is a live object of this cache.
-            let local = cx.plat.nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat.node_of(slot);
+            let local =
+                cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
                 self.cpus[slot].with_mut(|m| {
                     // SAFETY: we hold the slot; `loaded`, if set, is live.
@@ -443,13 +444,13 @@ impl<R: RawMutex> MagCache<R> {
                         }
                     }
                 });
-                cx.slots.unhold(cx.plat, slot);
+                cx.slots().unhold(cx.plat(), slot);
                 return;
             }
-            cx.slots.unhold(cx.plat, slot);
+            cx.slots().unhold(cx.plat(), slot);
         }
         // SAFETY: forwarded.
-        unsafe { self.cache.free(cx.src, ptr) }
+        unsafe { self.cache.free(cx.src(), ptr) }
     }
 
     /// `loaded` is full (or missing): swap, trade with the depot, grow a
@@ -461,14 +462,8 @@ impl<R: RawMutex> MagCache<R> {
     /// `ptr` is a live object of this cache.
     #[cold]
     #[inline(never)]
-    unsafe fn free_spill<S: PageSource, P: Platform>(
-        &self,
-        cx: &Ctx<'_, S, P, R>,
-        slot: usize,
-        m: &mut CpuMags,
-        ptr: NonNull<u8>,
-    ) {
-        let node = cx.plat.node_of(slot).min(MAX_NODES - 1);
+    unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags, ptr: NonNull<u8>) {
+        let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
         // SAFETY: as in `alloc_refill`; `ptr` is a live object of ours.
         unsafe {
             if !m.previous.is_null() && (*m.previous).count == 0 {
@@ -497,19 +492,19 @@ impl<R: RawMutex> MagCache<R> {
                         // The depot is full of full magazines: flush one.
                         drop(depot);
                         let p = m.previous;
-                        self.cache.free_bulk(cx.src, &(&(*p).rounds)[..(*p).count]);
+                        self.cache.free_bulk(cx.src(), &(&(*p).rounds)[..(*p).count]);
                         (*p).count = 0;
                         core::mem::swap(&mut m.loaded, &mut m.previous);
                     }
                     None => {
                         drop(depot);
-                        self.cache.free(cx.src, ptr);
+                        self.cache.free(cx.src(), ptr);
                         return;
                     }
                 }
             }
             if m.loaded.is_null() {
-                self.cache.free(cx.src, ptr);
+                self.cache.free(cx.src(), ptr);
                 return;
             }
             let l = m.loaded;
@@ -523,13 +518,13 @@ impl<R: RawMutex> MagCache<R> {
     /// # Safety
     ///
     /// `mag` is a live magazine of this cache owned by the caller.
-    unsafe fn discard<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>, mag: *mut Magazine) -> usize {
+    unsafe fn discard<E: Env<R>>(&self, cx: &E, mag: *mut Magazine) -> usize {
         // SAFETY: per the contract its rounds are live free objects of
-        // this cache, and the magazine is an object of `cx.mags`.
+        // this cache, and the magazine is an object of `cx.mags()`.
         unsafe {
             let n = (*mag).count;
-            self.cache.free_bulk(cx.src, &(&(*mag).rounds)[..n]);
-            cx.mags.free(cx.src, NonNull::new_unchecked(mag as *mut u8));
+            self.cache.free_bulk(cx.src(), &(&(*mag).rounds)[..n]);
+            cx.mags().free(cx.src(), NonNull::new_unchecked(mag as *mut u8));
             n
         }
     }
@@ -537,8 +532,8 @@ impl<R: RawMutex> MagCache<R> {
     /// Empties slot `slot`'s magazines of this cache into the slabs; with
     /// `orphans_only`, only if nobody holds the slot. Returns the objects
     /// flushed.
-    fn drain_slot<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>, slot: usize, orphans_only: bool) -> usize {
-        let stolen = cx.slots.begin_drain(cx.plat, slot);
+    fn drain_slot<E: Env<R>>(&self, cx: &E, slot: usize, orphans_only: bool) -> usize {
+        let stolen = cx.slots().begin_drain(cx.plat(), slot);
         let taken = if stolen || !orphans_only {
             self.cpus[slot].with_mut(|m| {
                 // SAFETY: the handshake (or the steal) made the slot ours.
@@ -551,7 +546,7 @@ impl<R: RawMutex> MagCache<R> {
         } else {
             (ptr::null_mut(), ptr::null_mut())
         };
-        cx.slots.end_drain(cx.plat, slot, stolen);
+        cx.slots().end_drain(cx.plat(), slot, stolen);
         let mut n = 0;
         for mag in [taken.0, taken.1] {
             if !mag.is_null() {
@@ -564,7 +559,7 @@ impl<R: RawMutex> MagCache<R> {
 
     /// Empties every magazine of this cache (all slots and depots) into
     /// the slabs. Returns the objects flushed.
-    pub(crate) fn drain<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>) -> usize {
+    pub(crate) fn drain<E: Env<R>>(&self, cx: &E) -> usize {
         let mut n = 0;
         for slot in 0..MAX_CPUS {
             n += self.drain_slot(cx, slot, false);
@@ -578,7 +573,7 @@ impl<R: RawMutex> MagCache<R> {
     /// Bonwick's working-set reap: give back the depot magazines unused
     /// since the last reap, and drain slots nobody holds. Returns objects
     /// flushed.
-    pub(crate) fn reap<S: PageSource, P: Platform>(&self, cx: &Ctx<'_, S, P, R>) -> usize {
+    pub(crate) fn reap<E: Env<R>>(&self, cx: &E) -> usize {
         let mut n = 0;
         for slot in 0..MAX_CPUS {
             n += self.drain_slot(cx, slot, true);
@@ -597,13 +592,7 @@ impl<R: RawMutex> MagCache<R> {
     }
 
     /// Frees up to `full` full and `empty` empty depot magazines of `node`.
-    fn trim_depot<S: PageSource, P: Platform>(
-        &self,
-        cx: &Ctx<'_, S, P, R>,
-        node: usize,
-        full: usize,
-        empty: usize,
-    ) -> usize {
+    fn trim_depot<E: Env<R>>(&self, cx: &E, node: usize, full: usize, empty: usize) -> usize {
         let mut n = 0;
         for _ in 0..full {
             let Some(m) = self.depots[node].lock().pop_full() else { break };

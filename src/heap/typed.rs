@@ -142,7 +142,7 @@ pub struct KmemCache<
 impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     /// Moves `value` into a new object of this cache.
     pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, S, R, P>, Error> {
-        let p = self.desc.cache.alloc(&self.kmem.cx()).ok_or(Error::OutOfMemory)?;
+        let p = self.desc.cache.alloc(self.kmem).ok_or(Error::OutOfMemory)?;
         let p = p.cast::<T>();
         // SAFETY: a fresh object of this cache, laid out for `T`.
         unsafe { p.as_ptr().write(value) };
@@ -162,7 +162,7 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     /// Empties the cache's magazines and gives its empty slabs back;
     /// returns the pages freed.
     pub fn shrink(&self) -> usize {
-        self.desc.cache.drain(&self.kmem.cx());
+        self.desc.cache.drain(self.kmem);
         self.desc.cache.cache.shrink(&self.kmem.source)
     }
 }
@@ -222,7 +222,7 @@ impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, 
         // allocated with this `Kmem`'s page source; nothing uses it after.
         unsafe {
             self.ptr.as_ptr().drop_in_place();
-            self.desc.cache.free(&self.kmem.cx(), self.ptr.cast());
+            self.desc.cache.free(self.kmem, self.ptr.cast());
         }
     }
 }

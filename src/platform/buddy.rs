@@ -356,6 +356,14 @@ impl<const Z: usize> Buddy<Z> {
         Some((z.raw_start, z.raw_len))
     }
 
+    /// Removes some island zone that is entirely free (see
+    /// [`Buddy::remove_empty_island`]).
+    #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
+    pub(crate) fn take_empty_island(&mut self) -> Option<(usize, usize)> {
+        let z = self.zones[..self.nzones].iter().find(|z| z.island && z.used == 0)?.start;
+        self.remove_empty_island(z)
+    }
+
     /// Walks every list and meta array and checks the invariants; panics
     /// with a description on the first violation (tests and `paranoid`).
     #[cfg(test)]

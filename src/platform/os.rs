@@ -17,13 +17,20 @@ const CHUNK_MAX_ORDER: u32 = 9;
 /// Chunks the pool can track: 4 GiB of pooled pages. Beyond that, and for
 /// runs above `CHUNK_MAX_ORDER`, runs are mapped directly.
 const POOL_ZONES: usize = 1024;
-/// Entirely free chunks kept mapped to absorb churn.
+/// Entirely free chunks `trim` keeps mapped.
 const SPARE_CHUNKS: usize = 1;
+/// Entirely free chunks kept mapped between trims (1 GiB): memory freed in
+/// a burst is reused without page faults until `Kmem::reap` or
+/// `Kmem::shrink` trims it (jemalloc's and mimalloc's retention, with an
+/// explicit trim instead of a decay timer).
+const RETAINED_CHUNKS: usize = 256;
 
 /// A page source that maps memory from the OS.
 ///
-/// Small runs (up to 2 MiB) come from a buddy allocator over 4 MiB chunks;
-/// a chunk whose pages are all free is unmapped, beyond one spare. Larger
+/// Small runs (up to 2 MiB) come from a buddy allocator over 4 MiB chunks.
+/// Chunks whose pages are all free stay mapped (up to 1 GiB of them) until
+/// [`PageSource::trim`] unmaps all but one; `Kmem::reap` and `Kmem::shrink`
+/// call it. Larger
 /// runs are mapped and unmapped directly. Runs are tagged with the node the
 /// caller asked for: the OS places pages on first touch, which is normally
 /// the asking CPU's node.
@@ -149,7 +156,7 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         let mut pool = self.pool.lock();
         // SAFETY: forwarded from the caller.
         if unsafe { pool.free(a, order) } {
-            let release = if pool.empty_islands() > SPARE_CHUNKS { pool.remove_empty_island(a) } else { None };
+            let release = if pool.empty_islands() > RETAINED_CHUNKS { pool.remove_empty_island(a) } else { None };
             drop(pool);
             if let Some((raw, len)) = release {
                 // SAFETY: the island was entirely free and is now unlinked.
@@ -168,5 +175,20 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
 
     fn stats(&self) -> SourceStats {
         SourceStats { pages_in_use: self.in_use.get(), pages_reserved: self.mapped.get() }
+    }
+
+    fn trim(&self) -> usize {
+        let mut pages = 0;
+        loop {
+            let mut pool = self.pool.lock();
+            if pool.empty_islands() <= SPARE_CHUNKS {
+                return pages;
+            }
+            let Some((raw, len)) = pool.take_empty_island() else { return pages };
+            drop(pool);
+            // SAFETY: the island was entirely free and is now unlinked.
+            unsafe { self.unmap(raw, len) };
+            pages += len / PAGE_SIZE;
+        }
     }
 }
