@@ -337,5 +337,5 @@ const fn class_caches<R: RawMutex>() -> [MagCache<R>; NCLASSES] {
     unsafe { out.assume_init() }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

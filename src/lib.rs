@@ -79,6 +79,9 @@
 //! owns is ignored and counted in [`KmemStats::bad_frees`].
 
 #![no_std]
+// Loom builds compile only the layers below `heap`, so much of the crate
+// is unused there.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
@@ -87,7 +90,7 @@ extern crate std;
 
 mod error;
 mod sync;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod testutil;
 
 mod platform;
@@ -103,6 +106,9 @@ mod heap;
 
 #[cfg(not(loom))]
 mod global;
+
+#[cfg(all(test, loom))]
+mod tests;
 
 pub use error::{Error, NAME_MAX};
 #[cfg(not(loom))]

@@ -65,5 +65,5 @@ pub(crate) fn slab_base(ptr: *mut u8, order: u32) -> usize {
     ptr as usize & !((PAGE_SIZE << order) - 1)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

@@ -170,5 +170,5 @@ pub const fn order_for_pages(pages: usize) -> Option<u32> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

@@ -602,5 +602,5 @@ impl<R: RawMutex> Cache<R> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

@@ -1,0 +1,207 @@
+//! Loom models of the magazine layer: the slot handshake, depot exchange,
+//! and remote-node frees racing refills.
+
+use std::cell::Cell;
+use std::vec::Vec;
+
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::platform::{PAGE_SIZE, PageSource, Platform, Region};
+use crate::slab::{Cache, Geometry};
+use crate::sync::LoomRawMutex;
+
+type R = LoomRawMutex;
+
+loom::thread_local! {
+    static SLOT: Cell<usize> = Cell::new(usize::MAX);
+}
+
+/// Each model thread says which slot it is on; slot `i` is on node
+/// `i % nodes`.
+struct LoomCpus {
+    nodes: usize,
+}
+
+fn set_slot(slot: usize) {
+    SLOT.with(|s| s.set(slot));
+}
+
+// SAFETY: (1) every model thread sets a distinct slot (or none) and never
+// re-enters; (2) nodes < MAX_NODES; (3) not asymmetric; (4) never steals;
+// (5) nothing allocates.
+unsafe impl Platform for LoomCpus {
+    fn enter(&self) -> Option<usize> {
+        SLOT.with(|s| {
+            let v = s.get();
+            (v != usize::MAX).then_some(v)
+        })
+    }
+    fn exit(&self, _slot: usize) {}
+    fn node_of(&self, slot: usize) -> usize {
+        slot % self.nodes
+    }
+    fn nodes(&self) -> usize {
+        self.nodes
+    }
+}
+
+struct TestEnv {
+    src: Region<R, 2>,
+    plat: LoomCpus,
+    slots: Slots,
+    mags: Cache<R>,
+    /// Backing memory, freed after the region (declared last).
+    _mem: Vec<Vec<u8>>,
+}
+
+impl TestEnv {
+    fn new(nodes: usize) -> TestEnv {
+        let src = Region::new();
+        let mut mem = Vec::new();
+        for node in 0..nodes {
+            let mut m = std::vec![0u8; 24 * PAGE_SIZE];
+            // SAFETY: the buffer outlives the region (field order) and is
+            // used by nothing else.
+            unsafe { src.add_raw(m.as_mut_ptr(), m.len(), node) }.unwrap();
+            mem.push(m);
+        }
+        TestEnv { src, plat: LoomCpus { nodes }, slots: Slots::new(), mags: Cache::new(MAGAZINE_GEOMETRY), _mem: mem }
+    }
+}
+
+impl Env<R> for TestEnv {
+    type Src = Region<R, 2>;
+    type Plat = LoomCpus;
+    fn src(&self) -> &Self::Src {
+        &self.src
+    }
+    fn plat(&self) -> &LoomCpus {
+        &self.plat
+    }
+    fn slots(&self) -> &Slots {
+        &self.slots
+    }
+    fn mags(&self) -> &Cache<R> {
+        &self.mags
+    }
+}
+
+/// A 64-byte cache whose locks have all been taken once: `LoomRawMutex`
+/// creates its loom atomic on first use, which must happen before the
+/// model's threads are spawned.
+fn cache(env: &TestEnv) -> MagCache<R> {
+    let c = MagCache::new(Geometry::new(64, 8).unwrap());
+    c.stats();
+    env.mags.stats();
+    for node in 0..crate::platform::MAX_NODES {
+        env.src.free_pages_on(node);
+    }
+    c
+}
+
+/// Allocates `n` objects, tags each with `tag`, checks the tags, frees all.
+fn churn(env: &TestEnv, c: &MagCache<R>, n: usize, tag: u8) {
+    let mut objs = Vec::new();
+    for _ in 0..n {
+        let p = c.alloc(env).expect("memory");
+        // SAFETY: a fresh 64-byte object.
+        unsafe { p.as_ptr().write_bytes(tag, 64) };
+        objs.push(p);
+    }
+    for p in objs {
+        // SAFETY: still ours: no other thread may have been handed it.
+        let s = unsafe { core::slice::from_raw_parts(p.as_ptr(), 64) };
+        assert!(s.iter().all(|&b| b == tag), "object handed to two threads");
+        // SAFETY: freed once.
+        unsafe { c.free(env, p) };
+    }
+}
+
+/// After a model: every object is back in a slab and the lists are sound.
+fn settle(env: &TestEnv, c: &MagCache<R>) {
+    c.drain(env);
+    c.cache.check();
+    assert_eq!(c.cache.stats().active_objects, 0, "objects lost or duplicated");
+    c.cache.shrink(&env.src);
+    env.mags.shrink(&env.src);
+    assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
+}
+
+#[test]
+fn loom_depot_exchange_between_two_cpus() {
+    loom::model(|| {
+        let env = Arc::new(TestEnv::new(1));
+        let c = Arc::new(cache(&env));
+        let ths: Vec<_> = (0..2)
+            .map(|slot| {
+                let (env, c) = (env.clone(), c.clone());
+                thread::spawn(move || {
+                    set_slot(slot);
+                    // More than a magazine (4 rounds under loom): refills,
+                    // swaps, and depot trades with the other CPU.
+                    churn(&env, &c, 5, slot as u8 + 1);
+                    churn(&env, &c, 3, slot as u8 + 3);
+                })
+            })
+            .collect();
+        for t in ths {
+            t.join().unwrap();
+        }
+        settle(&env, &c);
+    });
+}
+
+#[test]
+fn loom_slot_drained_while_owner_allocates() {
+    loom::model(|| {
+        let env = Arc::new(TestEnv::new(1));
+        let c = Arc::new(cache(&env));
+        let owner = {
+            let (env, c) = (env.clone(), c.clone());
+            thread::spawn(move || {
+                set_slot(0);
+                churn(&env, &c, 2, 7);
+                churn(&env, &c, 2, 8);
+            })
+        };
+        // This thread holds no slot: it drains slot 0 through the handshake.
+        c.drain(&*env);
+        owner.join().unwrap();
+        settle(&env, &c);
+    });
+}
+
+#[test]
+fn loom_remote_free_races_home_refill() {
+    loom::model(|| {
+        let env = Arc::new(TestEnv::new(2));
+        let c = Arc::new(cache(&env));
+        // Allocated on the shared path: a node-0 object.
+        let x = c.alloc(&*env).unwrap();
+        // SAFETY: a live object of `c`.
+        assert_eq!(unsafe { c.cache.node_of(x.as_ptr()) }, 0);
+        let x = x.as_ptr() as usize;
+        let home = {
+            let (env, c) = (env.clone(), c.clone());
+            thread::spawn(move || {
+                set_slot(0);
+                churn(&env, &c, 3, 5);
+            })
+        };
+        let remote = {
+            let (env, c) = (env.clone(), c.clone());
+            thread::spawn(move || {
+                set_slot(1);
+                // Node 1 frees a node-0 object: it must go home, not into
+                // node 1's magazine.
+                // SAFETY: `x` is live and freed once.
+                unsafe { c.free(&*env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
+            })
+        };
+        home.join().unwrap();
+        remote.join().unwrap();
+        settle(&env, &c);
+    });
+}
