@@ -271,14 +271,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Bonwick's working-set reap, for a periodic timer (he used 15 s):
-    /// depot magazines unused since the last reap and the magazines of
-    /// slots no thread holds go back to the slabs, then empty slabs go back
-    /// to the page source and the source is trimmed. Returns the pages
-    /// given back.
+    /// depot magazines unused since the last reap, the magazines of slots no
+    /// thread holds, and those of slots unused since the last reap go back
+    /// to the slabs; then empty slabs go back to the page source and the
+    /// source is trimmed. Returns the pages given back. What a burst freed
+    /// just before a reap is the working set of that interval: the next
+    /// reap returns it if it stays unused.
     pub fn reap(&self) -> usize {
+        let idle = self.slots.reap_idle_mask();
         let mut pages = 0;
         self.for_each_cache(|c| {
-            c.reap(self);
+            c.reap(self, &idle);
             pages += c.cache.shrink(&self.source);
         });
         pages + self.source.trim()

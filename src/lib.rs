@@ -95,6 +95,8 @@ mod testutil;
 
 mod platform;
 
+mod counter;
+
 mod page;
 
 mod slab;
@@ -110,6 +112,7 @@ mod global;
 #[cfg(all(test, loom))]
 mod tests;
 
+pub use counter::{PageCounter, STOCK_BATCH, STOCK_MAX};
 pub use error::{Error, NAME_MAX};
 #[cfg(not(loom))]
 pub use heap::{CacheBox, CacheFlags, Kmem, KmemCache, KmemStats, MAX_CLASS_SIZE, SlabInfo};

@@ -19,11 +19,11 @@
 //!
 //! | holder | drainer |
 //! | --- | --- |
-//! | `in_use = 1` (Relaxed) | take `drainers` lock |
+//! | `state = HELD` (Relaxed) | take `drainers` lock |
 //! | light fence | `drain = 1` (Relaxed) |
-//! | read `drain` (Acquire); if 1: `in_use = 0`, use the shared path | heavy fence |
-//! | ... magazines ... | wait for `in_use == 0` (Acquire) |
-//! | `in_use = 0` (Release) | ... magazines ... ; `drain = 0` (Release) |
+//! | read `drain` (Acquire); if 1: `state = USED`, use the shared path | heavy fence |
+//! | ... magazines ... | wait for `state != HELD` (Acquire) |
+//! | `state = USED` (Release) | ... magazines ... ; `drain = 0` (Release) |
 //!
 //! This is Dekker's pattern: each side stores its flag, fences, and reads
 //! the other's, so they cannot both proceed. With an asymmetric platform
@@ -45,12 +45,25 @@ use lock_api::{Mutex, RawMutex};
 
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry};
-use crate::sync::{AtomicBool, Ordering, UnsafeCell, atomic_bool, compiler_fence, fence, spin_hint};
+use crate::sync::{
+    AtomicBool, AtomicU8, Ordering, UnsafeCell, atomic_bool, atomic_u8, compiler_fence, fence, spin_hint,
+};
 
 /// Rounds in the largest magazine (4 under loom and Miri).
 pub(crate) const MAG_MAX: usize = if cfg!(any(loom, miri)) { 4 } else { 64 };
-/// Full magazines a depot keeps per node before frees flush to slabs.
+/// The most full magazines a depot keeps per node before frees flush to
+/// slabs (fewer for large objects: see [`depot_full_max`]).
 pub(crate) const DEPOT_FULL_MAX: usize = if cfg!(any(loom, miri)) { 1 } else { 16 };
+/// Bytes of free objects a depot may hold per node and cache.
+const DEPOT_BYTES: usize = 32 << 10;
+
+/// Full magazines a depot of `rounds`-round magazines of `size`-byte objects
+/// keeps: about [`DEPOT_BYTES`] worth, at least 2, at most [`DEPOT_FULL_MAX`].
+pub(crate) const fn depot_full_max(size: usize, rounds: usize) -> usize {
+    let n = DEPOT_BYTES / (size * rounds);
+    let n = if n < 2 { 2 } else { n };
+    if n > DEPOT_FULL_MAX { DEPOT_FULL_MAX } else { n }
+}
 
 /// A stack of free objects of one cache.
 #[repr(C)]
@@ -81,10 +94,19 @@ pub(crate) const fn rounds_for(size: usize) -> usize {
     if r > MAG_MAX { MAG_MAX } else { r }
 }
 
+/// `SlotSync::state`: nobody used the slot since the last reap.
+const IDLE: u8 = 0;
+/// `SlotSync::state`: a holder is using the slot's magazines now.
+const HELD: u8 = 1;
+/// `SlotSync::state`: used since the last reap, not now.
+const USED: u8 = 2;
+
 /// The handshake state of one slot, shared by every cache of a `Kmem`.
 pub(crate) struct SlotSync {
-    /// Set by the holder around each use of the slot's magazines.
-    in_use: AtomicBool,
+    /// `HELD` while the holder uses the slot's magazines; the holder leaves
+    /// `USED` behind, and a reap turns `USED` into `IDLE`, so a slot still
+    /// `IDLE` at the next reap went unused for a whole interval.
+    state: AtomicU8,
     /// Set by a drainer that wants the slot's magazines.
     drain: AtomicBool,
     /// Serialises drainers of this slot.
@@ -103,7 +125,7 @@ impl Slots {
         Slots {
             sync: [const {
                 CachePadded::new(SlotSync {
-                    in_use: atomic_bool(false),
+                    state: atomic_u8(IDLE),
                     drain: atomic_bool(false),
                     drainers: atomic_bool(false),
                 })
@@ -117,7 +139,7 @@ impl Slots {
         Slots {
             sync: core::array::from_fn(|_| {
                 CachePadded::new(SlotSync {
-                    in_use: atomic_bool(false),
+                    state: atomic_u8(IDLE),
                     drain: atomic_bool(false),
                     drainers: atomic_bool(false),
                 })
@@ -130,7 +152,7 @@ impl Slots {
     fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
         let slot = plat.enter()?;
         let s = &self.sync[slot];
-        s.in_use.store(true, Ordering::Relaxed);
+        s.state.store(HELD, Ordering::Relaxed);
         // Orders the store above before the load below (Dekker).
         if plat.asymmetric() {
             compiler_fence(Ordering::SeqCst);
@@ -139,7 +161,7 @@ impl Slots {
         }
         // Acquire: if a drain just finished, see what it did to the slot.
         if s.drain.load(Ordering::Acquire) {
-            s.in_use.store(false, Ordering::Release);
+            s.state.store(USED, Ordering::Release);
             plat.exit(slot);
             return None;
         }
@@ -149,8 +171,8 @@ impl Slots {
     /// Ends the holder's use of `slot`.
     #[inline(always)]
     fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
-        // Release: a drainer that sees `false` sees our magazine writes.
-        self.sync[slot].in_use.store(false, Ordering::Release);
+        // Release: a drainer that sees `USED` sees our magazine writes.
+        self.sync[slot].state.store(USED, Ordering::Release);
         plat.exit(slot);
     }
 
@@ -171,10 +193,23 @@ impl Slots {
         } else {
             fence(Ordering::SeqCst);
         }
-        while s.in_use.load(Ordering::Acquire) {
+        while s.state.load(Ordering::Acquire) == HELD {
             spin_hint();
         }
         false
+    }
+
+    /// For a reap: which slots went unused since the previous call; marks
+    /// every slot unused for the next one.
+    pub(crate) fn reap_idle_mask(&self) -> [bool; MAX_CPUS] {
+        let mut idle = [false; MAX_CPUS];
+        for (slot, s) in self.sync.iter().enumerate() {
+            idle[slot] = match s.state.compare_exchange(USED, IDLE, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => false,
+                Err(now) => now == IDLE,
+            };
+        }
+        idle
     }
 
     fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
@@ -227,7 +262,16 @@ unsafe impl Send for Depot {}
 
 impl Depot {
     const fn new() -> Self {
-        Depot { full: ptr::null_mut(), empty: ptr::null_mut(), nfull: 0, nempty: 0, min_full: 0, min_empty: 0 }
+        // No magazine has been used yet: everything is outside the
+        // working set until a pop lowers the minimum.
+        Depot {
+            full: ptr::null_mut(),
+            empty: ptr::null_mut(),
+            nfull: 0,
+            nempty: 0,
+            min_full: usize::MAX,
+            min_empty: usize::MAX,
+        }
     }
 
     /// # Safety
@@ -284,6 +328,8 @@ pub struct MagazineStats {
 pub(crate) struct MagCache<R: RawMutex> {
     pub(crate) cache: Cache<R>,
     rounds: usize,
+    /// Full magazines each depot keeps before frees flush to slabs.
+    depot_max: usize,
     cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
     depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
 }
@@ -303,6 +349,7 @@ impl<R: RawMutex> MagCache<R> {
         MagCache {
             cache: Cache::new(geo),
             rounds: rounds_for(geo.size),
+            depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             cpus: [const { UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() }) }; MAX_CPUS],
             depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
         }
@@ -314,6 +361,7 @@ impl<R: RawMutex> MagCache<R> {
         MagCache {
             cache: Cache::new(geo),
             rounds: rounds_for(geo.size),
+            depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             cpus: core::array::from_fn(|_| {
                 UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() })
             }),
@@ -472,7 +520,7 @@ impl<R: RawMutex> MagCache<R> {
                 let mut depot = self.depots[node].lock();
                 let fresh = match depot.pop_empty() {
                     Some(e) => Some(e),
-                    None if depot.nfull < DEPOT_FULL_MAX || m.previous.is_null() => {
+                    None if depot.nfull < self.depot_max || m.previous.is_null() => {
                         drop(depot);
                         let e = Self::new_magazine(cx, node);
                         depot = self.depots[node].lock();
@@ -534,19 +582,26 @@ impl<R: RawMutex> MagCache<R> {
     /// flushed.
     fn drain_slot<E: Env<R>>(&self, cx: &E, slot: usize, orphans_only: bool) -> usize {
         let stolen = cx.slots().begin_drain(cx.plat(), slot);
-        let taken = if stolen || !orphans_only {
-            self.cpus[slot].with_mut(|m| {
-                // SAFETY: the handshake (or the steal) made the slot ours.
-                let m = unsafe { &mut *m };
-                let t = (m.loaded, m.previous);
-                m.loaded = ptr::null_mut();
-                m.previous = ptr::null_mut();
-                t
-            })
-        } else {
-            (ptr::null_mut(), ptr::null_mut())
-        };
+        let taken = if stolen || !orphans_only { self.take_slot(slot) } else { (ptr::null_mut(), ptr::null_mut()) };
         cx.slots().end_drain(cx.plat(), slot, stolen);
+        self.discard_pair(cx, taken)
+    }
+
+    /// Takes both magazines of `slot`, leaving it empty. The caller has
+    /// exclusive access through the handshake or a steal.
+    fn take_slot(&self, slot: usize) -> (*mut Magazine, *mut Magazine) {
+        self.cpus[slot].with_mut(|m| {
+            // SAFETY: per the caller, the slot is ours.
+            let m = unsafe { &mut *m };
+            let t = (m.loaded, m.previous);
+            m.loaded = ptr::null_mut();
+            m.previous = ptr::null_mut();
+            t
+        })
+    }
+
+    /// Discards two magazines taken from a slot; returns objects flushed.
+    fn discard_pair<E: Env<R>>(&self, cx: &E, taken: (*mut Magazine, *mut Magazine)) -> usize {
         let mut n = 0;
         for mag in [taken.0, taken.1] {
             if !mag.is_null() {
@@ -571,17 +626,18 @@ impl<R: RawMutex> MagCache<R> {
     }
 
     /// Bonwick's working-set reap: give back the depot magazines unused
-    /// since the last reap, and drain slots nobody holds. Returns objects
-    /// flushed.
-    pub(crate) fn reap<E: Env<R>>(&self, cx: &E) -> usize {
+    /// since the last reap, drain slots nobody holds, and drain the slots
+    /// `idle` marks (unused for a whole reap interval, see
+    /// [`Slots::reap_idle_mask`]). Returns objects flushed.
+    pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
         let mut n = 0;
-        for slot in 0..MAX_CPUS {
-            n += self.drain_slot(cx, slot, true);
+        for (slot, &idle) in idle.iter().enumerate() {
+            n += self.drain_slot(cx, slot, !idle);
         }
         for node in 0..MAX_NODES {
             let (full, empty) = {
                 let d = self.depots[node].lock();
-                (d.min_full, d.min_empty)
+                (d.min_full.min(d.nfull), d.min_empty.min(d.nempty))
             };
             n += self.trim_depot(cx, node, full, empty);
             let mut d = self.depots[node].lock();

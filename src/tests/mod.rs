@@ -3,4 +3,5 @@
 //! Run with:
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --lib loom`
 
+mod loom_counter;
 mod loom_magazine;

@@ -1,0 +1,339 @@
+//! Counter layer: hierarchical page counters with Linux `page_counter`
+//! semantics, lock-free.
+//!
+//! A [`PageCounter`] counts pages charged to one group and to each of its
+//! ancestors. `try_charge(n)` adds `n` at every level from the counter up
+//! to the root; if a level goes over its `max`, it takes back what it added
+//! at that level and below and reports the level that refused. There are no
+//! locks; the only full barriers are the paired fences between
+//! `try_charge` and `set_max` described below.
+//!
+//! # Orderings
+//!
+//! | field | written by | ordering | paired with |
+//! | --- | --- | --- | --- |
+//! | `usage` | charge/uncharge (`fetch_add`/`fetch_sub`) | `Relaxed`, then `fence(SeqCst)` in `try_charge` | the fence in `set_max`: a charger that read the old `max` has its add seen by `set_max`'s re-read of `usage`, which then retries (Dekker) |
+//! | `max` | `set_max` (`swap`) | `Relaxed`, then `fence(SeqCst)` | the fence in `try_charge` |
+//! | `high`, `soft`, `low` | setters | `Relaxed` | readers act on a recent value; none guards memory |
+//! | `watermark` | charges (`fetch_max`) | `Relaxed` | statistic; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
+//! | `failcnt` | failed charges | `Relaxed` | statistic |
+//! | `stock[slot]` | stock take/refill/drain (`compare_exchange`/`swap`) | `Relaxed` | nothing: the pages are charged either way; RMWs make every page counted exactly once |
+//!
+//! # The charge stock
+//!
+//! Slab grows charge whole slabs; to keep most of them off the shared
+//! counters each counter keeps a per-CPU *stock* of pre-charged pages
+//! (memcg's `memcg_stock`): a grow takes from its CPU's stock, and a failed
+//! stock refill charges [`STOCK_BATCH`] extra pages in one `try_charge`.
+//! Stocked pages are part of `usage`, so `usage` never exceeds `max`: the
+//! stock cannot make a group overshoot. What it can do is make a charge
+//! fail early, while other CPUs hold stock; so before reporting a failure
+//! the caller drains every stock of the counter and retries
+//! ([`PageCounter::drain_stock`]). The bound: at most [`STOCK_MAX`] pages
+//! per CPU slot, `MAX_CPUS * STOCK_MAX` per counter, are charged without
+//! backing slabs. Stocks are drained on limit changes and on removal.
+
+use crossbeam_utils::CachePadded;
+
+use crate::platform::MAX_CPUS;
+use crate::sync::{AtomicUsize, Ordering, atomic_usize, fence};
+
+/// Pages a stock refill charges beyond the request.
+pub const STOCK_BATCH: usize = 8;
+/// The most pages one CPU slot may hold in a counter's stock.
+pub const STOCK_MAX: usize = 2 * STOCK_BATCH;
+
+/// A hierarchical page counter.
+///
+/// Invariants: `usage` of a counter equals the pages charged to it and its
+/// descendants and not yet uncharged (including stocked pages); it never
+/// exceeds `max` through `try_charge` (a forced `charge` may exceed it).
+pub struct PageCounter {
+    /// Pages charged: written on every charge, so on its own cache line.
+    usage: CachePadded<AtomicUsize>,
+    /// Largest `usage` seen since the last reset.
+    watermark: AtomicUsize,
+    max: AtomicUsize,
+    high: AtomicUsize,
+    soft: AtomicUsize,
+    low: AtomicUsize,
+    /// Charges refused at this level.
+    failcnt: AtomicUsize,
+    /// The parent, or null at the root. Fixed at creation; the owner keeps
+    /// the parent alive for as long as this counter exists.
+    parent: *const PageCounter,
+    /// Pre-charged pages per CPU slot.
+    stock: [AtomicUsize; MAX_CPUS],
+}
+
+impl core::fmt::Debug for PageCounter {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PageCounter")
+            .field("usage", &self.usage())
+            .field("max", &self.max())
+            .field("watermark", &self.watermark())
+            .field("failcnt", &self.failcnt())
+            .finish()
+    }
+}
+
+// SAFETY: every field is atomic except `parent`, which is immutable and
+// points to a counter that outlives this one (constructor contract).
+unsafe impl Sync for PageCounter {}
+// SAFETY: as above; nothing is tied to a thread.
+unsafe impl Send for PageCounter {}
+
+impl PageCounter {
+    /// A root counter with no limits.
+    #[cfg(not(loom))]
+    pub const fn new_root() -> Self {
+        // SAFETY: a null parent makes this a root.
+        unsafe { Self::with_parent(core::ptr::null()) }
+    }
+
+    /// A root counter with no limits (loom: not `const`).
+    #[cfg(loom)]
+    pub fn new_root() -> Self {
+        // SAFETY: a null parent makes this a root.
+        unsafe { Self::with_parent(core::ptr::null()) }
+    }
+
+    /// A counter below `parent` (null for a root), with no limits.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `parent` must stay valid for as long as the new counter
+    /// exists (or is used).
+    #[cfg(not(loom))]
+    pub const unsafe fn with_parent(parent: *const PageCounter) -> Self {
+        PageCounter {
+            usage: CachePadded::new(atomic_usize(0)),
+            watermark: atomic_usize(0),
+            max: atomic_usize(usize::MAX),
+            high: atomic_usize(usize::MAX),
+            soft: atomic_usize(usize::MAX),
+            low: atomic_usize(0),
+            failcnt: atomic_usize(0),
+            parent,
+            stock: [const { atomic_usize(0) }; MAX_CPUS],
+        }
+    }
+
+    /// A counter below `parent` (loom: not `const`).
+    ///
+    /// # Safety
+    ///
+    /// As for the `const` version.
+    #[cfg(loom)]
+    pub unsafe fn with_parent(parent: *const PageCounter) -> Self {
+        PageCounter {
+            usage: CachePadded::new(atomic_usize(0)),
+            watermark: atomic_usize(0),
+            max: atomic_usize(usize::MAX),
+            high: atomic_usize(usize::MAX),
+            soft: atomic_usize(usize::MAX),
+            low: atomic_usize(0),
+            failcnt: atomic_usize(0),
+            parent,
+            stock: core::array::from_fn(|_| atomic_usize(0)),
+        }
+    }
+
+    #[inline]
+    fn parent(&self) -> Option<&PageCounter> {
+        // SAFETY: the constructor contract keeps the parent alive.
+        unsafe { self.parent.as_ref() }
+    }
+
+    /// Pages charged, including stocked pages.
+    #[inline]
+    pub fn usage(&self) -> usize {
+        self.usage.load(Ordering::Relaxed)
+    }
+
+    /// The hard limit, in pages.
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+    /// The throttling threshold, in pages.
+    pub fn high(&self) -> usize {
+        self.high.load(Ordering::Relaxed)
+    }
+    /// The soft limit, in pages.
+    pub fn soft(&self) -> usize {
+        self.soft.load(Ordering::Relaxed)
+    }
+    /// The protection, in pages.
+    pub fn low(&self) -> usize {
+        self.low.load(Ordering::Relaxed)
+    }
+    /// The largest usage since creation or the last reset.
+    pub fn watermark(&self) -> usize {
+        self.watermark.load(Ordering::Relaxed)
+    }
+    /// Charges refused at this level.
+    pub fn failcnt(&self) -> usize {
+        self.failcnt.load(Ordering::Relaxed)
+    }
+
+    /// Sets the watermark to the current usage; the usage is untouched.
+    pub fn reset_watermark(&self) {
+        self.watermark.store(self.usage(), Ordering::Relaxed);
+    }
+
+    /// Sets `high` (pages).
+    pub fn set_high(&self, pages: usize) {
+        self.high.store(pages, Ordering::Relaxed);
+    }
+    /// Sets the soft limit (pages).
+    pub fn set_soft(&self, pages: usize) {
+        self.soft.store(pages, Ordering::Relaxed);
+    }
+    /// Sets `low` (pages).
+    pub fn set_low(&self, pages: usize) {
+        self.low.store(pages, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn note_watermark(&self, usage: usize) {
+        if usage > self.watermark.load(Ordering::Relaxed) {
+            self.watermark.fetch_max(usage, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges `n` pages here and at every ancestor, ignoring limits.
+    pub fn charge(&self, n: usize) {
+        let mut c = Some(self);
+        while let Some(k) = c {
+            let new = k.usage.fetch_add(n, Ordering::Relaxed) + n;
+            k.note_watermark(new);
+            c = k.parent();
+        }
+    }
+
+    /// Charges `n` pages here and at every ancestor, unless that takes a
+    /// level over its `max`: then nothing stays charged and the refusing
+    /// level is returned (its `failcnt` counts the refusal).
+    pub fn try_charge(&self, n: usize) -> Result<(), &PageCounter> {
+        let mut c = Some(self);
+        while let Some(k) = c {
+            let new = k.usage.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
+            // Pairs with the fence in `set_max`: either we see its new max,
+            // or it sees our add and retries.
+            fence(Ordering::SeqCst);
+            if new > k.max.load(Ordering::Relaxed) || new < n {
+                k.usage.fetch_sub(n, Ordering::Relaxed);
+                k.failcnt.fetch_add(1, Ordering::Relaxed);
+                // Roll back the levels below the refusing one.
+                let mut u = Some(self);
+                while let Some(l) = u.filter(|l| !core::ptr::eq(*l, k)) {
+                    l.usage.fetch_sub(n, Ordering::Relaxed);
+                    u = l.parent();
+                }
+                return Err(k);
+            }
+            k.note_watermark(new);
+            c = k.parent();
+        }
+        Ok(())
+    }
+
+    /// Takes `n` pages off this counter and every ancestor.
+    pub fn uncharge(&self, n: usize) {
+        let mut c = Some(self);
+        while let Some(k) = c {
+            let old = k.usage.fetch_sub(n, Ordering::Relaxed);
+            debug_assert!(old >= n, "page counter underflow: {old} - {n}");
+            c = k.parent();
+        }
+    }
+
+    /// Sets the hard limit. Refuses, returning the usage, if the usage is
+    /// above `pages`; the caller may reclaim and try again.
+    pub fn set_max(&self, pages: usize) -> Result<(), usize> {
+        loop {
+            let usage = self.usage();
+            if usage > pages {
+                return Err(usage);
+            }
+            let old = self.max.swap(pages, Ordering::Relaxed);
+            // Pairs with the fence in `try_charge`.
+            fence(Ordering::SeqCst);
+            if self.usage() <= pages {
+                return Ok(());
+            }
+            // A charge slipped in under the old limit: restore and retry.
+            self.max.store(old, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges `n` pages for CPU `slot`, from its stock when it can, else
+    /// refilling the stock with [`STOCK_BATCH`] extra pages; without a slot,
+    /// a plain `try_charge`.
+    pub fn try_charge_stocked(&self, slot: Option<usize>, n: usize) -> Result<(), &PageCounter> {
+        let Some(slot) = slot.filter(|&s| s < MAX_CPUS) else {
+            return self.try_charge(n);
+        };
+        let st = &self.stock[slot];
+        let mut have = st.load(Ordering::Relaxed);
+        while have >= n {
+            match st.compare_exchange_weak(have, have - n, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => have = now,
+            }
+        }
+        if self.try_charge(n + STOCK_BATCH).is_ok() {
+            self.stock_put(slot, STOCK_BATCH);
+            return Ok(());
+        }
+        self.try_charge(n)
+    }
+
+    /// Uncharges `n` pages for CPU `slot`, keeping them in its stock while
+    /// it holds less than [`STOCK_MAX`].
+    pub fn uncharge_stocked(&self, slot: Option<usize>, n: usize) {
+        match slot.filter(|&s| s < MAX_CPUS) {
+            Some(slot) => self.stock_put(slot, n),
+            None => self.uncharge(n),
+        }
+    }
+
+    /// Adds `n` charged pages to `slot`'s stock, uncharging any excess over
+    /// [`STOCK_MAX`].
+    fn stock_put(&self, slot: usize, n: usize) {
+        let st = &self.stock[slot];
+        let mut have = st.load(Ordering::Relaxed);
+        loop {
+            let keep = (STOCK_MAX.saturating_sub(have)).min(n);
+            match st.compare_exchange_weak(have, have + keep, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    if n > keep {
+                        self.uncharge(n - keep);
+                    }
+                    return;
+                }
+                Err(now) => have = now,
+            }
+        }
+    }
+
+    /// Uncharges every CPU's stock; returns the pages released.
+    pub fn drain_stock(&self) -> usize {
+        let mut n = 0;
+        for st in &self.stock {
+            n += st.swap(0, Ordering::Relaxed);
+        }
+        if n > 0 {
+            self.uncharge(n);
+        }
+        n
+    }
+
+    /// Pages held in stocks (charged, backing nothing).
+    pub fn stocked(&self) -> usize {
+        self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,129 @@
+use std::boxed::Box;
+use std::thread;
+use std::vec::Vec;
+
+use super::*;
+
+/// root → a → b, leaked so the parent pointers stay valid.
+fn chain() -> (&'static PageCounter, &'static PageCounter, &'static PageCounter) {
+    let root: &'static PageCounter = Box::leak(Box::new(PageCounter::new_root()));
+    // SAFETY: parents are leaked, so they outlive their children.
+    let a: &'static PageCounter = Box::leak(Box::new(unsafe { PageCounter::with_parent(root) }));
+    // SAFETY: as above.
+    let b: &'static PageCounter = Box::leak(Box::new(unsafe { PageCounter::with_parent(a) }));
+    (root, a, b)
+}
+
+#[test]
+fn charges_propagate_and_fail_at_the_refusing_ancestor() {
+    let (root, a, b) = chain();
+    a.set_max(10).unwrap();
+    b.try_charge(6).unwrap();
+    assert_eq!((root.usage(), a.usage(), b.usage()), (6, 6, 6));
+    let err = b.try_charge(5).unwrap_err();
+    assert!(core::ptr::eq(err, a), "the parent refused");
+    assert_eq!((root.usage(), a.usage(), b.usage()), (6, 6, 6), "rolled back at every level");
+    assert_eq!((a.failcnt(), b.failcnt()), (1, 0));
+    b.try_charge(4).unwrap();
+    assert_eq!(a.usage(), 10);
+    // A child limit above the parent's is allowed; the parent still binds.
+    b.set_max(100).unwrap();
+    assert!(b.try_charge(1).is_err());
+    b.uncharge(10);
+    assert_eq!((root.usage(), a.usage(), b.usage()), (0, 0, 0));
+    assert_eq!(a.watermark(), 10);
+    a.reset_watermark();
+    assert_eq!(a.watermark(), 0);
+}
+
+#[test]
+fn forced_charge_ignores_limits() {
+    let (_, a, b) = chain();
+    a.set_max(1).unwrap();
+    b.charge(5);
+    assert_eq!(a.usage(), 5);
+    assert_eq!(a.watermark(), 5);
+    b.uncharge(5);
+}
+
+#[test]
+fn set_max_refuses_below_usage() {
+    let (_, a, b) = chain();
+    b.try_charge(8).unwrap();
+    assert_eq!(a.set_max(7), Err(8));
+    assert_eq!(a.max(), usize::MAX, "the old limit stays");
+    a.set_max(8).unwrap();
+    a.set_max(0).unwrap_err();
+    b.uncharge(8);
+    a.set_max(0).unwrap();
+    assert!(b.try_charge(1).is_err(), "a limit of 0 refuses everything");
+    a.set_max(usize::MAX).unwrap();
+    b.try_charge(usize::MAX / 2).unwrap();
+    assert!(b.try_charge(usize::MAX / 2 + 2).is_err(), "overflow is refused, not wrapped");
+    b.uncharge(usize::MAX / 2);
+    assert_eq!(b.usage(), 0);
+}
+
+#[test]
+fn stock_takes_refills_and_drains() {
+    let (root, a, _) = chain();
+    a.try_charge_stocked(Some(0), 1).unwrap();
+    assert_eq!(a.usage(), 1 + STOCK_BATCH, "one refill charged a batch");
+    assert_eq!(a.stocked(), STOCK_BATCH);
+    for _ in 0..STOCK_BATCH {
+        a.try_charge_stocked(Some(0), 1).unwrap();
+    }
+    assert_eq!(a.usage(), 1 + STOCK_BATCH, "served from the stock");
+    assert_eq!(a.stocked(), 0);
+    a.uncharge_stocked(Some(0), 1 + STOCK_BATCH);
+    assert_eq!(a.stocked(), 1 + STOCK_BATCH);
+    a.charge(STOCK_MAX);
+    a.uncharge_stocked(Some(0), STOCK_MAX);
+    assert_eq!(a.stocked(), STOCK_MAX, "the stock is capped");
+    assert_eq!(a.usage(), STOCK_MAX, "the excess over the cap was uncharged");
+    assert_eq!(a.drain_stock(), STOCK_MAX);
+    assert_eq!((root.usage(), a.usage()), (0, 0));
+}
+
+#[test]
+fn stock_never_pushes_usage_over_max() {
+    let (_, a, _) = chain();
+    a.set_max(10).unwrap();
+    // Refills that would cross the limit fall back to an exact charge.
+    for _ in 0..10 {
+        a.try_charge_stocked(Some(1), 1).unwrap();
+        assert!(a.usage() <= 10);
+    }
+    assert!(a.try_charge_stocked(Some(1), 1).is_err());
+}
+
+#[test]
+fn concurrent_charges_end_at_zero() {
+    let (root, a, b) = chain();
+    a.set_max(1000).unwrap();
+    let hs: Vec<_> = (0..4)
+        .map(|t| {
+            thread::spawn(move || {
+                let mut held = 0;
+                for i in 0..20_000 {
+                    let slot = if t % 2 == 0 { Some(t) } else { None };
+                    if i % 3 != 2 {
+                        if b.try_charge_stocked(slot, 1 + i % 4).is_ok() {
+                            held += 1 + i % 4;
+                        }
+                    } else if held > 0 {
+                        b.uncharge_stocked(slot, held);
+                        held = 0;
+                    }
+                    assert!(a.usage() <= 1000, "over max");
+                }
+                b.uncharge(held);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    b.drain_stock();
+    assert_eq!((root.usage(), a.usage(), b.usage()), (0, 0, 0));
+}

@@ -1,0 +1,90 @@
+//! Loom models of the page counter: concurrent charges against limits,
+//! `try_charge` racing `set_max`, and stock refill racing drain.
+
+use std::vec::Vec;
+
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::counter::{PageCounter, STOCK_BATCH};
+
+struct Tree {
+    root: Arc<PageCounter>,
+    child: PageCounter,
+}
+
+/// A root and a child limited to `child_max` pages.
+fn tree(child_max: usize) -> Arc<Tree> {
+    let root = Arc::new(PageCounter::new_root());
+    // SAFETY: the tree holds the `Arc` of the root as long as the child.
+    let child = unsafe { PageCounter::with_parent(Arc::as_ptr(&root)) };
+    child.set_max(child_max).unwrap();
+    Arc::new(Tree { root, child })
+}
+
+#[test]
+fn loom_concurrent_try_charge_respects_max() {
+    loom::model(|| {
+        let t = tree(3);
+        let ths: Vec<_> = (0..2)
+            .map(|_| {
+                let t = t.clone();
+                thread::spawn(move || {
+                    let ok = t.child.try_charge(2).is_ok();
+                    assert!(t.child.usage() <= 4);
+                    ok
+                })
+            })
+            .collect();
+        let oks: Vec<bool> = ths.into_iter().map(|h| h.join().unwrap()).collect();
+        let charged = oks.iter().filter(|&&o| o).count() * 2;
+        assert!(charged <= 3 + 1, "both 2-page charges fit under max 3");
+        assert_eq!(oks.iter().filter(|&&o| o).count(), 1, "exactly one fits");
+        assert_eq!(t.child.usage(), charged);
+        assert_eq!(t.root.usage(), charged);
+        t.child.uncharge(charged);
+        assert_eq!((t.child.usage(), t.root.usage()), (0, 0));
+    });
+}
+
+#[test]
+fn loom_try_charge_races_set_max() {
+    loom::model(|| {
+        let t = tree(usize::MAX);
+        let charger = {
+            let t = t.clone();
+            thread::spawn(move || t.child.try_charge(2).is_ok())
+        };
+        let set = t.child.set_max(1);
+        let charged = charger.join().unwrap();
+        // Never both: a successful set_max(1) and a 2-page charge on top.
+        if set.is_ok() {
+            assert!(!charged || t.child.usage() <= 1, "charge slipped under a lowered max");
+            assert!(t.child.usage() <= t.child.max());
+        }
+        if charged {
+            t.child.uncharge(2);
+        }
+        assert_eq!(t.root.usage(), 0);
+    });
+}
+
+#[test]
+fn loom_stock_refill_races_drain() {
+    loom::model(|| {
+        let t = tree(usize::MAX);
+        let user = {
+            let t = t.clone();
+            thread::spawn(move || {
+                t.child.try_charge_stocked(Some(0), 1).unwrap();
+                t.child.try_charge_stocked(Some(0), 1).unwrap();
+                t.child.uncharge_stocked(Some(0), 2);
+            })
+        };
+        let drained = t.child.drain_stock();
+        user.join().unwrap();
+        assert!(drained <= STOCK_BATCH + 2);
+        t.child.drain_stock();
+        assert_eq!((t.child.usage(), t.root.usage()), (0, 0), "a stocked page was lost or counted twice");
+    });
+}
