@@ -15,8 +15,46 @@ pub enum Error {
     NameEmpty,
     /// A name was longer than [`NAME_MAX`] bytes.
     NameTooLong,
-    /// A live cache already has this name.
+    /// A live cache, or a sibling group, already has this name.
     NameTaken,
+    /// A charge would take `group` over its hard limit `max` (bytes), even
+    /// after reclaim.
+    LimitExceeded {
+        /// The group whose limit held (the allocating group or an ancestor).
+        group: GroupName,
+        /// Its limit, in bytes.
+        max: usize,
+    },
+    /// A new limit is below the group's usage (bytes), even after reclaim.
+    LimitBelowUsage {
+        /// The usage that stays above the limit, in bytes.
+        usage: usize,
+    },
+    /// No accounting index is left for another accounted typed cache.
+    TooManyAccountedCaches,
+}
+
+/// A group's name, as carried by errors and reports.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct GroupName(pub(crate) Name);
+
+impl GroupName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl fmt::Display for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
 }
 
 /// The longest cache or group name, in bytes.
@@ -29,7 +67,14 @@ impl fmt::Display for Error {
             Error::BadLayout => f.write_str("layout not cacheable: aligned above a page or larger than a slab"),
             Error::NameEmpty => f.write_str("name is empty"),
             Error::NameTooLong => write!(f, "name longer than {NAME_MAX} bytes"),
-            Error::NameTaken => f.write_str("a live cache already has this name"),
+            Error::NameTaken => f.write_str("a live cache or a sibling group already has this name"),
+            Error::LimitExceeded { group, max } => {
+                write!(f, "charge refused: group {group} is at its limit of {max} bytes")
+            }
+            Error::LimitBelowUsage { usage } => {
+                write!(f, "limit below the group's usage of {usage} bytes, which reclaim could not lower")
+            }
+            Error::TooManyAccountedCaches => f.write_str("no accounting index left for another accounted cache"),
         }
     }
 }
@@ -44,6 +89,14 @@ pub(crate) struct Name {
 }
 
 impl Name {
+    /// The empty name (placeholder in fixed-size tables).
+    pub(crate) const EMPTY: Name = Name { bytes: [0; NAME_MAX], len: 0 };
+    /// "?": a name that could not be found.
+    pub(crate) const UNKNOWN: Name = match Name::new_const("?") {
+        Some(n) => n,
+        None => panic!("\"?\" is a valid name"),
+    };
+
     /// Checks and copies `s`.
     pub(crate) fn new(s: &str) -> Result<Name, Error> {
         if s.is_empty() {
@@ -55,6 +108,21 @@ impl Name {
         let mut bytes = [0; NAME_MAX];
         bytes[..s.len()].copy_from_slice(s.as_bytes());
         Ok(Name { bytes, len: s.len() as u8 })
+    }
+
+    /// `s` as a name, in a `const` context; `None` if empty or too long.
+    pub(crate) const fn new_const(s: &str) -> Option<Name> {
+        let b = s.as_bytes();
+        if b.is_empty() || b.len() > NAME_MAX {
+            return None;
+        }
+        let mut bytes = [0; NAME_MAX];
+        let mut i = 0;
+        while i < b.len() {
+            bytes[i] = b[i];
+            i += 1;
+        }
+        Some(Name { bytes, len: b.len() as u8 })
     }
 
     /// The name as text.

@@ -6,10 +6,13 @@
 //! source, and no allocation path panics or logs.
 
 mod classes;
+mod groups;
+mod large;
 mod report;
 mod typed;
 
 pub use classes::MAX_CLASS_SIZE;
+pub use groups::{Cgroup, CgroupAllocator, CgroupGuard, GroupStat};
 pub use report::{KmemStats, SlabInfo};
 pub use typed::{CacheBox, CacheFlags, KmemCache};
 
@@ -17,11 +20,14 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
-use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
-use crate::page::{alloc_exact, free_exact, pages_for};
+use crate::cgroup::Group;
+use crate::counter::PageCounter;
+use crate::error::{Error, GroupName, Name};
+use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::page::pages_for;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, Ownership, PAGE_SIZE, PageSource, Platform};
-use crate::slab::Cache;
-use crate::sync::{AtomicPtr, Stat, atomic_null};
+use crate::slab::{Cache, GrowError, Pages};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
 use classes::{GEOMETRIES, NCLASSES, class_of};
 use typed::CacheDesc;
 
@@ -53,7 +59,20 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = Defa
     slots: Slots,
     /// Self-hosted metadata: magazines of every cache.
     magazines: Cache<R>,
+    /// The size classes; they are also the root group's caches.
     classes: [MagCache<R>; NCLASSES],
+    /// The root group: its counter is the parent of every group's.
+    root: Group<R>,
+    /// Self-hosted metadata: groups.
+    groups: Cache<R>,
+    /// Self-hosted metadata: the child caches of groups.
+    child_caches: Cache<R>,
+    /// Every group but the root, newest first; groups are never unlinked
+    /// from this list. Pushed with `Release` under `tree_lock`.
+    all_groups: AtomicPtr<Group<R>>,
+    /// Serialises changes to the group tree and subtree reclaim (never
+    /// taken on an allocation fast path).
+    tree_lock: Mutex<R, ()>,
     /// Self-hosted metadata: descriptors of typed caches.
     descriptors: Cache<R>,
     /// Typed caches, newest first; descriptors are never unlinked (a
@@ -64,6 +83,8 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = Defa
     /// Serialises cache creation and destruction (never taken on an
     /// allocation path).
     registry_lock: Mutex<R, ()>,
+    /// The next accounting index for an accounted typed cache.
+    next_acct: AtomicUsize,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
@@ -79,7 +100,8 @@ impl<S: PageSource, R: RawMutex> Kmem<S, R, DefaultPlatform> {
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// An allocator over `source` whose per-CPU slots `platform` assigns.
+    /// An allocator over `source` whose per-CPU slots and current groups
+    /// `platform` tracks.
     #[cfg(not(loom))]
     pub const fn with_platform(source: S, platform: P) -> Self {
         Kmem {
@@ -88,9 +110,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             slots: Slots::new(),
             magazines: Cache::new(MAGAZINE_GEOMETRY),
             classes: class_caches(),
+            root: Group::new_root(match Name::new_const("/") {
+                Some(n) => n,
+                None => panic!("\"/\" is a valid name"),
+            }),
+            groups: Cache::new(Group::<R>::GEOMETRY),
+            child_caches: Cache::new(MagCache::<R>::GEOMETRY),
+            all_groups: atomic_null(),
+            tree_lock: Mutex::const_new(R::INIT, ()),
             descriptors: Cache::new(CacheDesc::<R>::GEOMETRY),
             registry: atomic_null(),
             registry_lock: Mutex::const_new(R::INIT, ()),
+            next_acct: atomic_usize(NCLASSES),
             large_allocs: Stat::new(),
             large_pages: Stat::new(),
             bad_frees: Stat::new(),
@@ -113,39 +144,163 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         0
     }
 
-    /// `size` bytes aligned to `align`, or `None`. `size == 0`, an alignment
-    /// that is not a power of two, and sizes whose rounding overflows all
-    /// give `None`.
+    /// This allocator's identity, recorded in its groups.
+    #[inline]
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// The calling context's current group, or null for the root (also for
+    /// a token that belongs to another allocator).
+    #[inline]
+    fn current(&self) -> *const Group<R> {
+        let token = self.platform.current_group();
+        if token == 0 {
+            return core::ptr::null();
+        }
+        let g = token as *const Group<R>;
+        // SAFETY: a non-zero token was set by a `CgroupGuard`, which holds a
+        // reference on its group until it restores the previous token.
+        if unsafe { (*g).owner } == self.id() { g } else { core::ptr::null() }
+    }
+
+    /// The cache of group `g` (null: root) for the accounted cache `base`
+    /// at accounting index `idx`, created on first use.
+    #[inline]
+    fn cache_for<'a>(&'a self, g: *const Group<R>, idx: usize, base: &'a MagCache<R>) -> Option<&'a MagCache<R>> {
+        if g.is_null() {
+            return Some(base);
+        }
+        // SAFETY: callers pass a live group of this allocator.
+        let c = unsafe { (*g).caches[idx].load(Ordering::Acquire) };
+        if !c.is_null() {
+            // SAFETY: published child caches live as long as their group.
+            return Some(unsafe { &*c });
+        }
+        // SAFETY: as above.
+        self.make_child_cache(unsafe { &*g }, idx, base)
+    }
+
+    /// Creates group `g`'s child cache at `idx`, or returns the one another
+    /// thread published first.
+    #[cold]
+    #[inline(never)]
+    fn make_child_cache<'a>(&'a self, g: &'a Group<R>, idx: usize, base: &MagCache<R>) -> Option<&'a MagCache<R>> {
+        let mem = self.child_caches.alloc(&Pages::plain(&self.source), self.node()).ok()?;
+        let fresh = mem.cast::<MagCache<R>>().as_ptr();
+        // SAFETY: a fresh object of the child-cache cache, sized and aligned
+        // for a `MagCache`.
+        unsafe { fresh.write(MagCache::new(*base.cache.geometry(), Acct::Counter(&g.counter))) };
+        match g.caches[idx].compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published; lives as long as the group.
+            Ok(_) => Some(unsafe { &*fresh }),
+            Err(winner) => {
+                // SAFETY: ours, never published, holds nothing.
+                unsafe { self.child_caches.free(&Pages::plain(&self.source), mem) };
+                // SAFETY: the published one lives as long as the group.
+                Some(unsafe { &*winner })
+            }
+        }
+    }
+
+    /// `size` bytes aligned to `align` for the current group, or `None`.
+    /// `size == 0`, an alignment that is not a power of two, sizes whose
+    /// rounding overflows and a refused charge all give `None`.
     #[inline]
     pub(crate) fn alloc_raw(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        self.alloc_in(self.current(), size, align)
+    }
+
+    /// As `alloc_raw`, charging group `g` (null: root).
+    #[inline]
+    pub(crate) fn alloc_in(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
         if size == 0 || !align.is_power_of_two() {
             return None;
         }
         match class_of(size, align) {
-            Some(c) => self.classes[c].alloc(self),
-            None => self.alloc_large(size, align),
+            Some(c) => {
+                let cache = self.cache_for(g, c, &self.classes[c])?;
+                match cache.alloc(self) {
+                    Ok(p) => Some(p),
+                    Err(e) => self.alloc_failed(cache, e).ok(),
+                }
+            }
+            None => self.alloc_large(g, size, align),
         }
     }
 
+    /// A cache could not grow: for a refused charge, reclaim the refusing
+    /// group's subtree and retry once; count the outcome. The error names
+    /// the group whose limit held.
     #[cold]
     #[inline(never)]
-    fn alloc_large(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        if size > isize::MAX as usize - (align - 1) {
-            return None;
+    pub(crate) fn alloc_failed(&self, cache: &MagCache<R>, e: GrowError) -> Result<NonNull<u8>, Error> {
+        let GrowError::Limit(k) = e else { return Err(Error::OutOfMemory) };
+        // SAFETY: every counter that refuses a charge is a group's.
+        let g = unsafe { Group::<R>::of_counter(k) };
+        g.ev_max.add(1);
+        self.reclaim(g);
+        cache.alloc(self).map_err(|e| self.refused(e))
+    }
+
+    /// The error for a charge that failed after reclaim, counted as an
+    /// `oom` event of the group that refused it.
+    fn refused(&self, e: GrowError) -> Error {
+        match e {
+            GrowError::OutOfMemory => Error::OutOfMemory,
+            GrowError::Limit(k) => {
+                // SAFETY: every counter that refuses a charge is a group's.
+                let g = unsafe { Group::<R>::of_counter(k) };
+                g.ev_oom.add(1);
+                Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
+            }
         }
-        let pages = pages_for(size)?;
-        let p = alloc_exact(&self.source, pages, align.max(PAGE_SIZE), self.node())?;
-        self.large_allocs.add(1);
-        self.large_pages.add(pages);
-        Some(p)
+    }
+
+    /// Charges `pages` to `g`'s counter (root's for null), reclaiming and
+    /// retrying once if a limit refuses. Returns the counter charged.
+    pub(crate) fn charge_pages(&self, g: *const Group<R>, pages: usize) -> Result<&PageCounter, Error> {
+        // SAFETY: callers pass a live group of this allocator or null.
+        let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
+        let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
+        // SAFETY: every counter is a group's.
+        let refuser = unsafe { Group::<R>::of_counter(k) };
+        refuser.ev_max.add(1);
+        self.reclaim(refuser);
+        match counter.try_charge(pages) {
+            Ok(()) => Ok(counter),
+            Err(k) => Err(self.refused(GrowError::Limit(k))),
+        }
+    }
+
+    /// Gives back everything `g`'s subtree holds unused: magazines, empty
+    /// slabs, stocks. Returns the pages uncharged.
+    pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
+        let _tree = self.tree_lock.lock();
+        let mut pages = 0;
+        g.walk_subtree(|grp| {
+            if grp.parent.is_null() {
+                // The root's caches are the base caches.
+                self.for_each_base_cache(|c| {
+                    if c.acct == Acct::Root {
+                        c.drain(self);
+                        pages += c.cache.shrink(&c.pages(self, None));
+                    }
+                });
+                pages += grp.counter.drain_stock();
+            } else {
+                pages += grp.reclaim_own(self);
+            }
+        });
+        pages
     }
 
     /// Frees what `alloc_raw(size, align)` returned.
     ///
     /// # Safety
     ///
-    /// `ptr` must have come from `alloc_raw` (or `realloc_raw`) of this
-    /// `Kmem` with this `size` and `align`, and not been freed since.
+    /// `ptr` must have come from `alloc_raw`/`alloc_in` (or `realloc_raw`)
+    /// of this `Kmem` with this `size` and `align`, and not been freed since.
     #[inline]
     pub(crate) unsafe fn free_raw(&self, ptr: NonNull<u8>, size: usize, align: usize) {
         if size == 0 {
@@ -153,38 +308,40 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         match class_of(size, align) {
             Some(c) => {
-                let cache = &self.classes[c];
-                if cfg!(debug_assertions) && !self.is_object_of(&cache.cache, ptr) {
+                let base = &self.classes[c];
+                if cfg!(debug_assertions) && !self.is_object_of(base, ptr) {
                     self.bad_frees.add(1);
                     return;
                 }
-                // SAFETY: per the contract `ptr` is a live object of class c.
-                unsafe { cache.free(self, ptr) }
-            }
-            None => {
-                let pages = pages_for(size).unwrap_or(0);
-                if cfg!(debug_assertions)
-                    && (!(ptr.as_ptr() as usize).is_multiple_of(PAGE_SIZE)
-                        || self.source.ownership(ptr.as_ptr() as usize) == Ownership::Foreign)
-                {
-                    self.bad_frees.add(1);
-                    return;
+                // SAFETY: per the contract `ptr` is a live object of class
+                // `c`, in a slab of the base cache or of a group's child
+                // cache, whose header names its `MagCache`.
+                unsafe {
+                    let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
+                    owner.free(self, ptr)
                 }
-                self.large_allocs.sub(1);
-                self.large_pages.sub(pages);
-                // SAFETY: per the contract `ptr` heads an exact run of `pages`.
-                unsafe { free_exact(&self.source, ptr, pages) }
             }
+            // SAFETY: forwarded: a live large object of this `Kmem`.
+            None => unsafe { self.free_large(ptr) },
         }
     }
 
-    /// Whether `ptr` is a live-looking object of `cache` (slab header check
-    /// after the page source vouches for the address).
-    fn is_object_of(&self, cache: &Cache<R>, ptr: NonNull<u8>) -> bool {
-        self.source.ownership(ptr.as_ptr() as usize) == Ownership::Owned
-            // SAFETY: the source owns the address, so its slab's header page
-            // is mapped and readable.
-            && unsafe { cache.is_object(ptr) }
+    /// Whether `ptr` is a live-looking object of the class `base` serves,
+    /// in a slab of `base` or of one of its child caches. Reads the slab
+    /// header only after the page source vouches for the address.
+    fn is_object_of(&self, base: &MagCache<R>, ptr: NonNull<u8>) -> bool {
+        if self.source.ownership(ptr.as_ptr() as usize) != Ownership::Owned {
+            return false;
+        }
+        // SAFETY: the source owns the address, so the slab header page is
+        // readable; `slab_is_live` checks the magic before the owner is used.
+        unsafe {
+            if !base.cache.slab_is_live(ptr.as_ptr()) {
+                return false;
+            }
+            let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
+            owner.cache.geometry() == base.cache.geometry() && owner.cache.is_object(ptr)
+        }
     }
 
     /// Resizes in place when the new size keeps the class (or the page
@@ -204,28 +361,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if new_size == 0 || old_size == 0 {
             return None;
         }
-        let old_class = class_of(old_size, align);
-        let new_class = class_of(new_size, align);
-        match (old_class, new_class) {
+        match (class_of(old_size, align), class_of(new_size, align)) {
             (Some(a), Some(b)) if a == b => return Some(ptr),
-            (None, None) if new_size <= isize::MAX as usize - (align - 1) => {
-                let old_pages = pages_for(old_size)?;
-                let new_pages = pages_for(new_size)?;
-                if new_pages == old_pages {
-                    return Some(ptr);
-                }
-                if new_pages < old_pages {
-                    let tail = ptr.as_ptr() as usize + new_pages * PAGE_SIZE;
-                    // SAFETY: the tail pages belong to this live run and are
-                    // past the bytes the caller keeps; the tail starts on a
-                    // page boundary.
-                    unsafe { free_exact(&self.source, NonNull::new_unchecked(tail as *mut u8), old_pages - new_pages) };
-                    self.large_pages.sub(old_pages - new_pages);
-                    return Some(ptr);
-                }
-            }
+            // SAFETY: forwarded: a live large object.
+            (None, None) if unsafe { self.resize_large_in_place(ptr, new_size) } => return Some(ptr),
             _ => {}
         }
+        // The new block is charged to the current group, like any
+        // allocation; the old one is uncharged from its owner.
         let new = self.alloc_raw(new_size, align)?;
         // SAFETY: both blocks are live, distinct, and at least this long.
         unsafe {
@@ -244,11 +387,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// Calls `f` on every magazine cache: the size classes, then the live
-    /// typed caches.
-    fn for_each_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
+    /// Calls `f` on the base caches: the size classes, then the live typed
+    /// caches.
+    fn for_each_base_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
         self.classes.iter().for_each(&mut f);
-        let mut d = self.registry.load(crate::sync::Ordering::Acquire);
+        let mut d = self.registry.load(Ordering::Acquire);
         while let Some(desc) = NonNull::new(d) {
             // SAFETY: descriptors are never freed once published.
             let desc = unsafe { desc.as_ref() };
@@ -257,16 +400,38 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
+    /// Calls `f` on every group but the root.
+    pub(crate) fn for_each_group(&self, mut f: impl FnMut(&Group<R>)) {
+        let mut g = self.all_groups.load(Ordering::Acquire);
+        while let Some(p) = NonNull::new(g) {
+            // SAFETY: groups are never freed once published.
+            let grp = unsafe { p.as_ref() };
+            f(grp);
+            g = grp.next_all;
+        }
+    }
+
+    /// Calls `f` on every cache: base caches and every group's child caches.
+    fn for_each_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
+        self.for_each_base_cache(&mut f);
+        self.for_each_group(|g| g.for_each_cache(|_, c| f(c)));
+    }
+
     /// Empties every magazine on every CPU and in every depot, gives every
-    /// empty slab back to the page source, and trims the source. Returns
-    /// the pages given back. (Linux `kmem_cache_shrink` on all caches.)
+    /// empty slab back to the page source, drains every charge stock, and
+    /// trims the source. Returns the pages given back. (Linux
+    /// `kmem_cache_shrink` on all caches.)
     pub fn shrink(&self) -> usize {
         let mut pages = 0;
         self.for_each_cache(|c| {
             c.drain(self);
-            pages += c.cache.shrink(&self.source);
+            pages += c.cache.shrink(&c.pages(self, None));
         });
-        self.magazines.shrink(&self.source);
+        self.root.counter.drain_stock();
+        self.for_each_group(|g| {
+            g.counter.drain_stock();
+        });
+        self.magazines.shrink(&Pages::plain(&self.source));
         pages + self.source.trim()
     }
 
@@ -282,7 +447,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let mut pages = 0;
         self.for_each_cache(|c| {
             c.reap(self, &idle);
-            pages += c.cache.shrink(&self.source);
+            pages += c.cache.shrink(&c.pages(self, None));
         });
         pages + self.source.trim()
     }
@@ -296,9 +461,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Checks every cache's lists and accounting (tests).
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        for c in &self.classes {
-            c.cache.check();
-        }
+        self.for_each_cache(|c| c.cache.check());
         self.descriptors.check();
     }
 }
@@ -322,6 +485,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     fn mags(&self) -> &Cache<R> {
         &self.magazines
     }
+    #[inline(always)]
+    fn root_counter(&self) -> &PageCounter {
+        &self.root.counter
+    }
 }
 
 /// One cache per size class, built in a `const` context.
@@ -333,7 +500,7 @@ const fn class_caches<R: RawMutex>() -> [MagCache<R>; NCLASSES] {
     while i < NCLASSES {
         // SAFETY: `i < NCLASSES`, so the slot is inside the array; each slot
         // is written once and none is read before all are written.
-        unsafe { first.add(i).write(MagCache::new(GEOMETRIES[i])) };
+        unsafe { first.add(i).write(MagCache::new(GEOMETRIES[i], Acct::Root)) };
         i += 1;
     }
     // SAFETY: the loop initialised every element.

@@ -104,6 +104,9 @@ mod slab;
 mod magazine;
 
 #[cfg(not(loom))]
+mod cgroup;
+
+#[cfg(not(loom))]
 mod heap;
 
 #[cfg(not(loom))]
@@ -113,9 +116,12 @@ mod global;
 mod tests;
 
 pub use counter::{PageCounter, STOCK_BATCH, STOCK_MAX};
-pub use error::{Error, NAME_MAX};
+pub use error::{Error, GroupName, NAME_MAX};
 #[cfg(not(loom))]
-pub use heap::{CacheBox, CacheFlags, Kmem, KmemCache, KmemStats, MAX_CLASS_SIZE, SlabInfo};
+pub use heap::{
+    CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, Kmem, KmemCache, KmemStats, MAX_CLASS_SIZE,
+    SlabInfo,
+};
 pub use magazine::MagazineStats;
 #[cfg(all(feature = "std", not(loom)))]
 pub use platform::OsPages;

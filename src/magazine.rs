@@ -43,8 +43,9 @@ use core::ptr::{self, NonNull};
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
+use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
-use crate::slab::{Cache, CacheStats, Geometry};
+use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
     AtomicBool, AtomicU8, Ordering, UnsafeCell, atomic_bool, atomic_u8, compiler_fence, fence, spin_hint,
 };
@@ -236,6 +237,20 @@ pub(crate) trait Env<R: RawMutex> {
     fn plat(&self) -> &Self::Plat;
     fn slots(&self) -> &Slots;
     fn mags(&self) -> &Cache<R>;
+    /// The counter of the root group, charged by [`Acct::Root`] caches.
+    fn root_counter(&self) -> &PageCounter;
+}
+
+/// Who a cache charges for its slabs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Acct {
+    /// Nobody: allocator metadata and caches created without accounting.
+    None,
+    /// The root group (the size classes and accounted typed caches used
+    /// outside any group).
+    Root,
+    /// A group's counter; the group outlives the cache.
+    Counter(*const PageCounter),
 }
 
 /// One slot's magazines of one cache. Either pointer may be null.
@@ -325,8 +340,15 @@ pub struct MagazineStats {
 }
 
 /// A slab cache with per-CPU magazines in front of it.
+///
+/// `repr(C)` with the slab cache first: a slab header's cache pointer is
+/// then also a pointer to its `MagCache`, which is how a free finds the
+/// (group's) cache that owns an object.
+#[repr(C)]
 pub(crate) struct MagCache<R: RawMutex> {
     pub(crate) cache: Cache<R>,
+    /// Who is charged for this cache's slabs.
+    pub(crate) acct: Acct,
     rounds: usize,
     /// Full magazines each depot keeps before frees flush to slabs.
     depot_max: usize,
@@ -343,11 +365,18 @@ unsafe impl<R: RawMutex + Sync> Sync for MagCache<R> {}
 unsafe impl<R: RawMutex + Send> Send for MagCache<R> {}
 
 impl<R: RawMutex> MagCache<R> {
+    /// Slab geometry of the internal cache child caches live in.
+    pub(crate) const GEOMETRY: Geometry = match Geometry::new(size_of::<Self>(), align_of::<Self>()) {
+        Some(g) => g,
+        None => panic!("MagCache does not fit a slab"),
+    };
+
     /// A cache of `geo` objects with empty magazines.
     #[cfg(not(loom))]
-    pub(crate) const fn new(geo: Geometry) -> Self {
+    pub(crate) const fn new(geo: Geometry, acct: Acct) -> Self {
         MagCache {
             cache: Cache::new(geo),
+            acct,
             rounds: rounds_for(geo.size),
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             cpus: [const { UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() }) }; MAX_CPUS],
@@ -357,9 +386,10 @@ impl<R: RawMutex> MagCache<R> {
 
     /// A cache of `geo` objects (loom: not `const`).
     #[cfg(loom)]
-    pub(crate) fn new(geo: Geometry) -> Self {
+    pub(crate) fn new(geo: Geometry, acct: Acct) -> Self {
         MagCache {
             cache: Cache::new(geo),
+            acct,
             rounds: rounds_for(geo.size),
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             cpus: core::array::from_fn(|_| {
@@ -369,11 +399,23 @@ impl<R: RawMutex> MagCache<R> {
         }
     }
 
+    /// The page supply of this cache: its source and the counter charged.
+    #[inline]
+    pub(crate) fn pages<'a, E: Env<R>>(&'a self, cx: &'a E, slot: Option<usize>) -> Pages<'a, E::Src> {
+        let counter = match self.acct {
+            Acct::None => None,
+            Acct::Root => Some(cx.root_counter()),
+            // SAFETY: the group that owns the counter outlives this cache.
+            Acct::Counter(c) => Some(unsafe { &*c }),
+        };
+        Pages { src: cx.src(), counter, slot }
+    }
+
     /// One object: from this CPU's magazines when it holds a slot.
     #[inline]
-    pub(crate) fn alloc<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc<E: Env<R>>(&self, cx: &E) -> Result<NonNull<u8>, GrowError> {
         let Some(slot) = cx.slots().hold(cx.plat()) else {
-            return self.cache.alloc(cx.src(), 0);
+            return self.cache.alloc(&self.pages(cx, None), 0);
         };
         let r = self.cpus[slot].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours; a
@@ -383,7 +425,7 @@ impl<R: RawMutex> MagCache<R> {
                 let l = m.loaded;
                 if !l.is_null() && (*l).count > 0 {
                     (*l).count -= 1;
-                    Some(NonNull::new_unchecked((*l).rounds[(*l).count]))
+                    Ok(NonNull::new_unchecked((*l).rounds[(*l).count]))
                 } else {
                     self.alloc_refill(cx, slot, m)
                 }
@@ -399,12 +441,12 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// `m.loaded` is a live magazine with at least one round.
     #[inline(always)]
-    unsafe fn pop(m: &mut CpuMags) -> Option<NonNull<u8>> {
+    unsafe fn pop(m: &mut CpuMags) -> Result<NonNull<u8>, GrowError> {
         // SAFETY: per the contract.
         unsafe {
             let l = m.loaded;
             (*l).count -= 1;
-            Some(NonNull::new_unchecked((*l).rounds[(*l).count]))
+            Ok(NonNull::new_unchecked((*l).rounds[(*l).count]))
         }
     }
 
@@ -415,7 +457,7 @@ impl<R: RawMutex> MagCache<R> {
     /// The caller holds `slot` and `m` is its magazines of this cache.
     #[cold]
     #[inline(never)]
-    unsafe fn alloc_refill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags) -> Option<NonNull<u8>> {
+    unsafe fn alloc_refill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags) -> Result<NonNull<u8>, GrowError> {
         let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
         // SAFETY: the slot's magazines are ours (contract); magazines taken
         // from the depot become ours under its lock.
@@ -441,7 +483,7 @@ impl<R: RawMutex> MagCache<R> {
                         drop(depot);
                         match Self::new_magazine(cx, node) {
                             Some(e) => e,
-                            None => return self.cache.alloc(cx.src(), node),
+                            None => return self.cache.alloc(&self.pages(cx, Some(slot)), node),
                         }
                     }
                 };
@@ -449,18 +491,16 @@ impl<R: RawMutex> MagCache<R> {
                 drop(depot);
             }
             let l = m.loaded;
-            let n = self.cache.alloc_bulk(cx.src(), node, &mut (&mut (*l).rounds)[..self.rounds]);
-            (*l).count = n;
-            if n == 0 {
-                return None;
-            }
+            let n = self.cache.alloc_bulk(&self.pages(cx, Some(slot)), node, &mut (&mut (*l).rounds)[..self.rounds]);
+            (*l).count = *n.as_ref().unwrap_or(&0);
+            n?;
             Self::pop(m)
         }
     }
 
     /// An empty magazine from the internal magazine cache.
     fn new_magazine<E: Env<R>>(cx: &E, node: usize) -> Option<*mut Magazine> {
-        let p = cx.mags().alloc(cx.src(), node)?.as_ptr() as *mut Magazine;
+        let p = cx.mags().alloc(&Pages::plain(cx.src()), node).ok()?.as_ptr() as *mut Magazine;
         // SAFETY: a fresh object of the magazine cache, laid out for one.
         unsafe { ptr::addr_of_mut!((*p).count).write(0) };
         Some(p)
@@ -498,7 +538,7 @@ impl<R: RawMutex> MagCache<R> {
             cx.slots().unhold(cx.plat(), slot);
         }
         // SAFETY: forwarded.
-        unsafe { self.cache.free(cx.src(), ptr) }
+        unsafe { self.cache.free(&self.pages(cx, None), ptr) }
     }
 
     /// `loaded` is full (or missing): swap, trade with the depot, grow a
@@ -540,19 +580,19 @@ impl<R: RawMutex> MagCache<R> {
                         // The depot is full of full magazines: flush one.
                         drop(depot);
                         let p = m.previous;
-                        self.cache.free_bulk(cx.src(), &(&(*p).rounds)[..(*p).count]);
+                        self.cache.free_bulk(&self.pages(cx, Some(slot)), &(&(*p).rounds)[..(*p).count]);
                         (*p).count = 0;
                         core::mem::swap(&mut m.loaded, &mut m.previous);
                     }
                     None => {
                         drop(depot);
-                        self.cache.free(cx.src(), ptr);
+                        self.cache.free(&self.pages(cx, Some(slot)), ptr);
                         return;
                     }
                 }
             }
             if m.loaded.is_null() {
-                self.cache.free(cx.src(), ptr);
+                self.cache.free(&self.pages(cx, Some(slot)), ptr);
                 return;
             }
             let l = m.loaded;
@@ -571,8 +611,8 @@ impl<R: RawMutex> MagCache<R> {
         // this cache, and the magazine is an object of `cx.mags()`.
         unsafe {
             let n = (*mag).count;
-            self.cache.free_bulk(cx.src(), &(&(*mag).rounds)[..n]);
-            cx.mags().free(cx.src(), NonNull::new_unchecked(mag as *mut u8));
+            self.cache.free_bulk(&self.pages(cx, None), &(&(*mag).rounds)[..n]);
+            cx.mags().free(&Pages::plain(cx.src()), NonNull::new_unchecked(mag as *mut u8));
             n
         }
     }

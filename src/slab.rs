@@ -20,6 +20,7 @@ use core::ptr::{self, NonNull};
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
+use crate::counter::PageCounter;
 use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 
@@ -285,6 +286,62 @@ impl NodeSlabs {
     }
 }
 
+/// Why a cache could not grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GrowError {
+    /// The page source is exhausted.
+    OutOfMemory,
+    /// The charge was refused by this counter (the cache's or an ancestor).
+    Limit(*const PageCounter),
+}
+
+/// Where a cache's slabs come from and who pays for them: a page source,
+/// and for accounted caches the counter charged for every slab (through
+/// the stock of CPU `slot` when there is one).
+pub(crate) struct Pages<'a, S> {
+    pub(crate) src: &'a S,
+    pub(crate) counter: Option<&'a PageCounter>,
+    pub(crate) slot: Option<usize>,
+}
+
+impl<'a, S: PageSource> Pages<'a, S> {
+    /// Unaccounted pages from `src`.
+    #[inline]
+    pub(crate) fn plain(src: &'a S) -> Self {
+        Pages { src, counter: None, slot: None }
+    }
+
+    /// A run for a new slab, charged first.
+    fn grow(&self, order: u32, node: usize) -> Result<PageRun, GrowError> {
+        if let Some(c) = self.counter {
+            c.try_charge_stocked(self.slot, 1 << order).map_err(|k| GrowError::Limit(k))?;
+        }
+        match self.src.alloc_pages(order, node) {
+            Some(run) => Ok(run),
+            None => {
+                if let Some(c) = self.counter {
+                    c.uncharge_stocked(self.slot, 1 << order);
+                }
+                Err(GrowError::OutOfMemory)
+            }
+        }
+    }
+
+    /// Gives a slab's run back and uncharges it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`PageSource::free_pages`]; the run was charged by `grow`
+    /// with the same counter.
+    unsafe fn release(&self, addr: NonNull<u8>, order: u32) {
+        // SAFETY: forwarded.
+        unsafe { self.src.free_pages(addr, order) };
+        if let Some(c) = self.counter {
+            c.uncharge_stocked(self.slot, 1 << order);
+        }
+    }
+}
+
 /// Counters of one cache, summed over nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -329,35 +386,41 @@ impl<R: RawMutex> Cache<R> {
 
     /// One object, from a slab of `node` if it has one, else from a new slab.
     #[inline]
-    pub(crate) fn alloc<S: PageSource>(&self, src: &S, node: usize) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc<S: PageSource>(&self, pg: &Pages<'_, S>, node: usize) -> Result<NonNull<u8>, GrowError> {
         let node = node.min(MAX_NODES - 1);
         // SAFETY: every slab on this cache's lists has this cache's geometry.
         if let Some(p) = unsafe { self.nodes[node].lock().take(&self.geo) } {
-            return Some(p);
+            return Ok(p);
         }
-        self.alloc_slow(src, node)
+        self.alloc_slow(pg, node)
     }
 
     /// Grows the cache by one slab and takes an object from it.
     #[cold]
     #[inline(never)]
-    fn alloc_slow<S: PageSource>(&self, src: &S, node: usize) -> Option<NonNull<u8>> {
+    fn alloc_slow<S: PageSource>(&self, pg: &Pages<'_, S>, node: usize) -> Result<NonNull<u8>, GrowError> {
         // The page source is called without any cache lock held.
-        let run = src.alloc_pages(self.geo.order, node)?;
+        let run = pg.grow(self.geo.order, node)?;
         let s = self.init_slab(run);
         let mut lists = self.nodes[run.node].lock();
         // SAFETY: `s` is a live header on no list; we hold its node's lock,
-        // and it has this cache's geometry.
+        // and it has this cache's geometry; a fresh slab has a free object.
         unsafe {
             lists.partial.push(s, ListKind::Partial);
-            lists.take(&self.geo)
+            Ok(lists.take(&self.geo).unwrap_unchecked())
         }
     }
 
     /// Fills `out` with up to `out.len()` objects from `node`'s slabs,
-    /// growing the cache as needed; returns how many it took. One lock hold
-    /// serves the whole batch from existing slabs.
-    pub(crate) fn alloc_bulk<S: PageSource>(&self, src: &S, node: usize, out: &mut [*mut u8]) -> usize {
+    /// growing the cache as needed; returns how many it took (an error only
+    /// when it took none). One lock hold serves the whole batch from
+    /// existing slabs.
+    pub(crate) fn alloc_bulk<S: PageSource>(
+        &self,
+        pg: &Pages<'_, S>,
+        node: usize,
+        out: &mut [*mut u8],
+    ) -> Result<usize, GrowError> {
         let node = node.min(MAX_NODES - 1);
         let mut n = 0;
         {
@@ -372,7 +435,11 @@ impl<R: RawMutex> Cache<R> {
             }
         }
         while n < out.len() {
-            let Some(run) = src.alloc_pages(self.geo.order, node) else { break };
+            let run = match pg.grow(self.geo.order, node) {
+                Ok(run) => run,
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => break,
+            };
             let s = self.init_slab(run);
             let mut lists = self.nodes[run.node].lock();
             // SAFETY: `s` is a fresh header on no list, of this geometry.
@@ -386,7 +453,7 @@ impl<R: RawMutex> Cache<R> {
                 n += 1;
             }
         }
-        n
+        Ok(n)
     }
 
     /// Returns a batch of objects to their slabs, one lock hold per run of
@@ -396,7 +463,7 @@ impl<R: RawMutex> Cache<R> {
     /// # Safety
     ///
     /// Every pointer must be a distinct live object of this cache from `src`.
-    pub(crate) unsafe fn free_bulk<S: PageSource>(&self, src: &S, objs: &[*mut u8]) {
+    pub(crate) unsafe fn free_bulk<S: PageSource>(&self, pg: &Pages<'_, S>, objs: &[*mut u8]) {
         let mut i = 0;
         while i < objs.len() {
             let mut release = [ptr::null_mut::<Slab>(); 8];
@@ -418,9 +485,35 @@ impl<R: RawMutex> Cache<R> {
             }
             for &s in &release[..nrel] {
                 // SAFETY: unlisted empty slabs of this cache.
-                unsafe { self.release_slab(src, s) };
+                unsafe { self.release_slab(pg, s) };
             }
         }
+    }
+
+    /// Whether the slab that would hold `ptr` (in a cache of this slab
+    /// order) has a live header.
+    ///
+    /// # Safety
+    ///
+    /// The page at `slab_base(ptr)` must be readable.
+    pub(crate) unsafe fn slab_is_live(&self, ptr: *mut u8) -> bool {
+        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        // SAFETY: per the contract; a volatile read, as the page may hold
+        // anything if `ptr` is not ours.
+        unsafe { ptr::addr_of!((*s).magic).read_volatile() == SLAB_MAGIC }
+    }
+
+    /// The cache that owns the slab holding `ptr`, judged by the slab
+    /// header alone (so for any cache whose slabs have this cache's order).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live object of a cache with this cache's slab order.
+    #[inline]
+    pub(crate) unsafe fn owner_of(&self, ptr: *mut u8) -> *const () {
+        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        // SAFETY: the header of a live slab; `cache` is fixed at creation.
+        unsafe { (*s).cache }
     }
 
     /// The node of the slab holding `ptr`.
@@ -463,7 +556,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// `ptr` must be a live object allocated from this cache with `src`.
     #[inline]
-    pub(crate) unsafe fn free<S: PageSource>(&self, src: &S, ptr: NonNull<u8>) {
+    pub(crate) unsafe fn free<S: PageSource>(&self, pg: &Pages<'_, S>, ptr: NonNull<u8>) {
         let s = slab_base(ptr.as_ptr(), self.geo.order) as *mut Slab;
         // SAFETY: `ptr` is a live object of this cache.
         let node = unsafe { self.node_of(ptr.as_ptr()) };
@@ -471,7 +564,7 @@ impl<R: RawMutex> Cache<R> {
         let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), &self.geo, EMPTY_RESERVE) };
         if let Some(s) = release {
             // SAFETY: the slab is off every list and holds no live object.
-            unsafe { self.release_slab(src, s) };
+            unsafe { self.release_slab(pg, s) };
         }
     }
 
@@ -480,12 +573,12 @@ impl<R: RawMutex> Cache<R> {
     /// # Safety
     ///
     /// `s` is an empty slab of this cache on no list.
-    unsafe fn release_slab<S: PageSource>(&self, src: &S, s: *mut Slab) {
+    unsafe fn release_slab<S: PageSource>(&self, pg: &Pages<'_, S>, s: *mut Slab) {
         // SAFETY: per the contract the header is ours; clearing the magic
         // makes a stale free of one of its objects detectable.
         unsafe {
             (*s).magic = 0;
-            src.free_pages(NonNull::new_unchecked(s as *mut u8), self.geo.order);
+            pg.release(NonNull::new_unchecked(s as *mut u8), self.geo.order);
         }
     }
 
@@ -513,7 +606,7 @@ impl<R: RawMutex> Cache<R> {
     }
 
     /// Gives every empty slab back to `src`; returns the pages freed.
-    pub(crate) fn shrink<S: PageSource>(&self, src: &S) -> usize {
+    pub(crate) fn shrink<S: PageSource>(&self, pg: &Pages<'_, S>) -> usize {
         let mut pages = 0;
         for node in &self.nodes {
             loop {
@@ -528,7 +621,7 @@ impl<R: RawMutex> Cache<R> {
                     s
                 };
                 // SAFETY: `s` is empty and unlisted.
-                unsafe { self.release_slab(src, s) };
+                unsafe { self.release_slab(pg, s) };
                 pages += self.geo.slab_pages();
             }
         }

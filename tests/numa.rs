@@ -32,8 +32,15 @@ fn unpin(slot: usize) {
 
 // SAFETY: (1) `pin` hands each slot to one thread at a time; (2) nodes 0
 // and 1; (3) not asymmetric; (4) `steal` takes only unpinned slots, by
-// the same flag; (5) nothing here allocates.
+// the same flag; (5) nothing here allocates; (6) this test uses no
+// groups, so every context stays in the root.
 unsafe impl Platform for TwoNodes {
+    fn current_group(&self) -> usize {
+        0
+    }
+    fn set_current_group(&self, _token: usize) -> usize {
+        0
+    }
     fn enter(&self) -> Option<usize> {
         let s = SLOT.with(Cell::get);
         (s != usize::MAX).then_some(s)

@@ -9,10 +9,11 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Kmem;
+use crate::cgroup::MAX_ACCOUNTED;
 use crate::error::{Error, Name};
-use crate::magazine::MagCache;
+use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
-use crate::slab::{CacheStats, Geometry};
+use crate::slab::{CacheStats, Geometry, Pages};
 use crate::sync::{AtomicBool, Ordering, atomic_bool};
 
 /// Options of a typed cache.
@@ -25,6 +26,10 @@ impl CacheFlags {
     /// Align objects to a cache line (64 bytes), so that no two objects share
     /// one (Linux `SLAB_HWCACHE_ALIGN`).
     pub const HWCACHE_ALIGN: CacheFlags = CacheFlags(1);
+    /// Charge the cache's slabs to the allocating group (Linux
+    /// `SLAB_ACCOUNT`): each group that allocates from the cache gets a
+    /// child cache of its own, charged to it.
+    pub const ACCOUNT: CacheFlags = CacheFlags(2);
 
     /// Whether every flag of `other` is set.
     pub const fn contains(self, other: CacheFlags) -> bool {
@@ -51,9 +56,14 @@ pub(crate) struct CacheDesc<R: RawMutex> {
     pub(crate) flags: CacheFlags,
     /// Set while a `KmemCache` handle owns the descriptor.
     pub(crate) live: AtomicBool,
+    /// Accounting index (groups' `caches` slot), or `NOT_ACCOUNTED`.
+    pub(crate) acct_idx: usize,
     /// The next older descriptor.
     pub(crate) next: *mut CacheDesc<R>,
 }
+
+/// `CacheDesc::acct_idx` of a cache created without `ACCOUNT`.
+pub(crate) const NOT_ACCOUNTED: usize = usize::MAX;
 
 impl<R: RawMutex> CacheDesc<R> {
     /// Slab geometry of the descriptor cache.
@@ -71,9 +81,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// is kept and reused by the next cache of the same name, layout and
     /// flags, so create/destroy cycles do not grow memory.
     ///
+    /// With [`CacheFlags::ACCOUNT`], allocations charge the calling
+    /// context's current group.
+    ///
     /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
     /// [`Error::NameTaken`], [`Error::BadLayout`] (aligned above a page or
-    /// larger than 1 MiB), [`Error::OutOfMemory`] for the descriptor.
+    /// larger than 1 MiB), [`Error::TooManyAccountedCaches`] (21 accounted
+    /// typed caches at most), [`Error::OutOfMemory`] for the descriptor.
     pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, S, R, P>, Error> {
         let name = Name::new(name)?;
         let mut align = align_of::<T>();
@@ -100,16 +114,31 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let desc = match reuse {
             Some(desc) => desc,
             None => {
-                let mem = self.descriptors.alloc(&self.source, self.node()).ok_or(Error::OutOfMemory)?;
+                let accounted = flags.contains(CacheFlags::ACCOUNT);
+                let acct_idx = if accounted {
+                    let i = self.next_acct.load(Ordering::Relaxed);
+                    if i >= MAX_ACCOUNTED {
+                        return Err(Error::TooManyAccountedCaches);
+                    }
+                    i
+                } else {
+                    NOT_ACCOUNTED
+                };
+                let mem =
+                    self.descriptors.alloc(&Pages::plain(&self.source), self.node()).map_err(|_| Error::OutOfMemory)?;
+                if accounted {
+                    self.next_acct.store(acct_idx + 1, Ordering::Relaxed);
+                }
                 let p = mem.cast::<CacheDesc<R>>();
                 // SAFETY: `mem` is a fresh object of the descriptor cache,
                 // sized and aligned for `CacheDesc<R>`.
                 unsafe {
                     p.as_ptr().write(CacheDesc {
-                        cache: MagCache::new(geo),
+                        cache: MagCache::new(geo, if accounted { Acct::Root } else { Acct::None }),
                         name,
                         flags,
                         live: atomic_bool(false),
+                        acct_idx,
                         next: self.registry.load(Ordering::Relaxed),
                     });
                 }
@@ -140,9 +169,22 @@ pub struct KmemCache<
 }
 
 impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
-    /// Moves `value` into a new object of this cache.
+    /// Moves `value` into a new object of this cache, charged (for an
+    /// `ACCOUNT` cache) to the current group. Errors:
+    /// [`Error::LimitExceeded`] naming the group whose limit held,
+    /// [`Error::OutOfMemory`].
     pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, S, R, P>, Error> {
-        let p = self.desc.cache.alloc(self.kmem).ok_or(Error::OutOfMemory)?;
+        let k = self.kmem;
+        let base = &self.desc.cache;
+        let cache = if self.desc.acct_idx == NOT_ACCOUNTED {
+            base
+        } else {
+            k.cache_for(k.current(), self.desc.acct_idx, base).ok_or(Error::OutOfMemory)?
+        };
+        let p = match cache.alloc(k) {
+            Ok(p) => p,
+            Err(e) => k.alloc_failed(cache, e)?,
+        };
         let p = p.cast::<T>();
         // SAFETY: a fresh object of this cache, laid out for `T`.
         unsafe { p.as_ptr().write(value) };
@@ -162,8 +204,23 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     /// Empties the cache's magazines and gives its empty slabs back;
     /// returns the pages freed.
     pub fn shrink(&self) -> usize {
-        self.desc.cache.drain(self.kmem);
-        self.desc.cache.cache.shrink(&self.kmem.source)
+        let k = self.kmem;
+        let mut pages = 0;
+        let mut shrink = |c: &MagCache<R>| {
+            c.drain(k);
+            pages += c.cache.shrink(&c.pages(k, None));
+        };
+        shrink(&self.desc.cache);
+        if self.desc.acct_idx != NOT_ACCOUNTED {
+            k.for_each_group(|g| {
+                g.for_each_cache(|i, c| {
+                    if i == self.desc.acct_idx {
+                        shrink(c)
+                    }
+                })
+            });
+        }
+        pages
     }
 }
 
@@ -218,11 +275,13 @@ impl<T, S: PageSource, R: RawMutex, P: Platform> DerefMut for CacheBox<'_, T, S,
 
 impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, P> {
     fn drop(&mut self) {
-        // SAFETY: the box owns a live `T` in an object of `desc.cache`,
-        // allocated with this `Kmem`'s page source; nothing uses it after.
+        // SAFETY: the box owns a live `T` in an object of `desc.cache` or of
+        // a group's child cache of it (same slab order), whose slab header
+        // names its `MagCache`; nothing uses it after.
         unsafe {
             self.ptr.as_ptr().drop_in_place();
-            self.desc.cache.free(self.kmem, self.ptr.cast());
+            let owner = &*(self.desc.cache.cache.owner_of(self.ptr.as_ptr().cast()) as *const MagCache<R>);
+            owner.free(self.kmem, self.ptr.cast());
         }
     }
 }

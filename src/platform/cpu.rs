@@ -1,4 +1,7 @@
-//! CPU and node identity: which per-CPU slot the caller may use.
+//! CPU and node identity: which per-CPU slot the caller may use, and
+//! which group it allocates for.
+
+use crate::sync::{AtomicUsize, Ordering, atomic_usize};
 
 /// Per-CPU slots a `Kmem` keeps magazines for (2 under loom and Miri).
 pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
@@ -24,8 +27,16 @@ pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
 ///    semantics), so slot holders may use compiler fences only;
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
 ///    then no `enter` returns it until `unsteal(slot)`;
-/// 5. nothing here allocates, panics, or calls back into the allocator.
+/// 5. nothing here allocates, panics, or calls back into the allocator;
+/// 6. `current_group` returns the last token the calling context (thread,
+///    task) passed to `set_current_group`, or 0 if it never did.
 pub unsafe trait Platform: Sync {
+    /// The calling context's current group token (0: the root group).
+    fn current_group(&self) -> usize;
+    /// Makes `token` the calling context's current group; returns the
+    /// previous token.
+    fn set_current_group(&self, token: usize) -> usize;
+
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
     fn enter(&self) -> Option<usize>;
@@ -54,13 +65,31 @@ pub unsafe trait Platform: Sync {
 }
 
 /// A platform with no per-CPU slots: every operation takes the shared,
-/// locked path. The default without `std`; kernels supply their own.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoCpus;
+/// locked path, and the current group is one global value (right for a
+/// single-threaded kernel or program). The default without `std`; kernels
+/// supply their own.
+#[derive(Debug, Default)]
+pub struct NoCpus {
+    current: AtomicUsize,
+}
+
+impl NoCpus {
+    /// The platform.
+    pub const fn new() -> Self {
+        NoCpus { current: atomic_usize(0) }
+    }
+}
 
 // SAFETY: `enter` never hands out a slot, so (1), (3) and (4) hold
-// vacuously; (2) node 0 is valid; (5) nothing is done at all.
+// vacuously; (2) node 0 is valid; (5) only an atomic; (6) one global
+// context, whose token is the atomic.
 unsafe impl Platform for NoCpus {
+    fn current_group(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
+    }
+    fn set_current_group(&self, token: usize) -> usize {
+        self.current.swap(token, Ordering::Relaxed)
+    }
     fn enter(&self) -> Option<usize> {
         None
     }

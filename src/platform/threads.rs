@@ -21,6 +21,8 @@ const NONE: usize = usize::MAX;
 std::thread_local! {
     /// This thread's slot, or `NONE`. `Cell<usize>` has no destructor.
     static SLOT: Cell<usize> = const { Cell::new(NONE) };
+    /// This thread's current group token (0: the root).
+    static GROUP: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Slots held by a thread (or stolen by a drainer).
@@ -115,7 +117,17 @@ impl Threads {
 // (3) ASYM is settled in `init`, before the first claim. (4) `steal` claims
 // by the same CAS. (5) TLS access, atomics, and two libc calls that do not
 // allocate (pthread_setspecific for keys below PTHREAD_KEYS_2NDLEVEL_SIZE).
+// (6) the group token lives in a per-thread cell.
 unsafe impl Platform for Threads {
+    #[inline(always)]
+    fn current_group(&self) -> usize {
+        GROUP.try_with(Cell::get).unwrap_or(0)
+    }
+
+    fn set_current_group(&self, token: usize) -> usize {
+        GROUP.try_with(|g| g.replace(token)).unwrap_or(0)
+    }
+
     #[inline(always)]
     fn enter(&self) -> Option<usize> {
         match SLOT.try_with(Cell::get) {

@@ -37,7 +37,7 @@ fn alloc_free_reuse_and_reserve() {
     let cache: &'static Cache<DefaultRawMutex> =
         std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(128, 128).unwrap())));
     let cap = cache.geometry().capacity;
-    let objs: Vec<_> = (0..cap * 4).map(|_| cache.alloc(src, 0).unwrap()).collect();
+    let objs: Vec<_> = (0..cap * 4).map(|_| cache.alloc(&Pages::plain(src), 0).unwrap()).collect();
     cache.check();
     let st = cache.stats();
     assert_eq!(st.active_objects, cap * 4);
@@ -51,14 +51,14 @@ fn alloc_free_reuse_and_reserve() {
     assert!(!unsafe { cache.is_object(NonNull::new(objs[0].as_ptr().wrapping_add(8)).unwrap()) });
     for o in objs {
         // SAFETY: each live object is freed once.
-        unsafe { cache.free(src, o) };
+        unsafe { cache.free(&Pages::plain(src), o) };
     }
     cache.check();
     let st = cache.stats();
     assert_eq!(st.active_objects, 0);
     assert_eq!(st.slabs, EMPTY_RESERVE, "empty slabs beyond the reserve went back");
     assert_eq!(src.stats().pages_in_use, EMPTY_RESERVE << cache.geometry().order);
-    assert_eq!(cache.shrink(src), EMPTY_RESERVE << cache.geometry().order);
+    assert_eq!(cache.shrink(&Pages::plain(src)), EMPTY_RESERVE << cache.geometry().order);
     assert_eq!(src.stats().pages_in_use, 0);
 }
 
@@ -72,7 +72,7 @@ fn random_alloc_free_keeps_invariants() {
         let mut live: Vec<(NonNull<u8>, u8)> = Vec::new();
         for step in 0..4000 {
             if live.is_empty() || rng.chance(60) {
-                if let Some(p) = cache.alloc(src, 0) {
+                if let Ok(p) = cache.alloc(&Pages::plain(src), 0) {
                     let tag = step as u8;
                     // SAFETY: a fresh object of `size` bytes.
                     unsafe { core::ptr::write_bytes(p.as_ptr(), tag, size) };
@@ -84,7 +84,7 @@ fn random_alloc_free_keeps_invariants() {
                 let s = unsafe { core::slice::from_raw_parts(p.as_ptr(), size) };
                 assert!(s.iter().all(|&b| b == tag));
                 // SAFETY: freed once.
-                unsafe { cache.free(src, p) };
+                unsafe { cache.free(&Pages::plain(src), p) };
             }
             if step % 500 == 0 {
                 cache.check();
@@ -92,10 +92,10 @@ fn random_alloc_free_keeps_invariants() {
         }
         for (p, _) in live {
             // SAFETY: freed once.
-            unsafe { cache.free(src, p) };
+            unsafe { cache.free(&Pages::plain(src), p) };
         }
         cache.check();
-        cache.shrink(src);
+        cache.shrink(&Pages::plain(src));
         assert_eq!(cache.stats().slabs, 0);
     }
     assert_eq!(src.stats().pages_in_use, 0);
@@ -109,10 +109,10 @@ fn grows_on_the_node_the_source_gives() {
     let cache: &'static Cache<DefaultRawMutex> =
         std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(64, 8).unwrap())));
     // Node 0 has no memory: the slab comes from node 1 and is listed there.
-    let p = cache.alloc(r, 0).unwrap();
+    let p = cache.alloc(&Pages::plain(r), 0).unwrap();
     cache.check();
     // SAFETY: live object, freed once.
-    unsafe { cache.free(r, p) };
+    unsafe { cache.free(&Pages::plain(r), p) };
     cache.check();
     assert_eq!(cache.stats().active_objects, 0);
 }

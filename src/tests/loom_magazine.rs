@@ -7,9 +7,10 @@ use std::vec::Vec;
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::counter::PageCounter;
+use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{PAGE_SIZE, PageSource, Platform, Region};
-use crate::slab::{Cache, Geometry};
+use crate::slab::{Cache, Geometry, Pages};
 use crate::sync::LoomRawMutex;
 
 type R = LoomRawMutex;
@@ -30,8 +31,14 @@ fn set_slot(slot: usize) {
 
 // SAFETY: (1) every model thread sets a distinct slot (or none) and never
 // re-enters; (2) nodes < MAX_NODES; (3) not asymmetric; (4) never steals;
-// (5) nothing allocates.
+// (5) nothing allocates; (6) groups are not used: always the root.
 unsafe impl Platform for LoomCpus {
+    fn current_group(&self) -> usize {
+        0
+    }
+    fn set_current_group(&self, _token: usize) -> usize {
+        0
+    }
     fn enter(&self) -> Option<usize> {
         SLOT.with(|s| {
             let v = s.get();
@@ -52,6 +59,7 @@ struct TestEnv {
     plat: LoomCpus,
     slots: Slots,
     mags: Cache<R>,
+    root: PageCounter,
     /// Backing memory, freed after the region (declared last).
     _mem: Vec<Vec<u8>>,
 }
@@ -67,7 +75,14 @@ impl TestEnv {
             unsafe { src.add_raw(m.as_mut_ptr(), m.len(), node) }.unwrap();
             mem.push(m);
         }
-        TestEnv { src, plat: LoomCpus { nodes }, slots: Slots::new(), mags: Cache::new(MAGAZINE_GEOMETRY), _mem: mem }
+        TestEnv {
+            src,
+            plat: LoomCpus { nodes },
+            slots: Slots::new(),
+            mags: Cache::new(MAGAZINE_GEOMETRY),
+            root: PageCounter::new_root(),
+            _mem: mem,
+        }
     }
 }
 
@@ -86,13 +101,16 @@ impl Env<R> for TestEnv {
     fn mags(&self) -> &Cache<R> {
         &self.mags
     }
+    fn root_counter(&self) -> &PageCounter {
+        &self.root
+    }
 }
 
 /// A 64-byte cache whose locks have all been taken once: `LoomRawMutex`
 /// creates its loom atomic on first use, which must happen before the
 /// model's threads are spawned.
 fn cache(env: &TestEnv) -> MagCache<R> {
-    let c = MagCache::new(Geometry::new(64, 8).unwrap());
+    let c = MagCache::new(Geometry::new(64, 8).unwrap(), Acct::None);
     c.stats();
     env.mags.stats();
     for node in 0..crate::platform::MAX_NODES {
@@ -124,8 +142,8 @@ fn settle(env: &TestEnv, c: &MagCache<R>) {
     c.drain(env);
     c.cache.check();
     assert_eq!(c.cache.stats().active_objects, 0, "objects lost or duplicated");
-    c.cache.shrink(&env.src);
-    env.mags.shrink(&env.src);
+    c.cache.shrink(&Pages::plain(&env.src));
+    env.mags.shrink(&Pages::plain(&env.src));
     assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
 }
 

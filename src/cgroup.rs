@@ -1,0 +1,195 @@
+//! Cgroup layer: the group tree, per-group child caches, and reclaim.
+//!
+//! A [`Group`] owns a [`PageCounter`] whose parent is its parent group's
+//! counter, so charges propagate up the tree. For every accounted cache a
+//! group allocates from, it gets a *child cache* of its own (created on
+//! first use, with its own slabs and magazines, charging the group's
+//! counter), kept in `Group::caches` at the cache's accounting index: the
+//! size classes use indices `0..43`, accounted typed caches the rest. A
+//! slab therefore belongs to exactly one group, and a free uncharges the
+//! group that owns the slab, whoever frees it. The root group uses the
+//! base caches themselves (`Acct::Root`).
+//!
+//! Groups are created and linked under the tree lock of their `Kmem`;
+//! `caches` entries are published with `Release` and read with `Acquire` on
+//! the allocation path without locks.
+
+use core::ptr::{self, NonNull};
+
+use lock_api::RawMutex;
+
+use crate::counter::PageCounter;
+use crate::error::Name;
+use crate::magazine::{Env, MagCache};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
+
+/// Accounting indices: 43 size classes and 21 accounted typed caches.
+pub(crate) const MAX_ACCOUNTED: usize = 64;
+
+/// One group of the tree.
+///
+/// `repr(C)` with the counter first, so the counter that refused a charge
+/// leads back to its group ([`Group::of_counter`]).
+#[repr(C)]
+pub(crate) struct Group<R: RawMutex> {
+    /// Pages charged to this group and its descendants.
+    pub(crate) counter: PageCounter,
+    /// The parent, or null for the root. Fixed; the parent outlives us.
+    pub(crate) parent: *const Group<R>,
+    /// Address of the `Kmem` that made this group (0 for a root), so a
+    /// group token from another allocator is never used here.
+    pub(crate) owner: usize,
+    pub(crate) name: Name,
+    /// Handles, guards and children referring to the group.
+    pub(crate) refs: AtomicUsize,
+    /// Children, linked through `next_sibling`; changed under the tree lock.
+    pub(crate) first_child: AtomicPtr<Group<R>>,
+    pub(crate) next_sibling: AtomicPtr<Group<R>>,
+    /// The next older group of the same `Kmem`; fixed once published.
+    pub(crate) next_all: *mut Group<R>,
+    /// Child caches by accounting index; null until first use.
+    pub(crate) caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
+    /// Pages of large (page-run) objects charged to this group itself.
+    pub(crate) large_pages: Stat,
+    /// Charges that would have gone over `max` (Linux `memory.events max`).
+    pub(crate) ev_max: Stat,
+    /// Charges that failed even after reclaim (`memory.events oom`).
+    pub(crate) ev_oom: Stat,
+}
+
+// SAFETY: all mutable state is atomic or written under the tree lock; the
+// raw pointers refer to groups and caches that outlive this group.
+unsafe impl<R: RawMutex + Sync> Sync for Group<R> {}
+// SAFETY: as above.
+unsafe impl<R: RawMutex + Send> Send for Group<R> {}
+
+impl<R: RawMutex> Group<R> {
+    /// Slab geometry of the internal cache groups live in.
+    pub(crate) const GEOMETRY: crate::slab::Geometry =
+        match crate::slab::Geometry::new(core::mem::size_of::<Self>(), core::mem::align_of::<Self>()) {
+            Some(g) => g,
+            None => panic!("Group does not fit a slab"),
+        };
+
+    /// The root group of a `Kmem`.
+    #[cfg(not(loom))]
+    pub(crate) const fn new_root(name: Name) -> Self {
+        Group {
+            counter: PageCounter::new_root(),
+            parent: ptr::null(),
+            owner: 0,
+            name,
+            refs: atomic_usize(1),
+            first_child: atomic_null(),
+            next_sibling: atomic_null(),
+            next_all: ptr::null_mut(),
+            caches: [const { atomic_null() }; MAX_ACCOUNTED],
+            large_pages: Stat::new(),
+            ev_max: Stat::new(),
+            ev_oom: Stat::new(),
+        }
+    }
+
+    /// A child of `parent`, not yet linked.
+    ///
+    /// # Safety
+    ///
+    /// `parent` must outlive the new group.
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn new_child(parent: &Group<R>, owner: usize, name: Name, next_all: *mut Group<R>) -> Self {
+        Group {
+            // SAFETY: forwarded: the parent (and so its counter) outlives us.
+            counter: unsafe { PageCounter::with_parent(&parent.counter) },
+            parent,
+            owner,
+            name,
+            refs: atomic_usize(1),
+            first_child: atomic_null(),
+            next_sibling: atomic_null(),
+            next_all,
+            caches: [const { atomic_null() }; MAX_ACCOUNTED],
+            large_pages: Stat::new(),
+            ev_max: Stat::new(),
+            ev_oom: Stat::new(),
+        }
+    }
+
+    /// The group whose counter `c` is.
+    ///
+    /// # Safety
+    ///
+    /// `c` must be the `counter` field of a live `Group<R>`.
+    pub(crate) unsafe fn of_counter<'a>(c: *const PageCounter) -> &'a Group<R> {
+        // SAFETY: `repr(C)` puts the counter at offset 0 of its group.
+        unsafe { &*(c as *const Group<R>) }
+    }
+
+    /// The parent group.
+    pub(crate) fn parent(&self) -> Option<&Group<R>> {
+        // SAFETY: the parent outlives its children.
+        unsafe { self.parent.as_ref() }
+    }
+
+    /// The children, first to last.
+    pub(crate) fn children(&self) -> impl Iterator<Item = &Group<R>> {
+        let mut cur = self.first_child.load(Ordering::Acquire);
+        core::iter::from_fn(move || {
+            let g = NonNull::new(cur)?;
+            // SAFETY: linked children are live groups.
+            let g = unsafe { g.as_ref() };
+            cur = g.next_sibling.load(Ordering::Acquire);
+            Some(g)
+        })
+    }
+
+    /// Calls `f` on this group and every descendant (pre-order), without
+    /// recursion or allocation. The caller holds the tree lock.
+    pub(crate) fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
+        let top: *const Group<R> = self;
+        let mut cur: &Group<R> = self;
+        loop {
+            f(cur);
+            if let Some(c) = NonNull::new(cur.first_child.load(Ordering::Acquire)) {
+                // SAFETY: a linked child is live.
+                cur = unsafe { c.as_ref() };
+                continue;
+            }
+            loop {
+                if ptr::eq(cur, top) {
+                    return;
+                }
+                if let Some(s) = NonNull::new(cur.next_sibling.load(Ordering::Acquire)) {
+                    // SAFETY: a linked sibling is live.
+                    cur = unsafe { s.as_ref() };
+                    break;
+                }
+                match cur.parent() {
+                    Some(p) => cur = p,
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Calls `f` on every child cache of this group.
+    pub(crate) fn for_each_cache(&self, mut f: impl FnMut(usize, &MagCache<R>)) {
+        for (i, c) in self.caches.iter().enumerate() {
+            if let Some(c) = NonNull::new(c.load(Ordering::Acquire)) {
+                // SAFETY: published child caches live as long as the group.
+                f(i, unsafe { c.as_ref() });
+            }
+        }
+    }
+
+    /// Gives back what this group's own caches hold unused: empties their
+    /// magazines, frees their empty slabs (uncharging them) and drains the
+    /// counter's stock. Returns the pages uncharged.
+    pub(crate) fn reclaim_own<E: Env<R>>(&self, cx: &E) -> usize {
+        let mut pages = 0;
+        self.for_each_cache(|_, c| {
+            c.drain(cx);
+            pages += c.cache.shrink(&c.pages(cx, None));
+        });
+        pages + self.counter.drain_stock()
+    }
+}

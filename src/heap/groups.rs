@@ -1,0 +1,471 @@
+//! The cgroup handle API: groups, limits, entering a group, per-group
+//! allocators and statistics.
+
+use core::alloc::Layout;
+use core::fmt;
+use core::ptr::NonNull;
+
+use allocator_api2::alloc::{AllocError, Allocator};
+use lock_api::RawMutex;
+
+use super::Kmem;
+use super::classes::{CLASS_SIZES, NCLASSES};
+use crate::cgroup::{Group, MAX_ACCOUNTED};
+use crate::error::{Error, GroupName, Name};
+use crate::platform::{DefaultPlatform, DefaultRawMutex, PAGE_SIZE, PageSource, Platform};
+use crate::sync::Ordering;
+
+/// Bytes to pages, rounding down; `usize::MAX` stays "no limit".
+fn to_pages(bytes: usize) -> usize {
+    if bytes == usize::MAX { usize::MAX } else { bytes / PAGE_SIZE }
+}
+
+/// Pages to bytes, saturating ("no limit" stays `usize::MAX`).
+fn to_bytes(pages: usize) -> usize {
+    pages.saturating_mul(PAGE_SIZE)
+}
+
+/// A handle to a group of a [`Kmem`]: limits, statistics, children, and
+/// the ways to allocate on its account. Handles are reference counted;
+/// cloning is cheap.
+///
+/// Limits are set in bytes and kept in whole pages: a limit that is not a
+/// multiple of the page is rounded down; `usize::MAX` means no limit.
+pub struct Cgroup<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+    kmem: &'k Kmem<S, R, P>,
+    group: NonNull<Group<R>>,
+}
+
+// SAFETY: a handle is a shared reference to synchronised allocator state
+// (atomics, and locks for the tree).
+unsafe impl<S: PageSource, R: RawMutex + Sync, P: Platform> Send for Cgroup<'_, S, R, P> {}
+// SAFETY: as above; every method takes `&self`.
+unsafe impl<S: PageSource, R: RawMutex + Sync, P: Platform> Sync for Cgroup<'_, S, R, P> {}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// The root group: everything allocated outside any group is charged
+    /// here, and every group's usage is part of its usage.
+    pub fn root(&self) -> Cgroup<'_, S, R, P> {
+        Cgroup::new_ref(self, NonNull::from(&self.root))
+    }
+
+    /// The calling context's current group.
+    pub fn current_group(&self) -> Cgroup<'_, S, R, P> {
+        match NonNull::new(self.current() as *mut Group<R>) {
+            Some(g) => Cgroup::new_ref(self, g),
+            None => self.root(),
+        }
+    }
+
+    /// The platform token that makes `g` current (0 for the root).
+    fn token(&self, g: &Group<R>) -> usize {
+        if core::ptr::eq(g, &self.root) { 0 } else { g as *const Group<R> as usize }
+    }
+
+    /// `g` as the group argument of the allocation paths (null: root).
+    fn group_arg(&self, g: &Group<R>) -> *const Group<R> {
+        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { g }
+    }
+}
+
+impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
+    /// A new handle on `group`, taking a reference.
+    fn new_ref(kmem: &'k Kmem<S, R, P>, group: NonNull<Group<R>>) -> Self {
+        // SAFETY: `group` is live (root, or referenced by the caller).
+        unsafe { group.as_ref() }.refs.fetch_add(1, Ordering::Relaxed);
+        Cgroup { kmem, group }
+    }
+
+    fn g(&self) -> &'k Group<R> {
+        // SAFETY: the handle holds a reference, and groups are never freed
+        // while referenced.
+        unsafe { &*self.group.as_ptr() }
+    }
+
+    /// The group's name ("/" for the root).
+    pub fn name(&self) -> &str {
+        self.g().name.as_str()
+    }
+
+    /// The parent group; `None` for the root.
+    pub fn parent(&self) -> Option<Cgroup<'k, S, R, P>> {
+        self.g().parent().map(|p| Cgroup::new_ref(self.kmem, NonNull::from(p)))
+    }
+
+    /// Creates a child group. Names are 1 to [`crate::NAME_MAX`] bytes and
+    /// unique among siblings. A child may have a limit above its parent's
+    /// (as in Linux): the parent's still binds.
+    pub fn create_child(&self, name: &str) -> Result<Cgroup<'k, S, R, P>, Error> {
+        let name = Name::new(name)?;
+        let k = self.kmem;
+        let parent = self.g();
+        let _tree = k.tree_lock.lock();
+        if parent.children().any(|c| c.name == name) {
+            return Err(Error::NameTaken);
+        }
+        let mem = k.groups.alloc(&crate::slab::Pages::plain(&k.source), k.node()).map_err(|_| Error::OutOfMemory)?;
+        let g = mem.cast::<Group<R>>();
+        // SAFETY: a fresh object of the group cache, sized and aligned for a
+        // `Group`; the parent outlives it (it holds a reference on it).
+        unsafe {
+            g.as_ptr().write(Group::new_child(parent, k.id(), name, k.all_groups.load(Ordering::Relaxed)));
+            let gr = g.as_ref();
+            gr.next_sibling.store(parent.first_child.load(Ordering::Relaxed), Ordering::Relaxed);
+            // Publish the initialised group (pairs with Acquire in walks).
+            parent.first_child.store(g.as_ptr(), Ordering::Release);
+            k.all_groups.store(g.as_ptr(), Ordering::Release);
+        }
+        parent.refs.fetch_add(1, Ordering::Relaxed);
+        // The group starts with one reference: this handle's.
+        Ok(Cgroup { kmem: k, group: g })
+    }
+
+    /// Sets the hard limit in bytes. If the usage is above it, the group's
+    /// subtree is reclaimed first; if it stays above,
+    /// [`Error::LimitBelowUsage`].
+    pub fn set_max(&self, bytes: usize) -> Result<(), Error> {
+        let pages = to_pages(bytes);
+        let g = self.g();
+        g.counter.drain_stock();
+        for _ in 0..3 {
+            if g.counter.set_max(pages).is_ok() {
+                return Ok(());
+            }
+            self.kmem.reclaim(g);
+        }
+        g.counter.set_max(pages).map_err(|usage| Error::LimitBelowUsage { usage: to_bytes(usage) })
+    }
+
+    /// Sets `high` in bytes: the level above which allocating tasks reclaim
+    /// from the group before their allocation returns (stored and reported
+    /// now; acted on with the reclaim work).
+    pub fn set_high(&self, bytes: usize) -> Result<(), Error> {
+        self.g().counter.set_high(to_pages(bytes));
+        Ok(())
+    }
+
+    /// Sets the soft limit in bytes (stored and reported now; acted on
+    /// under contention with the reclaim work).
+    pub fn set_soft_limit(&self, bytes: usize) -> Result<(), Error> {
+        self.g().counter.set_soft(to_pages(bytes));
+        Ok(())
+    }
+
+    /// Sets `low` in bytes: protection from contention reclaim (stored and
+    /// reported now).
+    pub fn set_low(&self, bytes: usize) -> Result<(), Error> {
+        self.g().counter.set_low(to_pages(bytes));
+        Ok(())
+    }
+
+    /// Bytes charged to the group and its descendants (whole slabs, large
+    /// objects with their header page, and stocked pages).
+    pub fn usage(&self) -> usize {
+        to_bytes(self.g().counter.usage())
+    }
+
+    /// The largest usage since creation or [`Cgroup::reset_peak`], bytes.
+    pub fn peak(&self) -> usize {
+        to_bytes(self.g().counter.watermark())
+    }
+
+    /// Restarts peak tracking from the current usage (which is kept).
+    pub fn reset_peak(&self) {
+        self.g().counter.reset_watermark();
+    }
+
+    /// The hard limit in bytes (`usize::MAX`: none).
+    pub fn max(&self) -> usize {
+        to_bytes(self.g().counter.max())
+    }
+
+    /// Charges refused at this group.
+    pub fn failcnt(&self) -> usize {
+        self.g().counter.failcnt()
+    }
+
+    /// Makes this group current on the calling thread (with `std`; through
+    /// the platform without) until the guard drops. Guards nest: dropping
+    /// one restores the group that was current before it, so entering a
+    /// group from inside another is allowed and undone in order.
+    pub fn enter(&self) -> CgroupGuard<'k, S, R, P> {
+        let g = self.g();
+        g.refs.fetch_add(1, Ordering::Relaxed);
+        let prev = self.kmem.platform.set_current_group(self.kmem.token(g));
+        CgroupGuard { kmem: self.kmem, group: self.group, prev }
+    }
+
+    /// An [`Allocator`] that charges this group, from any thread.
+    pub fn allocator(&self) -> CgroupAllocator<'k, S, R, P> {
+        CgroupAllocator { handle: self.clone() }
+    }
+
+    /// A `memory.stat`-like snapshot.
+    pub fn stat(&self) -> GroupStat {
+        let g = self.g();
+        let k = self.kmem;
+        let mut st = GroupStat {
+            name: GroupName(g.name),
+            usage: self.usage(),
+            peak: self.peak(),
+            max: self.max(),
+            high: to_bytes(g.counter.high()),
+            soft_limit: to_bytes(g.counter.soft()),
+            low: to_bytes(g.counter.low()),
+            failcnt: g.counter.failcnt(),
+            events_max: g.ev_max.get(),
+            events_oom: g.ev_oom.get(),
+            stocked: to_bytes(g.counter.stocked()),
+            large: 0,
+            caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
+            ncaches: 0,
+        };
+        let mut add = |name: Name, objects: usize, pages: usize| {
+            if st.ncaches < MAX_ACCOUNTED && pages > 0 {
+                st.caches[st.ncaches] = CacheRow { name, objects, pages };
+                st.ncaches += 1;
+            }
+        };
+        if core::ptr::eq(g, &k.root) {
+            for (c, cache) in k.classes.iter().enumerate() {
+                let s = cache.cache.stats();
+                add(class_name(c), s.active_objects, s.pages);
+            }
+            st.large = to_bytes(k.large_pages.get());
+        } else {
+            g.for_each_cache(|i, cache| {
+                let s = cache.cache.stats();
+                add(k.acct_name(i), s.active_objects, s.pages);
+            });
+            st.large = to_bytes(g.large_pages.get());
+        }
+        st
+    }
+}
+
+/// `kmalloc-<size>` for size class `c`.
+pub(crate) fn class_name(c: usize) -> Name {
+    let mut buf = [0u8; 16];
+    let mut w = Cursor { buf: &mut buf, len: 0 };
+    let _ = fmt::Write::write_fmt(&mut w, format_args!("kmalloc-{}", CLASS_SIZES[c]));
+    let len = w.len;
+    core::str::from_utf8(&buf[..len]).ok().and_then(|s| Name::new(s).ok()).unwrap_or(Name::UNKNOWN)
+}
+
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl fmt::Write for Cursor<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = (self.len + s.len()).min(self.buf.len());
+        let n = end - self.len;
+        self.buf[self.len..end].copy_from_slice(&s.as_bytes()[..n]);
+        self.len = end;
+        Ok(())
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// The name of the accounted cache at accounting index `i`.
+    pub(crate) fn acct_name(&self, i: usize) -> Name {
+        if i < NCLASSES {
+            return class_name(i);
+        }
+        let mut found = Name::UNKNOWN;
+        let mut d = self.registry.load(Ordering::Acquire);
+        while let Some(p) = NonNull::new(d) {
+            // SAFETY: descriptors are never freed once published.
+            let desc = unsafe { p.as_ref() };
+            if desc.acct_idx == i {
+                found = desc.name;
+            }
+            d = desc.next;
+        }
+        found
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Clone for Cgroup<'_, S, R, P> {
+    fn clone(&self) -> Self {
+        Cgroup::new_ref(self.kmem, self.group)
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for Cgroup<'_, S, R, P> {
+    fn drop(&mut self) {
+        self.g().refs.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> fmt::Debug for Cgroup<'_, S, R, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cgroup").field("name", &self.name()).field("usage", &self.usage()).finish()
+    }
+}
+
+/// Keeps a group current until dropped; see [`Cgroup::enter`].
+pub struct CgroupGuard<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+    kmem: &'k Kmem<S, R, P>,
+    group: NonNull<Group<R>>,
+    prev: usize,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> {
+    fn drop(&mut self) {
+        self.kmem.platform.set_current_group(self.prev);
+        // SAFETY: the guard held a reference on the group.
+        unsafe { self.group.as_ref() }.refs.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// An [`Allocator`] charging one group; see [`Cgroup::allocator`].
+pub struct CgroupAllocator<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+    handle: Cgroup<'k, S, R, P>,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Clone for CgroupAllocator<'_, S, R, P> {
+    fn clone(&self) -> Self {
+        CgroupAllocator { handle: self.handle.clone() }
+    }
+}
+
+// SAFETY: blocks come from the same `Kmem` paths as its own `Allocator`
+// impl (sound for the same reasons), only charged to a fixed group; all
+// clones share one `Kmem`, so a block from one clone can be freed by
+// another; frees find the owning cache from the slab, not the handle.
+unsafe impl<S: PageSource, R: RawMutex, P: Platform> Allocator for CgroupAllocator<'_, S, R, P> {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let k = self.handle.kmem;
+        if layout.size() == 0 {
+            return (&k).allocate(layout);
+        }
+        let p = k.alloc_in(k.group_arg(self.handle.g()), layout.size(), layout.align()).ok_or(AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, Kmem::<S, R, P>::usable_size(layout.size(), layout.align())))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded; frees uncharge the slab's owner.
+        unsafe { (&self.handle.kmem).deallocate(ptr, layout) }
+    }
+
+    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.resize(ptr, old, new) }
+    }
+
+    unsafe fn shrink(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.resize(ptr, old, new) }
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> CgroupAllocator<'_, S, R, P> {
+    /// Moves a block to a new layout, charging the new block to this group.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live block of this `Kmem` that `old` fits.
+    unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let k = self.handle.kmem;
+        if old.size() != 0 && new.size() != 0 && old.align() == new.align() {
+            // In place when the class or page count allows.
+            let len = Kmem::<S, R, P>::usable_size(new.size(), new.align());
+            if Kmem::<S, R, P>::usable_size(old.size(), old.align()) == len {
+                return Ok(NonNull::slice_from_raw_parts(ptr, len));
+            }
+        }
+        let fresh = self.allocate(new)?;
+        // SAFETY: both blocks are live and distinct; the copy fits both.
+        unsafe {
+            core::ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr() as *mut u8, old.size().min(new.size()));
+            (&k).deallocate(ptr, old);
+        }
+        Ok(fresh)
+    }
+}
+
+/// One accounted cache's line in a [`GroupStat`].
+#[derive(Clone, Copy)]
+struct CacheRow {
+    name: Name,
+    objects: usize,
+    pages: usize,
+}
+
+impl CacheRow {
+    const EMPTY: CacheRow = CacheRow { name: Name::EMPTY, objects: 0, pages: 0 };
+}
+
+/// A `memory.stat`-like snapshot of a group; `Display` writes one
+/// `key value` pair per line (sizes in bytes, `max` for no limit), then
+/// one `slab <cache> <objects> <pages>` line per cache.
+#[derive(Clone, Copy)]
+pub struct GroupStat {
+    /// The group's name.
+    pub name: GroupName,
+    /// Bytes charged (group and descendants).
+    pub usage: usize,
+    /// Largest usage since the last reset.
+    pub peak: usize,
+    /// Hard limit.
+    pub max: usize,
+    /// Throttling threshold.
+    pub high: usize,
+    /// Soft limit.
+    pub soft_limit: usize,
+    /// Protection.
+    pub low: usize,
+    /// Charges refused at this group.
+    pub failcnt: usize,
+    /// Charges that hit `max` (before reclaim).
+    pub events_max: usize,
+    /// Charges that failed after reclaim.
+    pub events_oom: usize,
+    /// Bytes pre-charged in CPU stocks.
+    pub stocked: usize,
+    /// Bytes of large objects (with their header pages) charged here.
+    pub large: usize,
+    caches: [CacheRow; MAX_ACCOUNTED],
+    ncaches: usize,
+}
+
+impl GroupStat {
+    /// `(cache name, objects out of the slabs, pages)` of each of the
+    /// group's own caches that holds pages.
+    pub fn caches(&self) -> impl Iterator<Item = (&str, usize, usize)> {
+        self.caches[..self.ncaches].iter().map(|r| (r.name.as_str(), r.objects, r.pages))
+    }
+}
+
+fn limit(f: &mut fmt::Formatter<'_>, key: &str, v: usize) -> fmt::Result {
+    if v >= usize::MAX / PAGE_SIZE * PAGE_SIZE { writeln!(f, "{key} max") } else { writeln!(f, "{key} {v}") }
+}
+
+impl fmt::Display for GroupStat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "group {}", self.name)?;
+        writeln!(f, "usage {}", self.usage)?;
+        writeln!(f, "peak {}", self.peak)?;
+        limit(f, "max", self.max)?;
+        limit(f, "high", self.high)?;
+        limit(f, "soft_limit", self.soft_limit)?;
+        writeln!(f, "low {}", self.low)?;
+        writeln!(f, "failcnt {}", self.failcnt)?;
+        writeln!(f, "events_max {}", self.events_max)?;
+        writeln!(f, "events_oom {}", self.events_oom)?;
+        writeln!(f, "stocked {}", self.stocked)?;
+        writeln!(f, "large {}", self.large)?;
+        for (name, objects, pages) in self.caches() {
+            writeln!(f, "slab {name} {objects} {pages}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for GroupStat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

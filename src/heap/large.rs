@@ -1,0 +1,148 @@
+//! The page path: objects larger than the largest size class, or aligned
+//! above a page.
+//!
+//! Each large object gets an exact page run plus one header page in front
+//! of it, which records the group charged and the run's extent. That page
+//! is what lets a free uncharge the right group and lets `realloc` resize
+//! in place; it costs one page per large object (at most 20% of the
+//! smallest, 16 KiB + 1 B, and under 1% from 400 KiB up).
+
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::Kmem;
+use crate::cgroup::Group;
+use crate::page::{alloc_exact, free_exact, pages_for};
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
+
+/// Marks a live large-object header ("kmlarge\\0").
+const LARGE_MAGIC: u64 = 0x6b6d_6c61_7267_6500;
+
+/// The page in front of a large object.
+#[repr(C)]
+struct LargeHeader<R: RawMutex> {
+    magic: u64,
+    /// The group charged; null for the root.
+    group: *const Group<R>,
+    /// Pages of the object (the header page not included).
+    pages: usize,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// A large object of `size` bytes aligned to `align`, charged to `g`
+    /// (null: root).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn alloc_large(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let align = align.max(PAGE_SIZE);
+        if size > isize::MAX as usize - align {
+            return None;
+        }
+        let pages = pages_for(size)?;
+        let lead = align / PAGE_SIZE; // pages from the run start to the object
+        let counter = self.charge_pages(g, pages + 1).ok()?;
+        let Some(run) = alloc_exact(&self.source, lead + pages, align, self.node()) else {
+            counter.uncharge(pages + 1);
+            return None;
+        };
+        let obj = run.as_ptr() as usize + align;
+        let header = obj - PAGE_SIZE;
+        if lead > 1 {
+            // SAFETY: the pages before the header page are an unused,
+            // naturally aligned piece at the start of the run.
+            unsafe { free_exact(&self.source, run, lead - 1) };
+        }
+        // SAFETY: the header page is ours and page aligned.
+        unsafe {
+            (header as *mut LargeHeader<R>).write(LargeHeader { magic: LARGE_MAGIC, group: g, pages });
+        }
+        if let Some(grp) = NonNull::new(g as *mut Group<R>) {
+            // SAFETY: a live group of this allocator.
+            unsafe { grp.as_ref() }.large_pages.add(pages + 1);
+        }
+        self.large_allocs.add(1);
+        self.large_pages.add(pages + 1);
+        // SAFETY: inside the run, so not null.
+        Some(unsafe { NonNull::new_unchecked(obj as *mut u8) })
+    }
+
+    /// The header of the large object at `ptr`, if it looks live.
+    fn large_header(&self, ptr: NonNull<u8>) -> Option<*mut LargeHeader<R>> {
+        let a = ptr.as_ptr() as usize;
+        if cfg!(debug_assertions)
+            && (!a.is_multiple_of(PAGE_SIZE)
+                || a < PAGE_SIZE
+                || self.source.ownership(a - PAGE_SIZE) == crate::platform::Ownership::Foreign)
+        {
+            return None;
+        }
+        let h = (a - PAGE_SIZE) as *mut LargeHeader<R>;
+        // SAFETY: the object's header page precedes it (checked readable in
+        // debug builds); a volatile read, as a bad pointer may point anywhere.
+        let magic = unsafe { core::ptr::addr_of!((*h).magic).read_volatile() };
+        (magic == LARGE_MAGIC).then_some(h)
+    }
+
+    /// Frees a large object and uncharges its group.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live large object of this `Kmem`.
+    pub(crate) unsafe fn free_large(&self, ptr: NonNull<u8>) {
+        let Some(h) = self.large_header(ptr) else {
+            self.bad_frees.add(1);
+            return;
+        };
+        // SAFETY: a live header; clearing the magic makes a second free of
+        // the same pointer detectable while the page stays unused.
+        unsafe {
+            let LargeHeader { group, pages, .. } = h.read();
+            (*h).magic = 0;
+            self.uncharge_large(group, pages + 1);
+            free_exact(&self.source, NonNull::new_unchecked(h as *mut u8), pages + 1);
+        }
+        self.large_allocs.sub(1);
+    }
+
+    /// Uncharges `pages` of large objects from `group` (null: root).
+    fn uncharge_large(&self, group: *const Group<R>, pages: usize) {
+        // SAFETY: a large object's group outlives it.
+        match unsafe { group.as_ref() } {
+            Some(g) => {
+                g.counter.uncharge(pages);
+                g.large_pages.sub(pages);
+            }
+            None => self.root.counter.uncharge(pages),
+        }
+        self.large_pages.sub(pages);
+    }
+
+    /// Resizes the large object at `ptr` to `new_size` bytes without moving
+    /// it if that needs no more pages than it has; gives back the tail when
+    /// it needs fewer. Returns whether it did.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live large object of this `Kmem`.
+    pub(crate) unsafe fn resize_large_in_place(&self, ptr: NonNull<u8>, new_size: usize) -> bool {
+        let Some(new_pages) = pages_for(new_size) else { return false };
+        let Some(h) = self.large_header(ptr) else { return false };
+        // SAFETY: a live header of ours.
+        let pages = unsafe { (*h).pages };
+        if new_pages > pages {
+            return false;
+        }
+        if new_pages < pages {
+            let tail = ptr.as_ptr() as usize + new_pages * PAGE_SIZE;
+            // SAFETY: the tail pages belong to this object and are past what
+            // the caller keeps; the header is ours to update.
+            unsafe {
+                free_exact(&self.source, NonNull::new_unchecked(tail as *mut u8), pages - new_pages);
+                (*h).pages = new_pages;
+                self.uncharge_large((*h).group, pages - new_pages);
+            }
+        }
+        true
+    }
+}
