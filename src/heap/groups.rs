@@ -469,3 +469,6 @@ impl fmt::Debug for GroupStat {
         fmt::Display::fmt(self, f)
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -164,7 +164,7 @@ pub struct KmemCache<
     P: Platform = crate::platform::DefaultPlatform,
 > {
     kmem: &'k Kmem<S, R, P>,
-    desc: &'k CacheDesc<R>,
+    pub(crate) desc: &'k CacheDesc<R>,
     _type: PhantomData<fn() -> T>,
 }
 

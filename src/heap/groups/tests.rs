@@ -1,0 +1,360 @@
+use core::alloc::{GlobalAlloc, Layout};
+use std::boxed::Box;
+use std::string::ToString;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::vec::Vec;
+
+use super::*;
+use crate::heap::CacheFlags;
+use crate::platform::OsPages;
+use crate::testutil::Rng;
+
+type K = Kmem<OsPages>;
+
+fn kmem() -> &'static K {
+    Box::leak(Box::new(Kmem::new(OsPages::new())))
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// The accounting equations, checked on a quiescent allocator after
+    /// draining magazines and stocks: for every group, usage equals the
+    /// pages of the slabs it owns plus its large objects plus its
+    /// children's usage; nothing is negative or wrapped.
+    pub(crate) fn check_accounting(&self) {
+        self.shrink();
+        let own = |g: &Group<R>| -> usize {
+            let mut pages = 0;
+            if core::ptr::eq(g, &self.root) {
+                self.for_each_base_cache(|c| {
+                    if c.acct == crate::magazine::Acct::Root {
+                        pages += c.cache.stats().pages;
+                    }
+                });
+            } else {
+                g.for_each_cache(|_, c| pages += c.cache.stats().pages);
+            }
+            pages + g.counter.stocked()
+        };
+        // Large pages charged to the root itself: all minus the groups'.
+        let mut in_groups = 0;
+        self.for_each_group(|x| in_groups += x.large_pages.get());
+        let root_large = self.large_pages.get() - in_groups;
+        let check = |g: &Group<R>| {
+            let children: usize = g.children().map(|c| c.counter.usage()).sum();
+            let is_root = core::ptr::eq(g, &self.root);
+            let large = if is_root { root_large } else { g.large_pages.get() };
+            let usage = g.counter.usage();
+            assert!(usage < usize::MAX / 2, "usage of {} wrapped: {usage}", g.name.as_str());
+            assert_eq!(usage, own(g) + large + children, "accounting of group {}", g.name.as_str());
+        };
+        check(&self.root);
+        self.for_each_group(|g| check(g));
+    }
+}
+
+#[test]
+fn charges_go_to_the_current_group_and_up_the_tree() {
+    let k = kmem();
+    let a = k.root().create_child("a").unwrap();
+    let b = a.create_child("b").unwrap();
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    let p = {
+        let _in = b.enter();
+        assert_eq!(k.current_group().name(), "b");
+        // SAFETY: valid layout.
+        unsafe { k.alloc(layout) }
+    };
+    assert_eq!(k.current_group().name(), "/");
+    assert!(b.usage() >= PAGE_SIZE);
+    assert_eq!(a.usage(), b.usage(), "the parent counts its child");
+    assert!(k.root().usage() >= a.usage());
+    // SAFETY: freed once.
+    unsafe { k.dealloc(p, layout) };
+    k.shrink();
+    assert_eq!(b.usage(), 0);
+    assert_eq!(a.usage(), 0);
+    k.check_accounting();
+}
+
+#[test]
+fn child_charge_fails_at_parent_max_with_typed_error() {
+    let k = kmem();
+    let parent = k.root().create_child("parent").unwrap();
+    let child = parent.create_child("child").unwrap();
+    parent.set_max(64 << 10).unwrap();
+    child.set_max(usize::MAX).unwrap(); // above the parent's: allowed, parent binds
+    let cache = k.create_cache::<[u8; 1000]>("blobs", CacheFlags::ACCOUNT).unwrap();
+    let _in = child.enter();
+    let mut held = Vec::new();
+    let err = loop {
+        match cache.alloc([1; 1000]) {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+    };
+    match err {
+        Error::LimitExceeded { group, max } => {
+            assert_eq!(group.as_str(), "parent");
+            assert_eq!(max, 64 << 10);
+        }
+        e => panic!("unexpected {e:?}"),
+    }
+    assert!(parent.usage() <= 64 << 10, "never beyond the limit");
+    assert!(held.len() * 1000 > 32 << 10, "not long before it: {} objects", held.len());
+    assert!(parent.stat().events_max >= 1 && parent.stat().events_oom >= 1);
+    assert!(parent.failcnt() >= 1);
+    drop(held);
+    drop(_in);
+    drop(cache);
+    k.check_accounting();
+}
+
+#[test]
+fn global_alloc_gives_null_and_allocator_gives_error_at_the_limit() {
+    let k = kmem();
+    let g = k.root().create_child("capped").unwrap();
+    g.set_max(256 << 10).unwrap();
+    let layout = Layout::from_size_align(4000, 8).unwrap();
+    let mut ptrs = Vec::new();
+    {
+        let _in = g.enter();
+        loop {
+            // SAFETY: valid layout.
+            let p = unsafe { k.alloc(layout) };
+            if p.is_null() {
+                break;
+            }
+            ptrs.push(p);
+            assert!(ptrs.len() < 1000, "the cap never held");
+        }
+        // A large object is charged too, with its header page.
+        // SAFETY: valid layout.
+        assert!(unsafe { k.alloc(Layout::from_size_align(1 << 20, 8).unwrap()) }.is_null());
+    }
+    assert!(g.usage() <= 256 << 10);
+    let a = g.allocator();
+    assert!(allocator_api2::alloc::Allocator::allocate(&a, layout).is_err());
+    for p in ptrs {
+        // SAFETY: freed once.
+        unsafe { k.dealloc(p, layout) };
+    }
+    k.shrink();
+    assert_eq!(g.usage(), 0);
+    k.check_accounting();
+}
+
+#[test]
+fn first_touch_billing_and_frees_from_another_group() {
+    let k = kmem();
+    let a = k.root().create_child("A").unwrap();
+    let b = k.root().create_child("B").unwrap();
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let ptrs: Vec<usize> = {
+        let _in = a.enter();
+        // SAFETY: valid layout.
+        (0..10_000).map(|_| unsafe { k.alloc(layout) } as usize).collect()
+    };
+    let charged = a.usage();
+    assert!(charged >= 10_000 * 64);
+    let b2 = b.clone();
+    thread::spawn(move || {
+        let _in = b2.enter();
+        for p in ptrs {
+            // SAFETY: live blocks, freed once.
+            unsafe { k.dealloc(p as *mut u8, layout) };
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(b.usage(), 0, "the freeing group is never charged");
+    k.shrink();
+    assert_eq!(a.usage(), 0, "the owner is uncharged as its slabs empty");
+    k.check_accounting();
+}
+
+#[test]
+fn allocator_handle_charges_its_group_from_any_thread() {
+    let k = kmem();
+    let g = k.root().create_child("handle").unwrap();
+    let alloc = g.allocator();
+    let hs: Vec<_> = (0..3)
+        .map(|i| {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                let mut v = allocator_api2::vec::Vec::new_in(alloc);
+                v.extend((0..10_000u32).map(|x| x * i));
+                v.iter().map(|&x| x as u64).sum::<u64>()
+            })
+        })
+        .collect();
+    let sums: Vec<u64> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(sums[2], 2 * sums[1]);
+    assert!(g.peak() >= 40_000, "peak {}", g.peak());
+    assert_eq!(k.root().create_child("other").unwrap().usage(), 0);
+    k.shrink();
+    assert_eq!(g.usage(), 0);
+    k.check_accounting();
+}
+
+#[test]
+fn limits_and_names_bad_input() {
+    let k = kmem();
+    let root = k.root();
+    assert_eq!(root.create_child("").err().map(|e| e), Some(Error::NameEmpty));
+    assert_eq!(root.create_child(&"n".repeat(33)).err(), Some(Error::NameTooLong));
+    let g = root.create_child("g").unwrap();
+    assert_eq!(root.create_child("g").err(), Some(Error::NameTaken), "duplicate sibling");
+    g.create_child("g").unwrap(); // same name, different parent: fine
+    g.set_max(0).unwrap();
+    assert_eq!(g.max(), 0);
+    {
+        let _in = g.enter();
+        // SAFETY: valid layout.
+        assert!(unsafe { k.alloc(Layout::new::<u64>()) }.is_null(), "a limit of 0 refuses everything");
+    }
+    g.set_max(usize::MAX).unwrap();
+    assert_eq!(g.max(), usize::MAX, "no limit");
+    assert!(g.stat().to_string().contains("max max"));
+    g.set_max(10_000).unwrap();
+    assert_eq!(g.max(), 8192, "rounded down to whole pages");
+    // A limit below the usage, with nothing to reclaim, is refused.
+    let held = {
+        let _in = g.enter();
+        // SAFETY: valid layout.
+        unsafe { k.alloc(Layout::new::<[u8; 64]>()) }
+    };
+    assert!(!held.is_null());
+    assert!(matches!(g.set_max(0), Err(Error::LimitBelowUsage { .. })));
+    // SAFETY: freed once.
+    unsafe { k.dealloc(held, Layout::new::<[u8; 64]>()) };
+    // Now reclaim can empty the magazines and slabs, so it succeeds.
+    g.set_max(0).unwrap();
+    assert_eq!(g.usage(), 0);
+    // Nested enter restores in order.
+    let h = root.create_child("h").unwrap();
+    {
+        let _a = g.enter();
+        {
+            let _b = h.enter();
+            assert_eq!(k.current_group().name(), "h");
+        }
+        assert_eq!(k.current_group().name(), "g");
+    }
+    assert_eq!(k.current_group().name(), "/");
+    let st = h.stat().to_string();
+    for key in ["usage", "peak", "max", "high", "soft_limit", "low", "failcnt", "events_max", "events_oom"] {
+        assert!(st.lines().any(|l| l.split_whitespace().next() == Some(key)), "{key} missing from\n{st}");
+    }
+}
+
+#[test]
+fn seed_000_halving_limits_fail_cleanly_at_the_limit() {
+    // A dentry-like accounted cache under limits halved step by step: each
+    // limit fails allocation exactly when the next slab would not fit.
+    #[allow(dead_code)]
+    struct Dentry([u64; 24]);
+    let k = kmem();
+    let g = k.root().create_child("find").unwrap();
+    let cache = k.create_cache::<Dentry>("dentry", CacheFlags::ACCOUNT).unwrap();
+    let slab = cache.desc.cache.cache.geometry().slab_pages() * PAGE_SIZE;
+    let mut limit = 4 << 20;
+    while limit >= 32 << 10 {
+        g.set_max(limit).unwrap();
+        let _in = g.enter();
+        let mut held = Vec::new();
+        loop {
+            match cache.alloc(Dentry([7; 24])) {
+                Ok(b) => held.push(b),
+                Err(Error::LimitExceeded { group, .. }) => {
+                    assert_eq!(group.as_str(), "find");
+                    break;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        let usage = g.usage();
+        assert!(usage <= limit, "beyond the limit: {usage} > {limit}");
+        assert!(usage + slab > limit, "failed before the limit: {usage} + {slab} <= {limit}");
+        drop(held);
+        drop(_in);
+        cache.shrink();
+        limit /= 2;
+    }
+    drop(cache);
+    k.check_accounting();
+}
+
+#[test]
+fn accounting_invariants_under_threaded_random_groups() {
+    let k = kmem();
+    let root = k.root();
+    let a = root.create_child("a").unwrap();
+    let groups = [a.create_child("a1").unwrap(), a.create_child("a2").unwrap(), root.create_child("b").unwrap(), a];
+    groups[0].set_max(2 << 20).unwrap();
+    let typed = Arc::new(k.create_cache::<[u64; 9]>("typed", CacheFlags::ACCOUNT).unwrap());
+    let barrier = Arc::new(Barrier::new(4));
+    let hs: Vec<_> = (0..4)
+        .map(|t| {
+            let groups = groups.clone();
+            let barrier = barrier.clone();
+            let typed = typed.clone();
+            thread::spawn(move || {
+                let mut rng = Rng::new(t as u64 + 77);
+                let mut live: Vec<(usize, Layout)> = Vec::new();
+                let mut boxes = Vec::new();
+                barrier.wait();
+                for _ in 0..20_000 {
+                    let g = &groups[rng.below(groups.len())];
+                    let _in = g.enter();
+                    match rng.below(10) {
+                        0..=4 => {
+                            let big = rng.chance(5);
+                            let size = 1 + rng.below(if big { 100_000 } else { 2000 });
+                            let l = Layout::from_size_align(size, 8).unwrap();
+                            // SAFETY: valid layout.
+                            let p = unsafe { k.alloc(l) };
+                            if !p.is_null() {
+                                live.push((p as usize, l));
+                            }
+                        }
+                        5 => {
+                            if let Ok(b) = typed.alloc([t as u64; 9]) {
+                                boxes.push(b);
+                            }
+                        }
+                        6 if !boxes.is_empty() => {
+                            let b = boxes.swap_remove(rng.below(boxes.len()));
+                            assert_eq!(b[3], t as u64);
+                        }
+                        _ if !live.is_empty() => {
+                            let (p, l) = live.swap_remove(rng.below(live.len()));
+                            // SAFETY: freed once with its layout.
+                            unsafe { k.dealloc(p as *mut u8, l) };
+                        }
+                        _ => {}
+                    }
+                    assert!(groups[0].usage() <= 2 << 20);
+                }
+                (live, boxes.len())
+            })
+        })
+        .collect();
+    let mut leftovers = Vec::new();
+    for h in hs {
+        let (live, _) = h.join().unwrap();
+        leftovers.extend(live);
+    }
+    // Live objects remain: the equations must hold with them in place.
+    k.check_accounting();
+    for (p, l) in leftovers {
+        // SAFETY: freed once with its layout.
+        unsafe { k.dealloc(p as *mut u8, l) };
+    }
+    drop(typed);
+    k.check_accounting();
+    k.shrink();
+    for g in &groups {
+        assert_eq!(g.usage(), 0, "group {} still charged", g.name());
+    }
+}
