@@ -201,7 +201,7 @@ fn allocator_handle_charges_its_group_from_any_thread() {
 fn limits_and_names_bad_input() {
     let k = kmem();
     let root = k.root();
-    assert_eq!(root.create_child("").err().map(|e| e), Some(Error::NameEmpty));
+    assert_eq!(root.create_child("").err(), Some(Error::NameEmpty));
     assert_eq!(root.create_child(&"n".repeat(33)).err(), Some(Error::NameTooLong));
     let g = root.create_child("g").unwrap();
     assert_eq!(root.create_child("g").err(), Some(Error::NameTaken), "duplicate sibling");
