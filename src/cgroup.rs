@@ -20,7 +20,7 @@ use lock_api::RawMutex;
 
 use crate::counter::PageCounter;
 use crate::error::Name;
-use crate::magazine::{Env, MagCache};
+use crate::magazine::MagCache;
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
 
 /// Accounting indices: 43 size classes and 21 accounted typed caches.
@@ -179,17 +179,5 @@ impl<R: RawMutex> Group<R> {
                 f(i, unsafe { c.as_ref() });
             }
         }
-    }
-
-    /// Gives back what this group's own caches hold unused: empties their
-    /// magazines, frees their empty slabs (uncharging them) and drains the
-    /// counter's stock. Returns the pages uncharged.
-    pub(crate) fn reclaim_own<E: Env<R>>(&self, cx: &E) -> usize {
-        let mut pages = 0;
-        self.for_each_cache(|_, c| {
-            c.drain(cx);
-            pages += c.cache.shrink(&c.pages(cx, None));
-        });
-        pages + self.counter.drain_stock()
     }
 }

@@ -23,7 +23,7 @@ use lock_api::{Mutex, RawMutex};
 use crate::cgroup::Group;
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName, Name};
-use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots, drain_many};
 use crate::page::pages_for;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Cache, GrowError, Pages};
@@ -277,22 +277,27 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// slabs, stocks. Returns the pages uncharged.
     pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
         let _tree = self.tree_lock.lock();
+        drain_many(self, |f| self.subtree_caches(g, f), None);
         let mut pages = 0;
+        self.subtree_caches(g, &mut |c| pages += c.cache.shrink(&c.pages(self, None)));
+        g.walk_subtree(|grp| pages += grp.counter.drain_stock());
+        pages
+    }
+
+    /// Calls `f` on every cache charging a group of `g`'s subtree (for the
+    /// root, its own are the base caches it is charged for).
+    fn subtree_caches(&self, g: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
         g.walk_subtree(|grp| {
-            if grp.parent.is_null() {
-                // The root's caches are the base caches.
+            if core::ptr::eq(grp, &self.root) {
                 self.for_each_base_cache(|c| {
                     if c.acct == Acct::Root {
-                        c.drain(self);
-                        pages += c.cache.shrink(&c.pages(self, None));
+                        f(c)
                     }
                 });
-                pages += grp.counter.drain_stock();
             } else {
-                pages += grp.reclaim_own(self);
+                grp.for_each_cache(|_, c| f(c));
             }
         });
-        pages
     }
 
     /// Frees what `alloc_raw(size, align)` returned.
@@ -412,8 +417,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Calls `f` on every cache: base caches and every group's child caches.
-    fn for_each_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
-        self.for_each_base_cache(&mut f);
+    fn for_each_cache(&self, f: &mut dyn FnMut(&MagCache<R>)) {
+        self.for_each_base_cache(&mut *f);
         self.for_each_group(|g| g.for_each_cache(|_, c| f(c)));
     }
 
@@ -422,11 +427,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// trims the source. Returns the pages given back. (Linux
     /// `kmem_cache_shrink` on all caches.)
     pub fn shrink(&self) -> usize {
+        drain_many(self, |f| self.for_each_cache(f), None);
         let mut pages = 0;
-        self.for_each_cache(|c| {
-            c.drain(self);
-            pages += c.cache.shrink(&c.pages(self, None));
-        });
+        self.for_each_cache(&mut |c| pages += c.cache.shrink(&c.pages(self, None)));
         self.root.counter.drain_stock();
         self.for_each_group(|g| {
             g.counter.drain_stock();
@@ -445,7 +448,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub fn reap(&self) -> usize {
         let idle = self.slots.reap_idle_mask();
         let mut pages = 0;
-        self.for_each_cache(|c| {
+        self.for_each_cache(&mut |c| {
             c.reap(self, &idle);
             pages += c.cache.shrink(&c.pages(self, None));
         });
@@ -461,7 +464,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Checks every cache's lists and accounting (tests).
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        self.for_each_cache(|c| c.cache.check());
+        self.for_each_cache(&mut |c| c.cache.check());
         self.descriptors.check();
     }
 }

@@ -47,8 +47,11 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicU8, Ordering, UnsafeCell, atomic_bool, atomic_u8, compiler_fence, fence, spin_hint,
+    AtomicBool, AtomicU8, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_u8, atomic_u64, compiler_fence, fence,
+    spin_hint,
 };
+
+static_assertions::const_assert!(MAX_CPUS <= 64);
 
 /// Rounds in the largest magazine (4 under loom and Miri).
 pub(crate) const MAG_MAX: usize = if cfg!(any(loom, miri)) { 4 } else { 64 };
@@ -352,6 +355,12 @@ pub(crate) struct MagCache<R: RawMutex> {
     rounds: usize,
     /// Full magazines each depot keeps before frees flush to slabs.
     depot_max: usize,
+    /// Bit `s` is set while slot `s` may hold magazines of this cache, so
+    /// drains skip the others. Set by the holder on its slow path, before
+    /// it installs a magazine; cleared by a drainer before its handshake,
+    /// so a magazine installed concurrently is either seen by the drain or
+    /// leaves the bit set.
+    used_slots: AtomicU64,
     cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
     depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
 }
@@ -379,6 +388,7 @@ impl<R: RawMutex> MagCache<R> {
             acct,
             rounds: rounds_for(geo.size),
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
+            used_slots: atomic_u64(0),
             cpus: [const { UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() }) }; MAX_CPUS],
             depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
         }
@@ -392,10 +402,20 @@ impl<R: RawMutex> MagCache<R> {
             acct,
             rounds: rounds_for(geo.size),
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
+            used_slots: atomic_u64(0),
             cpus: core::array::from_fn(|_| {
                 UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() })
             }),
             depots: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, Depot::new()))),
+        }
+    }
+
+    /// Records that `slot` may hold magazines of this cache (slow path).
+    #[inline]
+    fn note_slot(&self, slot: usize) {
+        let bit = 1u64 << slot;
+        if self.used_slots.load(Ordering::Relaxed) & bit == 0 {
+            self.used_slots.fetch_or(bit, Ordering::Relaxed);
         }
     }
 
@@ -427,6 +447,7 @@ impl<R: RawMutex> MagCache<R> {
                     (*l).count -= 1;
                     Ok(NonNull::new_unchecked((*l).rounds[(*l).count]))
                 } else {
+                    self.note_slot(slot);
                     self.alloc_refill(cx, slot, m)
                 }
             }
@@ -528,6 +549,7 @@ impl<R: RawMutex> MagCache<R> {
                             (*l).rounds[(*l).count] = ptr.as_ptr();
                             (*l).count += 1;
                         } else {
+                            self.note_slot(slot);
                             self.free_spill(cx, slot, m, ptr);
                         }
                     }
@@ -617,16 +639,6 @@ impl<R: RawMutex> MagCache<R> {
         }
     }
 
-    /// Empties slot `slot`'s magazines of this cache into the slabs; with
-    /// `orphans_only`, only if nobody holds the slot. Returns the objects
-    /// flushed.
-    fn drain_slot<E: Env<R>>(&self, cx: &E, slot: usize, orphans_only: bool) -> usize {
-        let stolen = cx.slots().begin_drain(cx.plat(), slot);
-        let taken = if stolen || !orphans_only { self.take_slot(slot) } else { (ptr::null_mut(), ptr::null_mut()) };
-        cx.slots().end_drain(cx.plat(), slot, stolen);
-        self.discard_pair(cx, taken)
-    }
-
     /// Takes both magazines of `slot`, leaving it empty. The caller has
     /// exclusive access through the handshake or a steal.
     fn take_slot(&self, slot: usize) -> (*mut Magazine, *mut Magazine) {
@@ -655,14 +667,7 @@ impl<R: RawMutex> MagCache<R> {
     /// Empties every magazine of this cache (all slots and depots) into
     /// the slabs. Returns the objects flushed.
     pub(crate) fn drain<E: Env<R>>(&self, cx: &E) -> usize {
-        let mut n = 0;
-        for slot in 0..MAX_CPUS {
-            n += self.drain_slot(cx, slot, false);
-        }
-        for node in 0..MAX_NODES {
-            n += self.trim_depot(cx, node, usize::MAX, usize::MAX);
-        }
-        n
+        drain_many(cx, |f| f(self), None)
     }
 
     /// Bonwick's working-set reap: give back the depot magazines unused
@@ -672,7 +677,7 @@ impl<R: RawMutex> MagCache<R> {
     pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
         let mut n = 0;
         for (slot, &idle) in idle.iter().enumerate() {
-            n += self.drain_slot(cx, slot, !idle);
+            n += drain_slots(cx, |f| f(self), 1 << slot, !idle);
         }
         for node in 0..MAX_NODES {
             let (full, empty) = {
@@ -703,6 +708,11 @@ impl<R: RawMutex> MagCache<R> {
         n
     }
 
+    /// Frees every depot magazine of this cache.
+    fn empty_depots<E: Env<R>>(&self, cx: &E) -> usize {
+        (0..MAX_NODES).map(|node| self.trim_depot(cx, node, usize::MAX, usize::MAX)).sum()
+    }
+
     /// Slab counters and magazine counters.
     pub(crate) fn stats(&self) -> (CacheStats, MagazineStats) {
         let mut ms = MagazineStats { rounds: self.rounds, ..MagazineStats::default() };
@@ -713,4 +723,47 @@ impl<R: RawMutex> MagCache<R> {
         }
         (self.cache.stats(), ms)
     }
+}
+
+/// Empties the magazines of every cache `each` yields, on every slot and
+/// in every depot, with one handshake per slot that any of them used (and
+/// at most the slots in `mask`, if given). Returns the objects flushed.
+pub(crate) fn drain_many<E: Env<R>, R: RawMutex>(
+    cx: &E,
+    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
+    mask: Option<u64>,
+) -> usize {
+    let mut used = 0u64;
+    each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed));
+    let mut n = drain_slots(cx, &each, used & mask.unwrap_or(u64::MAX), false);
+    each(&mut |c| n += c.empty_depots(cx));
+    n
+}
+
+/// Drains the slots in `slots` for every cache `each` yields: one
+/// handshake (or steal) per slot; with `orphans_only`, only slots that
+/// nobody holds.
+fn drain_slots<E: Env<R>, R: RawMutex>(
+    cx: &E,
+    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
+    slots: u64,
+    orphans_only: bool,
+) -> usize {
+    let mut n = 0;
+    for slot in (0..MAX_CPUS).filter(|s| slots & (1 << s) != 0) {
+        let bit = 1u64 << slot;
+        let stolen = cx.slots().begin_drain(cx.plat(), slot);
+        if stolen || !orphans_only {
+            each(&mut |c| {
+                if c.used_slots.load(Ordering::Relaxed) & bit != 0 {
+                    // Cleared before taking: see `used_slots`.
+                    c.used_slots.fetch_and(!bit, Ordering::Relaxed);
+                    let taken = c.take_slot(slot);
+                    n += c.discard_pair(cx, taken);
+                }
+            });
+        }
+        cx.slots().end_drain(cx.plat(), slot, stolen);
+    }
+    n
 }

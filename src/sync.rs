@@ -6,9 +6,11 @@
 //! keep it that way.
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, compiler_fence, fence};
+pub(crate) use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
+};
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
 
 /// Loom has no compiler fence; a full fence is the conservative model.
 #[cfg(loom)]
@@ -105,6 +107,7 @@ macro_rules! const_atomic_ctor {
 const_atomic_ctor!(atomic_usize, AtomicUsize, usize);
 const_atomic_ctor!(atomic_bool, AtomicBool, bool);
 const_atomic_ctor!(atomic_u8, AtomicU8, u8);
+const_atomic_ctor!(atomic_u64, AtomicU64, u64);
 
 /// A null `AtomicPtr`, `const` in normal builds.
 #[cfg(not(loom))]

@@ -334,7 +334,6 @@ fn accounting_invariants_under_threaded_random_groups() {
                         }
                         _ => {}
                     }
-                    assert!(groups[0].usage() <= 2 << 20);
                 }
                 (live, boxes.len())
             })
@@ -345,6 +344,10 @@ fn accounting_invariants_under_threaded_random_groups() {
         let (live, _) = h.join().unwrap();
         leftovers.extend(live);
     }
+    // A charge overshoots only transiently (add, check, roll back), so
+    // the peak, which counts accepted charges, never passes the limit.
+    assert!(groups[0].peak() <= 2 << 20, "peak {} over the limit", groups[0].peak());
+    assert!(groups[0].usage() <= 2 << 20);
     // Live objects remain: the equations must hold with them in place.
     k.check_accounting();
     for (p, l) in leftovers {
