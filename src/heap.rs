@@ -144,6 +144,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         0
     }
 
+    /// Whether no group but the root was ever created: then every object
+    /// of a class is in its base cache, and the fast paths skip the group
+    /// lookups. `Relaxed`: a group created concurrently is not current on
+    /// this thread yet, and its caches hold no object this thread frees
+    /// without having synchronised with its creation.
+    #[inline(always)]
+    fn no_groups(&self) -> bool {
+        self.all_groups.load(Ordering::Relaxed).is_null()
+    }
+
     /// This allocator's identity, recorded in its groups.
     #[inline]
     fn id(&self) -> usize {
@@ -154,6 +164,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// a token that belongs to another allocator).
     #[inline]
     fn current(&self) -> *const Group<R> {
+        if self.no_groups() {
+            return core::ptr::null();
+        }
         let token = self.platform.current_group();
         if token == 0 {
             return core::ptr::null();
@@ -317,6 +330,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 if cfg!(debug_assertions) && !self.is_object_of(base, ptr) {
                     self.bad_frees.add(1);
                     return;
+                }
+                if self.no_groups() {
+                    // SAFETY: with no groups, every object of class `c` is
+                    // in the base cache.
+                    return unsafe { base.free(self, ptr) };
                 }
                 // SAFETY: per the contract `ptr` is a live object of class
                 // `c`, in a slab of the base cache or of a group's child

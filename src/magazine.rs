@@ -431,21 +431,56 @@ impl<R: RawMutex> MagCache<R> {
         Pages { src: cx.src(), counter, slot }
     }
 
-    /// One object: from this CPU's magazines when it holds a slot.
-    #[inline]
+    /// One object: from this CPU's loaded magazine when it holds a slot
+    /// and the magazine has one, else through [`MagCache::alloc_slow`].
+    /// The fast path returns a plain pointer, so a hit costs no error
+    /// plumbing.
+    #[inline(always)]
     pub(crate) fn alloc<E: Env<R>>(&self, cx: &E) -> Result<NonNull<u8>, GrowError> {
-        let Some(slot) = cx.slots().hold(cx.plat()) else {
-            return self.cache.alloc(&self.pages(cx, None), 0);
-        };
+        match self.alloc_fast(cx) {
+            Some(p) => Ok(p),
+            None => self.alloc_slow(cx),
+        }
+    }
+
+    /// A pop from the loaded magazine, or `None` for any other case.
+    #[inline(always)]
+    fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
+        let slot = cx.slots().hold(cx.plat())?;
         let r = self.cpus[slot].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours; a
             // non-null `loaded` is a live magazine of this cache.
             unsafe {
+                let l = (*m).loaded;
+                if !l.is_null() && (*l).count > 0 {
+                    (*l).count -= 1;
+                    Some(NonNull::new_unchecked(*(*l).rounds.get_unchecked((*l).count)))
+                } else {
+                    None
+                }
+            }
+        });
+        cx.slots().unhold(cx.plat(), slot);
+        r
+    }
+
+    /// Everything but a hit in the loaded magazine: swap, depot, refill,
+    /// or the shared path when no slot is held.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn alloc_slow<E: Env<R>>(&self, cx: &E) -> Result<NonNull<u8>, GrowError> {
+        let Some(slot) = cx.slots().hold(cx.plat()) else {
+            return self.cache.alloc(&self.pages(cx, None), 0);
+        };
+        let r = self.cpus[slot].with_mut(|m| {
+            // SAFETY: we hold the slot, so its magazines are ours.
+            unsafe {
                 let m = &mut *m;
                 let l = m.loaded;
                 if !l.is_null() && (*l).count > 0 {
-                    (*l).count -= 1;
-                    Ok(NonNull::new_unchecked((*l).rounds[(*l).count]))
+                    // Refilled since the fast path looked (by nobody but
+                    // us, so only when a drain raced): just pop.
+                    Self::pop(m)
                 } else {
                     self.note_slot(slot);
                     self.alloc_refill(cx, slot, m)
@@ -546,7 +581,8 @@ impl<R: RawMutex> MagCache<R> {
                         let m = &mut *m;
                         let l = m.loaded;
                         if !l.is_null() && (*l).count < self.rounds {
-                            (*l).rounds[(*l).count] = ptr.as_ptr();
+                            // `count < rounds <= MAG_MAX`.
+                            *(*l).rounds.get_unchecked_mut((*l).count) = ptr.as_ptr();
                             (*l).count += 1;
                         } else {
                             self.note_slot(slot);
