@@ -1,17 +1,27 @@
-//! kmemcg: an embeddable `#![no_std]` slab allocator.
+//! kmemcg: an embeddable `#![no_std]` slab allocator with cgroup-style
+//! memory accounting.
 //!
-//! `Kmem` serves objects from slab caches over a pluggable page source and
-//! is usable as a `#[global_allocator]`, as an
-//! [`allocator_api2::alloc::Allocator`], and through named typed caches.
+//! `Kmem` serves objects from slab caches over a pluggable page source,
+//! with per-CPU magazines in front of node-local slabs, and charges slab
+//! pages to a lock-free hierarchical counter tree of groups with hard
+//! limits. It is usable as a `#[global_allocator]`, as an
+//! [`allocator_api2::alloc::Allocator`] (per group too), through named
+//! typed caches, and through [`Cgroup`] handles.
 //!
 //! ```no_run
 //! use kmemcg::{Kmem, OsPages};
 //! #[global_allocator]
 //! static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 //! fn main() {
-//!     let v: Vec<u32> = (0..1000).collect();
+//!     let tenant = KMEM.root().create_child("tenant-a").unwrap();
+//!     tenant.set_max(64 << 20).unwrap();
+//!     {
+//!         let _in = tenant.enter(); // allocations on this thread charge tenant-a
+//!         let v: Vec<u32> = (0..1000).collect();
+//!         # drop(v);
+//!     }
+//!     println!("{}", tenant.stat());
 //!     println!("{}", KMEM.slabinfo());
-//!     # drop(v);
 //! }
 //! ```
 //!
@@ -20,15 +30,31 @@
 //! * **page**: 4 KiB, the unit every layer counts in ([`PAGE_SIZE`]).
 //! * **run**: `2^order` contiguous pages, aligned to their size, from a
 //!   [`PageSource`]; large objects get *exact* runs whose unused tail pages
-//!   go straight back.
+//!   go straight back, plus a header page naming the group charged.
 //! * **node**: a NUMA node; page sources tag runs with one, and caches keep
-//!   slab lists per node.
+//!   slab lists and depots per node.
 //! * **slab**: a run cut into equal objects, with a 64-byte header at its
-//!   start; the slab of an object is found by masking its address.
+//!   start naming its cache; the slab of an object is found by masking its
+//!   address.
 //! * **cache**: the slabs of one object size and alignment: a size class of
-//!   the general heap, or a named typed cache ([`Kmem::create_cache`]).
+//!   the general heap, or a named typed cache ([`Kmem::create_cache`]); an
+//!   accounted cache has a *child cache* per group that allocates from it.
 //! * **size class**: one of 43 object sizes from 8 B to 16 KiB, spaced so a
 //!   request wastes at most 25% of its class.
+//! * **magazine**: a small stack of free objects of one cache; each CPU
+//!   slot has a *loaded* and a *previous* one per cache (Bonwick).
+//! * **depot**: per node and cache, the spare full and empty magazines.
+//! * **group**: a node of the cgroup tree ([`Cgroup`]); the root is the
+//!   whole allocator.
+//! * **charge**: pages added to a group's counter and to all its
+//!   ancestors' when a slab grows or a large object is made; *uncharge*
+//!   when the slab or object is freed, always from the group that owns it.
+//! * **stock**: pages pre-charged per CPU slot, so most slab grows skip the
+//!   shared counters ([`STOCK_MAX`] per slot and counter).
+//! * **max / high / soft / low**: a group's hard limit (charges fail past
+//!   it after reclaim), throttling threshold, contention target, and
+//!   protection. `max` is enforced; the other three are stored and
+//!   reported, and are acted on by the reclaim work still to come.
 //!
 //! # Layers, bottom to top
 //!
@@ -39,10 +65,13 @@
 //! | layer | module | holds |
 //! | --- | --- | --- |
 //! | sync | `sync` | the one place naming `core::sync::atomic` or loom |
-//! | platform | `platform` | [`PageSource`], [`Region`] (buddy over handed-in memory), `OsPages` |
+//! | platform | `platform` | [`PageSource`], [`Region`] (buddy over handed-in memory), `OsPages`; [`Platform`]: CPU slot, node, current group |
+//! | counter | `counter` | [`PageCounter`]: charge, try_charge, uncharge, limits, watermark, failcnt, stock |
 //! | page | `page` | exact page runs, pointer → slab lookup |
-//! | slab | `slab` | caches: slabs, per-node partial/full/empty lists |
-//! | heap | `heap` | [`Kmem`]: size classes, page path, typed caches, reports |
+//! | slab | `slab` | caches: slabs, per-node partial/full/empty lists; charges slab pages |
+//! | magazine | `magazine` | per-CPU loaded/previous magazines, per-node depots, the slot handshake |
+//! | cgroup | `cgroup` | groups, child caches, subtree walks |
+//! | heap | `heap` | [`Kmem`]: size classes, page path, typed caches, group API, reclaim, reports |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] |
 //!
 //! # Lock order
@@ -50,12 +79,17 @@
 //! Outer before inner; no path takes them the other way:
 //!
 //! 1. `Kmem::registry_lock` (cache creation and destruction only);
-//! 2. a cache's per-node list lock (one slab-list update per hold);
-//! 3. a page source's lock (`Region`: per node; `OsPages`: its pool).
+//! 2. `Kmem::tree_lock` (group creation, subtree reclaim);
+//! 3. a slot's drainer flag (drains only; the slot *holder* takes no lock);
+//! 4. a depot lock (one magazine exchange per hold);
+//! 5. a cache's per-node list lock (one slab-list update, or one batch of
+//!    a magazine refill or flush, per hold);
+//! 6. a page source's lock (`Region`: per node; `OsPages`: its pool).
 //!
-//! A cache calls its page source *without* holding its list lock when it
-//! grows; it releases slabs after dropping it. Reports read counters under
-//! list locks one cache at a time and write to their formatter with no lock
+//! A cache calls its page source and charges its counter *without*
+//! holding its list lock when it grows; it releases slabs after dropping
+//! it. Counters take no lock at all. Reports read counters under list
+//! locks one cache at a time and write to their formatter with no lock
 //! held, so a report may be formatted into memory from this allocator.
 //! Locks are [`lock_api::RawMutex`] implementations chosen by the user
 //! (`spin` by default): a kernel passes one that masks interrupts.
@@ -65,8 +99,14 @@
 //! | field | written by | ordering | paired with |
 //! | --- | --- | --- | --- |
 //! | `Region::spans[n]` | `Region::add_raw`, after writing the span entry | `Release` | `Acquire` in `Region::node_of` |
+//! | `SlotSync::state`, `SlotSync::drain` | the slot holder, a drainer | see the slot protocol in `magazine` | Dekker with a light/heavy fence pair |
+//! | `MagCache::used_slots` | holders on their slow path, drainers | `Relaxed` | ordered by the slot handshake (see the field) |
+//! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |
+//! | `Group::caches[i]` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |
+//! | `Group::first_child`, `Kmem::all_groups` | `create_child`, under `tree_lock` | `Release` | `Acquire` in walks and reports |
 //! | `Kmem::registry` | `create_cache`, after writing the descriptor | `Release` | `Acquire` in reports and `shrink` |
 //! | `CacheDesc::live` | create/destroy, under `registry_lock` | `Relaxed` | readers under the lock; reports tolerate a stale flag (rows of a cache being destroyed) |
+//! | `Group::refs` | handles, guards, children | `Relaxed` inc, `Release` dec | groups are not freed yet; the count is kept for removal |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
 //!
 //! # Bad input

@@ -173,22 +173,32 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     /// `ACCOUNT` cache) to the current group. Errors:
     /// [`Error::LimitExceeded`] naming the group whose limit held,
     /// [`Error::OutOfMemory`].
+    #[inline(always)]
     pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, S, R, P>, Error> {
+        let p = self.alloc_object()?.cast::<T>();
+        // SAFETY: a fresh object of this cache, laid out for `T`.
+        unsafe { p.as_ptr().write(value) };
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+    }
+
+    /// An object for the current group: a pointer (so the hit path returns
+    /// in a register), with the error path out of line.
+    #[inline(always)]
+    fn alloc_object(&self) -> Result<NonNull<u8>, Error> {
         let k = self.kmem;
         let base = &self.desc.cache;
         let cache = if self.desc.acct_idx == NOT_ACCOUNTED {
             base
         } else {
-            k.cache_for(k.current(), self.desc.acct_idx, base).ok_or(Error::OutOfMemory)?
+            match k.cache_for(k.current(), self.desc.acct_idx, base) {
+                Some(c) => c,
+                None => return Err(Error::OutOfMemory),
+            }
         };
-        let p = match cache.alloc(k) {
-            Ok(p) => p,
-            Err(e) => k.alloc_failed(cache, e)?,
-        };
-        let p = p.cast::<T>();
-        // SAFETY: a fresh object of this cache, laid out for `T`.
-        unsafe { p.as_ptr().write(value) };
-        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+        match cache.alloc(k) {
+            Ok(p) => Ok(p),
+            Err(e) => k.alloc_failed(cache, e),
+        }
     }
 
     /// The cache's name.
@@ -274,6 +284,7 @@ impl<T, S: PageSource, R: RawMutex, P: Platform> DerefMut for CacheBox<'_, T, S,
 }
 
 impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, P> {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: the box owns a live `T` in an object of `desc.cache` or of
         // a group's child cache of it (same slab order), whose slab header
