@@ -21,7 +21,12 @@ use lock_api::RawMutex;
 use crate::counter::PageCounter;
 use crate::error::Name;
 use crate::magazine::MagCache;
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
+use crate::sync::{AtomicPtr, AtomicU8, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_usize, fence};
+
+/// `Group::state` of a live group.
+pub(crate) const ONLINE: u8 = 0;
+/// `Group::state` after `remove`: no new charges, caches dead.
+pub(crate) const OFFLINE: u8 = 1;
 
 /// Accounting indices: 43 size classes and 21 accounted typed caches.
 pub(crate) const MAX_ACCOUNTED: usize = 64;
@@ -40,13 +45,21 @@ pub(crate) struct Group<R: RawMutex> {
     /// group token from another allocator is never used here.
     pub(crate) owner: usize,
     pub(crate) name: Name,
-    /// Handles, guards and children referring to the group.
+    /// References: one while the group is online, and one per handle,
+    /// guard, allocator handle, child group, child cache and large object.
+    /// The group's memory is reclaimed when it reaches zero.
     pub(crate) refs: AtomicUsize,
+    /// `ONLINE` until `remove`, then `OFFLINE`.
+    pub(crate) state: AtomicU8,
     /// Children, linked through `next_sibling`; changed under the tree lock.
     pub(crate) first_child: AtomicPtr<Group<R>>,
     pub(crate) next_sibling: AtomicPtr<Group<R>>,
-    /// The next older group of the same `Kmem`; fixed once published.
-    pub(crate) next_all: *mut Group<R>,
+    /// The next older group of the same `Kmem`; changed under the tree
+    /// lock when a group is unlinked, read by iterations that hold a read
+    /// guard (which keeps unlinked groups from being freed).
+    pub(crate) next_all: AtomicPtr<Group<R>>,
+    /// Link on the zombie stack, written before the push.
+    pub(crate) next_zombie: *mut Group<R>,
     /// Child caches by accounting index; null until first use.
     pub(crate) caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
     /// Pages of large (page-run) objects charged to this group itself.
@@ -80,9 +93,11 @@ impl<R: RawMutex> Group<R> {
             owner: 0,
             name,
             refs: atomic_usize(1),
+            state: atomic_u8(ONLINE),
             first_child: atomic_null(),
             next_sibling: atomic_null(),
-            next_all: ptr::null_mut(),
+            next_all: atomic_null(),
+            next_zombie: ptr::null_mut(),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
             ev_max: Stat::new(),
@@ -104,9 +119,11 @@ impl<R: RawMutex> Group<R> {
             owner,
             name,
             refs: atomic_usize(1),
+            state: atomic_u8(ONLINE),
             first_child: atomic_null(),
             next_sibling: atomic_null(),
-            next_all,
+            next_all: AtomicPtr::new(next_all),
+            next_zombie: ptr::null_mut(),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
             ev_max: Stat::new(),
@@ -122,6 +139,43 @@ impl<R: RawMutex> Group<R> {
     pub(crate) unsafe fn of_counter<'a>(c: *const PageCounter) -> &'a Group<R> {
         // SAFETY: `repr(C)` puts the counter at offset 0 of its group.
         unsafe { &*(c as *const Group<R>) }
+    }
+
+    /// Whether `remove` has run.
+    #[inline]
+    pub(crate) fn is_offline(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OFFLINE
+    }
+
+    /// The nearest group from this one up that is online.
+    pub(crate) fn online(&self) -> &Group<R> {
+        let mut g = self;
+        while g.is_offline() {
+            match g.parent() {
+                Some(p) => g = p,
+                None => break,
+            }
+        }
+        g
+    }
+
+    /// Takes a reference.
+    #[inline]
+    pub(crate) fn get(&self) {
+        self.refs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops a reference; `true` if it was the last (the caller then
+    /// hands the group to reclamation).
+    #[inline]
+    pub(crate) fn put(&self) -> bool {
+        if self.refs.fetch_sub(1, Ordering::Release) == 1 {
+            // Pairs with the Release of every other `put`: their uses of
+            // the group happen before its reclamation.
+            fence(Ordering::Acquire);
+            return true;
+        }
+        false
     }
 
     /// The parent group.

@@ -32,6 +32,12 @@ pub enum Error {
     },
     /// No accounting index is left for another accounted typed cache.
     TooManyAccountedCaches,
+    /// The group still has children.
+    Busy,
+    /// The group has been removed.
+    Removed,
+    /// The root group cannot be removed.
+    RootGroup,
 }
 
 /// A group's name, as carried by errors and reports.
@@ -75,6 +81,9 @@ impl fmt::Display for Error {
                 write!(f, "limit below the group's usage of {usage} bytes, which reclaim could not lower")
             }
             Error::TooManyAccountedCaches => f.write_str("no accounting index left for another accounted cache"),
+            Error::Busy => f.write_str("the group still has children"),
+            Error::Removed => f.write_str("the group has been removed"),
+            Error::RootGroup => f.write_str("the root group cannot be removed"),
         }
     }
 }

@@ -67,12 +67,20 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = Defa
     groups: Cache<R>,
     /// Self-hosted metadata: the child caches of groups.
     child_caches: Cache<R>,
-    /// Every group but the root, newest first; groups are never unlinked
-    /// from this list. Pushed with `Release` under `tree_lock`.
+    /// Every group but the root that is not yet reclaimed, newest first.
+    /// Pushed with `Release` and unlinked under `tree_lock`; iterated under
+    /// a read guard.
     all_groups: AtomicPtr<Group<R>>,
-    /// Serialises changes to the group tree and subtree reclaim (never
-    /// taken on an allocation fast path).
-    tree_lock: Mutex<R, ()>,
+    /// Serialises changes to the group tree, subtree reclaim, and group
+    /// reclamation (never taken on an allocation fast path). Holds the
+    /// groups unlinked from `all_groups` but not yet freed.
+    tree_lock: Mutex<R, Limbo<R>>,
+    /// Iterations of `all_groups` (and of groups' caches) in progress; an
+    /// unlinked group is freed only when none is (see [`Kmem::reclaim_groups`]).
+    readers: AtomicUsize,
+    /// Groups whose last reference is gone, pushed lock-free (a Treiber
+    /// stack: push by CAS, taken whole by swap, so no ABA).
+    zombies: AtomicPtr<Group<R>>,
     /// Self-hosted metadata: descriptors of typed caches.
     descriptors: Cache<R>,
     /// Typed caches, newest first; descriptors are never unlinked (a
@@ -88,6 +96,28 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = Defa
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
+}
+
+/// Groups unlinked from `all_groups` and waiting for no iteration to be in
+/// progress before they are freed; linked through `next_zombie`.
+pub(crate) struct Limbo<R: RawMutex> {
+    head: *mut Group<R>,
+}
+
+// SAFETY: the groups in limbo are owned by the list, which is only reached
+// under the tree lock.
+unsafe impl<R: RawMutex> Send for Limbo<R> {}
+
+/// Keeps unlinked groups (and their caches) from being freed while it
+/// lives; see [`Kmem::read_guard`].
+pub(crate) struct ReadGuard<'a> {
+    readers: &'a AtomicUsize,
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.readers.fetch_sub(1, Ordering::Release);
+    }
 }
 
 impl<S: PageSource, R: RawMutex> Kmem<S, R, DefaultPlatform> {
@@ -117,7 +147,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             groups: Cache::new(Group::<R>::GEOMETRY),
             child_caches: Cache::new(MagCache::<R>::GEOMETRY),
             all_groups: atomic_null(),
-            tree_lock: Mutex::const_new(R::INIT, ()),
+            tree_lock: Mutex::const_new(R::INIT, Limbo { head: core::ptr::null_mut() }),
+            readers: atomic_usize(0),
+            zombies: atomic_null(),
             descriptors: Cache::new(CacheDesc::<R>::GEOMETRY),
             registry: atomic_null(),
             registry_lock: Mutex::const_new(R::INIT, ()),
@@ -174,7 +206,139 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let g = token as *const Group<R>;
         // SAFETY: a non-zero token was set by a `CgroupGuard`, which holds a
         // reference on its group until it restores the previous token.
-        if unsafe { (*g).owner } == self.id() { g } else { core::ptr::null() }
+        if unsafe { (*g).owner } != self.id() {
+            return core::ptr::null();
+        }
+        // SAFETY: as above.
+        self.effective(unsafe { &*g })
+    }
+
+    /// The group to charge for `g`: itself while online, else its nearest
+    /// online ancestor (a removed group takes no new charges); null for
+    /// the root.
+    #[inline]
+    pub(crate) fn effective(&self, g: &Group<R>) -> *const Group<R> {
+        let g = if g.is_offline() { g.online() } else { g };
+        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { g }
+    }
+
+    /// Starts an iteration of groups or their caches: groups unlinked from
+    /// now on are not freed until the guard drops.
+    pub(crate) fn read_guard(&self) -> ReadGuard<'_> {
+        self.readers.fetch_add(1, Ordering::Relaxed);
+        // Pairs with the fence in `reclaim_groups`: either it sees this
+        // reader, or this reader sees its unlinks (Dekker).
+        crate::sync::fence(Ordering::SeqCst);
+        ReadGuard { readers: &self.readers }
+    }
+
+    /// Drops a reference on `g`; the last one hands it to reclamation.
+    pub(crate) fn put_group(&self, g: &Group<R>) {
+        if !core::ptr::eq(g, &self.root) && g.put() {
+            let gp = g as *const Group<R> as *mut Group<R>;
+            let mut head = self.zombies.load(Ordering::Relaxed);
+            loop {
+                // SAFETY: the last reference is gone: the group is ours.
+                unsafe { (*gp).next_zombie = head };
+                match self.zombies.compare_exchange_weak(head, gp, Ordering::Release, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(h) => head = h,
+                }
+            }
+        }
+    }
+
+    /// Frees the groups whose last reference is gone: unlinks them from
+    /// `all_groups`, and once no iteration is in progress, frees their
+    /// caches and themselves and drops their parent's reference (which may
+    /// free the parent in turn). Called with the tree lock held, from
+    /// group creation and removal, `shrink` and `reap`.
+    pub(crate) fn reclaim_groups(&self, limbo: &mut Limbo<R>) {
+        loop {
+            let mut z = self.zombies.swap(core::ptr::null_mut(), Ordering::Acquire);
+            while let Some(g) = NonNull::new(z) {
+                // SAFETY: a zombie is ours (its last reference is gone).
+                let gr = unsafe { &mut *g.as_ptr() };
+                z = gr.next_zombie;
+                self.unlink_all(gr);
+                gr.next_zombie = limbo.head;
+                limbo.head = g.as_ptr();
+            }
+            // Pairs with the fence in `read_guard`.
+            crate::sync::fence(Ordering::SeqCst);
+            if limbo.head.is_null() || self.readers.load(Ordering::Relaxed) != 0 {
+                return;
+            }
+            let mut l = core::mem::replace(&mut limbo.head, core::ptr::null_mut());
+            while let Some(g) = NonNull::new(l) {
+                // SAFETY: unlinked, unreferenced, and no iteration can reach
+                // it: ours to free.
+                unsafe {
+                    l = (*g.as_ptr()).next_zombie;
+                    self.free_group(g);
+                }
+            }
+            if self.zombies.load(Ordering::Relaxed).is_null() {
+                return;
+            }
+        }
+    }
+
+    /// Unlinks `g` from `all_groups` (tree lock held).
+    fn unlink_all(&self, g: &Group<R>) {
+        let gp = g as *const Group<R> as *mut Group<R>;
+        let next = g.next_all.load(Ordering::Relaxed);
+        if self.all_groups.load(Ordering::Relaxed) == gp {
+            self.all_groups.store(next, Ordering::Release);
+            return;
+        }
+        let mut cur = self.all_groups.load(Ordering::Relaxed);
+        while let Some(c) = NonNull::new(cur) {
+            // SAFETY: linked groups are live; links change only under the
+            // tree lock, which we hold.
+            let c = unsafe { c.as_ref() };
+            let n = c.next_all.load(Ordering::Relaxed);
+            if n == gp {
+                c.next_all.store(next, Ordering::Release);
+                return;
+            }
+            cur = n;
+        }
+    }
+
+    /// Frees a reclaimed group's caches and the group, and drops its
+    /// reference on its parent.
+    ///
+    /// # Safety
+    ///
+    /// `g` is unlinked everywhere, unreferenced, and no iteration is in
+    /// progress.
+    unsafe fn free_group(&self, g: NonNull<Group<R>>) {
+        let plain = Pages::plain(&self.source);
+        // SAFETY: per the contract.
+        let gr = unsafe { g.as_ref() };
+        // Nothing may stay charged to the ancestors through this group.
+        gr.counter.drain_stock();
+        debug_assert_eq!(gr.counter.usage(), 0, "a reclaimed group still holds charges");
+        for c in &gr.caches {
+            if let Some(cache) = NonNull::new(c.load(Ordering::Relaxed)) {
+                // SAFETY: a dead, empty child cache nobody can reach.
+                unsafe {
+                    cache.as_ptr().drop_in_place();
+                    self.child_caches.free(&plain, cache.cast());
+                }
+            }
+        }
+        let parent = gr.parent;
+        // SAFETY: per the contract; the group is an object of `groups`.
+        unsafe {
+            g.as_ptr().drop_in_place();
+            self.groups.free(&plain, g.cast());
+        }
+        // SAFETY: a group's parent outlives it.
+        if let Some(p) = unsafe { parent.as_ref() } {
+            self.put_group(p);
+        }
     }
 
     /// The cache of group `g` (null: root) for the accounted cache `base`
@@ -205,8 +369,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // for a `MagCache`.
         unsafe { fresh.write(MagCache::new(*base.cache.geometry(), Acct::Counter(&g.counter))) };
         match g.caches[idx].compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-            // SAFETY: just published; lives as long as the group.
-            Ok(_) => Some(unsafe { &*fresh }),
+            Ok(_) => {
+                g.get();
+                // SAFETY: just published; lives as long as the group, on
+                // which it holds a reference until it is dead and empty.
+                Some(unsafe { &*fresh })
+            }
             Err(winner) => {
                 // SAFETY: ours, never published, holds nothing.
                 unsafe { self.child_caches.free(&Pages::plain(&self.source), mem) };
@@ -290,6 +458,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// slabs, stocks. Returns the pages uncharged.
     pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
         let _tree = self.tree_lock.lock();
+        let _read = self.read_guard();
         drain_many(self, |f| self.subtree_caches(g, f), None);
         let mut pages = 0;
         self.subtree_caches(g, &mut |c| pages += c.cache.shrink(&c.pages(self, None)));
@@ -341,12 +510,45 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // cache, whose header names its `MagCache`.
                 unsafe {
                     let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
-                    owner.free(self, ptr)
+                    owner.free(self, ptr);
+                    self.after_free(owner);
                 }
             }
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
         }
+    }
+
+    /// After a free into `owner`: a dead cache that just lost its last
+    /// slab lets go of its group (once). The cache itself stays reachable
+    /// from its group, which frees it with the group.
+    #[inline]
+    pub(crate) fn after_free(&self, owner: &MagCache<R>) {
+        if owner.cache.is_dead() {
+            self.release_if_empty(owner);
+        }
+    }
+
+    #[cold]
+    fn release_if_empty(&self, c: &MagCache<R>) {
+        if let Acct::Counter(k) = c.acct
+            && c.take_empty_dead()
+        {
+            // SAFETY: a child cache's counter is its group's, and the
+            // cache's reference keeps the group alive until this put.
+            self.put_group(unsafe { Group::<R>::of_counter(k) });
+        }
+    }
+
+    /// Lets every dead cache that is empty by now release its group.
+    fn release_empty_dead(&self) {
+        self.for_each_group(|g| {
+            g.for_each_cache(|_, c| {
+                if c.cache.is_dead() {
+                    self.release_if_empty(c)
+                }
+            })
+        });
     }
 
     /// Whether `ptr` is a live-looking object of the class `base` serves,
@@ -423,19 +625,23 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// Calls `f` on every group but the root.
+    /// Calls `f` on every group but the root that is not yet reclaimed
+    /// (removed ones included).
     pub(crate) fn for_each_group(&self, mut f: impl FnMut(&Group<R>)) {
+        let _read = self.read_guard();
         let mut g = self.all_groups.load(Ordering::Acquire);
         while let Some(p) = NonNull::new(g) {
-            // SAFETY: groups are never freed once published.
+            // SAFETY: the read guard keeps every group reachable from the
+            // list alive, unlinked or not.
             let grp = unsafe { p.as_ref() };
             f(grp);
-            g = grp.next_all;
+            g = grp.next_all.load(Ordering::Acquire);
         }
     }
 
     /// Calls `f` on every cache: base caches and every group's child caches.
     fn for_each_cache(&self, f: &mut dyn FnMut(&MagCache<R>)) {
+        let _read = self.read_guard();
         self.for_each_base_cache(&mut *f);
         self.for_each_group(|g| g.for_each_cache(|_, c| f(c)));
     }
@@ -445,6 +651,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// trims the source. Returns the pages given back. (Linux
     /// `kmem_cache_shrink` on all caches.)
     pub fn shrink(&self) -> usize {
+        let _read = self.read_guard();
         drain_many(self, |f| self.for_each_cache(f), None);
         let mut pages = 0;
         self.for_each_cache(&mut |c| pages += c.cache.shrink(&c.pages(self, None)));
@@ -452,7 +659,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.for_each_group(|g| {
             g.counter.drain_stock();
         });
+        drop(_read);
+        self.release_empty_dead();
+        self.reclaim_groups(&mut self.tree_lock.lock());
         self.magazines.shrink(&Pages::plain(&self.source));
+        self.child_caches.shrink(&Pages::plain(&self.source));
+        self.groups.shrink(&Pages::plain(&self.source));
         pages + self.source.trim()
     }
 
@@ -470,6 +682,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             c.reap(self, &idle);
             pages += c.cache.shrink(&c.pages(self, None));
         });
+        self.release_empty_dead();
+        self.reclaim_groups(&mut self.tree_lock.lock());
         pages + self.source.trim()
     }
 

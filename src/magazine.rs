@@ -361,6 +361,8 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// so a magazine installed concurrently is either seen by the drain or
     /// leaves the bit set.
     used_slots: AtomicU64,
+    /// Set by the one caller that saw this dead cache empty.
+    released: AtomicBool,
     cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
     depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
 }
@@ -389,6 +391,7 @@ impl<R: RawMutex> MagCache<R> {
             rounds: rounds_for(geo.size),
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             used_slots: atomic_u64(0),
+            released: atomic_bool(false),
             cpus: [const { UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() }) }; MAX_CPUS],
             depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
         }
@@ -403,6 +406,7 @@ impl<R: RawMutex> MagCache<R> {
             rounds: rounds_for(geo.size),
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             used_slots: atomic_u64(0),
+            released: atomic_bool(false),
             cpus: core::array::from_fn(|_| {
                 UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() })
             }),
@@ -428,6 +432,9 @@ impl<R: RawMutex> MagCache<R> {
             // SAFETY: the group that owns the counter outlives this cache.
             Acct::Counter(c) => Some(unsafe { &*c }),
         };
+        // A dead cache's group takes no stock: its pages are uncharged at
+        // once, so nothing stays charged once the last object is freed.
+        let slot = if self.cache.is_dead() { None } else { slot };
         Pages { src: cx.src(), counter, slot }
     }
 
@@ -472,6 +479,11 @@ impl<R: RawMutex> MagCache<R> {
         let Some(slot) = cx.slots().hold(cx.plat()) else {
             return self.cache.alloc(&self.pages(cx, None), 0);
         };
+        if self.cache.is_dead() {
+            // A dead cache gets no new magazines: straight from the slabs.
+            cx.slots().unhold(cx.plat(), slot);
+            return self.cache.alloc(&self.pages(cx, None), 0);
+        }
         let r = self.cpus[slot].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe {
@@ -563,7 +575,9 @@ impl<R: RawMutex> MagCache<R> {
     }
 
     /// Frees `ptr`: into this CPU's magazines when it holds a slot and the
-    /// object is node-local, else straight to its slab.
+    /// object is node-local, else straight to its slab. A dead cache takes
+    /// frees straight to its slabs, which go back to the source as soon as
+    /// they empty.
     ///
     /// # Safety
     ///
@@ -610,6 +624,12 @@ impl<R: RawMutex> MagCache<R> {
     #[inline(never)]
     unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags, ptr: NonNull<u8>) {
         let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
+        if self.cache.is_dead() {
+            // No magazines for a dead cache: straight to the slab.
+            // SAFETY: forwarded.
+            unsafe { self.cache.free(&self.pages(cx, Some(slot)), ptr) };
+            return;
+        }
         // SAFETY: as in `alloc_refill`; `ptr` is a live object of ours.
         unsafe {
             if !m.previous.is_null() && (*m.previous).count == 0 {
@@ -742,6 +762,12 @@ impl<R: RawMutex> MagCache<R> {
             n += unsafe { self.discard(cx, m) };
         }
         n
+    }
+
+    /// For a dead cache that holds no slab any more: `true` exactly once,
+    /// so its owner can let go of it.
+    pub(crate) fn take_empty_dead(&self) -> bool {
+        self.cache.is_dead() && self.cache.nslabs() == 0 && !self.released.swap(true, Ordering::AcqRel)
     }
 
     /// Frees every depot magazine of this cache.

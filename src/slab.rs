@@ -23,6 +23,7 @@ use lock_api::{Mutex, RawMutex};
 use crate::counter::PageCounter;
 use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize};
 
 /// Bytes reserved for the header at the start of every slab.
 pub(crate) const HEADER: usize = 64;
@@ -364,13 +365,25 @@ pub struct CacheStats {
 /// a slab's owner is found.
 pub(crate) struct Cache<R: RawMutex> {
     geo: Geometry,
+    /// Set once when the cache's group is removed: empty slabs then go
+    /// back at once (no reserve). `Relaxed`: a free that misses the flag
+    /// keeps one empty slab, which the removal's own shrink (ordered after
+    /// the flag by the slot handshake or the node locks) gives back.
+    dead: AtomicBool,
+    /// Slabs held; changed on grow and release (slow paths only).
+    nslabs: AtomicUsize,
     nodes: [CachePadded<Mutex<R, NodeSlabs>>; MAX_NODES],
 }
 
 impl<R: RawMutex> Cache<R> {
     /// A cache with no slabs yet.
     pub(crate) const fn new(geo: Geometry) -> Self {
-        Cache { geo, nodes: [const { CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())) }; MAX_NODES] }
+        Cache {
+            geo,
+            dead: atomic_bool(false),
+            nslabs: atomic_usize(0),
+            nodes: [const { CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())) }; MAX_NODES],
+        }
     }
 
     /// The layout of this cache's objects.
@@ -476,7 +489,7 @@ impl<R: RawMutex> Cache<R> {
                 while i < objs.len() && nrel < release.len() && unsafe { self.node_of(objs[i]) } == node {
                     let s = slab_base(objs[i], self.geo.order) as *mut Slab;
                     // SAFETY: a live object of slab `s` on this node.
-                    if let Some(r) = unsafe { lists.put(s, objs[i], &self.geo, EMPTY_RESERVE) } {
+                    if let Some(r) = unsafe { lists.put(s, objs[i], &self.geo, self.reserve()) } {
                         release[nrel] = r;
                         nrel += 1;
                     }
@@ -530,6 +543,7 @@ impl<R: RawMutex> Cache<R> {
 
     /// Writes a fresh header into `run`.
     fn init_slab(&self, run: PageRun) -> *mut Slab {
+        self.nslabs.fetch_add(1, Ordering::Relaxed);
         let s = run.addr.as_ptr() as *mut Slab;
         // SAFETY: the run is fresh, at least HEADER bytes long and aligned
         // for `Slab`; nothing else refers to it yet.
@@ -561,7 +575,7 @@ impl<R: RawMutex> Cache<R> {
         // SAFETY: `ptr` is a live object of this cache.
         let node = unsafe { self.node_of(ptr.as_ptr()) };
         // SAFETY: `ptr` is a live object of slab `s`, on node `node`.
-        let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), &self.geo, EMPTY_RESERVE) };
+        let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), &self.geo, self.reserve()) };
         if let Some(s) = release {
             // SAFETY: the slab is off every list and holds no live object.
             unsafe { self.release_slab(pg, s) };
@@ -580,6 +594,29 @@ impl<R: RawMutex> Cache<R> {
             (*s).magic = 0;
             pg.release(NonNull::new_unchecked(s as *mut u8), self.geo.order);
         }
+        self.nslabs.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Empty slabs kept per node: none once dead.
+    #[inline]
+    fn reserve(&self) -> usize {
+        if self.dead.load(Ordering::Relaxed) { 0 } else { EMPTY_RESERVE }
+    }
+
+    /// Marks the cache dead (its group was removed).
+    pub(crate) fn mark_dead(&self) {
+        self.dead.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the cache is dead.
+    #[inline]
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// Slabs held.
+    pub(crate) fn nslabs(&self) -> usize {
+        self.nslabs.load(Ordering::Relaxed)
     }
 
     /// Whether `ptr` is the start of an object this cache handed out, judged

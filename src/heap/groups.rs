@@ -61,18 +61,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     fn token(&self, g: &Group<R>) -> usize {
         if core::ptr::eq(g, &self.root) { 0 } else { g as *const Group<R> as usize }
     }
-
-    /// `g` as the group argument of the allocation paths (null: root).
-    fn group_arg(&self, g: &Group<R>) -> *const Group<R> {
-        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { g }
-    }
 }
 
 impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
     /// A new handle on `group`, taking a reference.
     fn new_ref(kmem: &'k Kmem<S, R, P>, group: NonNull<Group<R>>) -> Self {
         // SAFETY: `group` is live (root, or referenced by the caller).
-        unsafe { group.as_ref() }.refs.fetch_add(1, Ordering::Relaxed);
+        unsafe { group.as_ref() }.get();
         Cgroup { kmem, group }
     }
 
@@ -80,6 +75,17 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         // SAFETY: the handle holds a reference, and groups are never freed
         // while referenced.
         unsafe { &*self.group.as_ptr() }
+    }
+
+    /// The group, or [`Error::Removed`].
+    fn live(&self) -> Result<&'k Group<R>, Error> {
+        let g = self.g();
+        if g.is_offline() { Err(Error::Removed) } else { Ok(g) }
+    }
+
+    /// Whether [`Cgroup::remove`] has run.
+    pub fn is_removed(&self) -> bool {
+        self.g().is_offline()
     }
 
     /// The group's name ("/" for the root).
@@ -99,7 +105,11 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         let name = Name::new(name)?;
         let k = self.kmem;
         let parent = self.g();
-        let _tree = k.tree_lock.lock();
+        let mut tree = k.tree_lock.lock();
+        k.reclaim_groups(&mut tree);
+        if parent.is_offline() {
+            return Err(Error::Removed);
+        }
         if parent.children().any(|c| c.name == name) {
             return Err(Error::NameTaken);
         }
@@ -115,9 +125,75 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             parent.first_child.store(g.as_ptr(), Ordering::Release);
             k.all_groups.store(g.as_ptr(), Ordering::Release);
         }
-        parent.refs.fetch_add(1, Ordering::Relaxed);
-        // The group starts with one reference: this handle's.
-        Ok(Cgroup { kmem: k, group: g })
+        // The child holds a reference on its parent.
+        parent.get();
+        // The group starts with its online reference; this handle takes one.
+        Ok(Cgroup::new_ref(k, g))
+    }
+
+    /// Removes the group (Linux `rmdir`): refused for the root
+    /// ([`Error::RootGroup`]), while it has children ([`Error::Busy`]), and
+    /// once done ([`Error::Removed`]).
+    ///
+    /// The group goes offline: it takes no new charges (a thread still
+    /// inside it, or its allocator handle, charges the nearest online
+    /// ancestor), its stock is drained, and each of its caches turns dead:
+    /// its magazines are emptied on every CPU at once, later frees go
+    /// straight to slabs, and empty slabs go back immediately. What its
+    /// live objects hold stays charged to it and so to every ancestor, and
+    /// is uncharged from them as those objects are freed, from any thread:
+    /// no charge is lost. The group's memory (and its caches') is reclaimed
+    /// once its last handle, guard, cache slab and large object are gone.
+    /// Using a handle of a removed group: reads keep working; changes give
+    /// [`Error::Removed`].
+    pub fn remove(&self) -> Result<(), Error> {
+        let k = self.kmem;
+        let g = self.g();
+        if core::ptr::eq(g, &k.root) {
+            return Err(Error::RootGroup);
+        }
+        let mut tree = k.tree_lock.lock();
+        if g.is_offline() {
+            return Err(Error::Removed);
+        }
+        if g.children().next().is_some() {
+            return Err(Error::Busy);
+        }
+        // Unlink from the parent's children.
+        if let Some(parent) = g.parent() {
+            let gp = g as *const Group<R> as *mut Group<R>;
+            let next = g.next_sibling.load(Ordering::Relaxed);
+            if parent.first_child.load(Ordering::Relaxed) == gp {
+                parent.first_child.store(next, Ordering::Release);
+            } else {
+                let mut c = parent.first_child.load(Ordering::Relaxed);
+                while let Some(cur) = NonNull::new(c) {
+                    // SAFETY: linked siblings are live; we hold the tree lock.
+                    let cur = unsafe { cur.as_ref() };
+                    let n = cur.next_sibling.load(Ordering::Relaxed);
+                    if n == gp {
+                        cur.next_sibling.store(next, Ordering::Release);
+                        break;
+                    }
+                    c = n;
+                }
+            }
+        }
+        g.state.store(crate::cgroup::OFFLINE, Ordering::Release);
+        g.for_each_cache(|_, c| c.cache.mark_dead());
+        {
+            let _read = k.read_guard();
+            crate::magazine::drain_many(k, |f| g.for_each_cache(|_, c| f(c)), None);
+            g.for_each_cache(|_, c| {
+                c.cache.shrink(&c.pages(k, None));
+            });
+        }
+        g.counter.drain_stock();
+        g.for_each_cache(|_, c| k.after_free(c));
+        // Drop the online reference; handles keep the group until dropped.
+        k.put_group(g);
+        k.reclaim_groups(&mut tree);
+        Ok(())
     }
 
     /// Sets the hard limit in bytes. If the usage is above it, the group's
@@ -125,7 +201,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
     /// [`Error::LimitBelowUsage`].
     pub fn set_max(&self, bytes: usize) -> Result<(), Error> {
         let pages = to_pages(bytes);
-        let g = self.g();
+        let g = self.live()?;
         g.counter.drain_stock();
         for _ in 0..3 {
             if g.counter.set_max(pages).is_ok() {
@@ -140,21 +216,21 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
     /// from the group before their allocation returns (stored and reported
     /// now; acted on with the reclaim work).
     pub fn set_high(&self, bytes: usize) -> Result<(), Error> {
-        self.g().counter.set_high(to_pages(bytes));
+        self.live()?.counter.set_high(to_pages(bytes));
         Ok(())
     }
 
     /// Sets the soft limit in bytes (stored and reported now; acted on
     /// under contention with the reclaim work).
     pub fn set_soft_limit(&self, bytes: usize) -> Result<(), Error> {
-        self.g().counter.set_soft(to_pages(bytes));
+        self.live()?.counter.set_soft(to_pages(bytes));
         Ok(())
     }
 
     /// Sets `low` in bytes: protection from contention reclaim (stored and
     /// reported now).
     pub fn set_low(&self, bytes: usize) -> Result<(), Error> {
-        self.g().counter.set_low(to_pages(bytes));
+        self.live()?.counter.set_low(to_pages(bytes));
         Ok(())
     }
 
@@ -190,7 +266,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
     /// group from inside another is allowed and undone in order.
     pub fn enter(&self) -> CgroupGuard<'k, S, R, P> {
         let g = self.g();
-        g.refs.fetch_add(1, Ordering::Relaxed);
+        g.get();
         let prev = self.kmem.platform.set_current_group(self.kmem.token(g));
         CgroupGuard { kmem: self.kmem, group: self.group, prev }
     }
@@ -295,7 +371,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Clone for Cgroup<'_, S, R, P> {
 
 impl<S: PageSource, R: RawMutex, P: Platform> Drop for Cgroup<'_, S, R, P> {
     fn drop(&mut self) {
-        self.g().refs.fetch_sub(1, Ordering::Release);
+        self.kmem.put_group(self.g());
     }
 }
 
@@ -316,7 +392,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> 
     fn drop(&mut self) {
         self.kmem.platform.set_current_group(self.prev);
         // SAFETY: the guard held a reference on the group.
-        unsafe { self.group.as_ref() }.refs.fetch_sub(1, Ordering::Release);
+        self.kmem.put_group(unsafe { self.group.as_ref() });
     }
 }
 
@@ -341,7 +417,8 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> Allocator for CgroupAllocat
         if layout.size() == 0 {
             return (&k).allocate(layout);
         }
-        let p = k.alloc_in(k.group_arg(self.handle.g()), layout.size(), layout.align()).ok_or(AllocError)?;
+        let g = k.effective(self.handle.g());
+        let p = k.alloc_in(g, layout.size(), layout.align()).ok_or(AllocError)?;
         Ok(NonNull::slice_from_raw_parts(p, Kmem::<S, R, P>::usable_size(layout.size(), layout.align())))
     }
 

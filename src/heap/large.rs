@@ -58,8 +58,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             (header as *mut LargeHeader<R>).write(LargeHeader { magic: LARGE_MAGIC, group: g, pages });
         }
         if let Some(grp) = NonNull::new(g as *mut Group<R>) {
-            // SAFETY: a live group of this allocator.
-            unsafe { grp.as_ref() }.large_pages.add(pages + 1);
+            // SAFETY: a live group of this allocator; the object holds a
+            // reference on it until freed.
+            let grp = unsafe { grp.as_ref() };
+            grp.large_pages.add(pages + 1);
+            grp.get();
         }
         self.large_allocs.add(1);
         self.large_pages.add(pages + 1);
@@ -96,13 +99,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         };
         // SAFETY: a live header; clearing the magic makes a second free of
         // the same pointer detectable while the page stays unused.
-        unsafe {
+        let group = unsafe {
             let LargeHeader { group, pages, .. } = h.read();
             (*h).magic = 0;
             self.uncharge_large(group, pages + 1);
             free_exact(&self.source, NonNull::new_unchecked(h as *mut u8), pages + 1);
-        }
+            group
+        };
         self.large_allocs.sub(1);
+        // SAFETY: the object's reference kept the group alive until now.
+        if let Some(g) = unsafe { group.as_ref() } {
+            self.put_group(g);
+        }
     }
 
     /// Uncharges `pages` of large objects from `group` (null: root).

@@ -293,6 +293,7 @@ impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, 
             self.ptr.as_ptr().drop_in_place();
             let owner = &*(self.desc.cache.cache.owner_of(self.ptr.as_ptr().cast()) as *const MagCache<R>);
             owner.free(self.kmem, self.ptr.cast());
+            self.kmem.after_free(owner);
         }
     }
 }

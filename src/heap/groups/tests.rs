@@ -7,6 +7,7 @@ use std::vec::Vec;
 
 use super::*;
 use crate::heap::CacheFlags;
+use crate::heap::classes::class_of;
 use crate::platform::OsPages;
 use crate::testutil::Rng;
 
@@ -360,4 +361,166 @@ fn accounting_invariants_under_threaded_random_groups() {
     for g in &groups {
         assert_eq!(g.usage(), 0, "group {} still charged", g.name());
     }
+}
+
+#[test]
+fn removal_bad_input() {
+    let k = kmem();
+    let root = k.root();
+    assert_eq!(root.remove(), Err(Error::RootGroup));
+    let p = root.create_child("p").unwrap();
+    let c = p.create_child("c").unwrap();
+    assert_eq!(p.remove(), Err(Error::Busy), "a group with children");
+    c.remove().unwrap();
+    assert!(c.is_removed());
+    assert_eq!(c.remove(), Err(Error::Removed));
+    assert_eq!(c.set_max(1 << 20), Err(Error::Removed));
+    assert_eq!(c.set_high(1 << 20), Err(Error::Removed));
+    assert_eq!(c.create_child("x").err(), Some(Error::Removed));
+    // Reads of a removed group's handle still work.
+    assert_eq!(c.usage(), 0);
+    assert_eq!(c.name(), "c");
+    let _ = c.stat().to_string();
+    // Its name is free again among the parent's children.
+    let c2 = p.create_child("c").unwrap();
+    drop(c2);
+    // A thread still inside a removed group charges the nearest online
+    // ancestor.
+    let g = p.create_child("g").unwrap();
+    let guard = g.enter();
+    g.remove().unwrap();
+    let layout = Layout::from_size_align(200, 8).unwrap();
+    // SAFETY: valid layout.
+    let q = unsafe { k.alloc(layout) };
+    assert!(!q.is_null());
+    assert_eq!(g.usage(), 0, "a removed group takes no new charges");
+    assert!(p.usage() > 0, "the parent was charged instead");
+    // SAFETY: freed once.
+    unsafe { k.dealloc(q, layout) };
+    drop(guard);
+    k.shrink();
+    assert_eq!(p.usage(), 0);
+    k.check_accounting();
+}
+
+#[test]
+fn seed_001_dead_cache_holds_nothing_and_goes_with_its_last_object() {
+    let k = kmem();
+    let parent = k.root().create_child("parent").unwrap();
+    let g = parent.create_child("dying").unwrap();
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let objs: Vec<usize> = {
+        let _in = g.enter();
+        // SAFETY: valid layout.
+        let v: Vec<usize> = (0..20_000).map(|_| unsafe { k.alloc(layout) } as usize).collect();
+        // Free every other one: magazines and partial slabs fill up.
+        for p in v.iter().step_by(2) {
+            // SAFETY: freed once.
+            unsafe { k.dealloc(*p as *mut u8, layout) };
+        }
+        v.into_iter().skip(1).step_by(2).collect()
+    };
+    let before = parent.usage();
+    assert_eq!(before, g.usage());
+    g.remove().unwrap();
+    // The dead cache holds no free object in a magazine and no empty slab:
+    // every slab it keeps has a live object, so the usage is what the live
+    // objects need, and the parent still counts it.
+    let c = class_of(64, 8).unwrap();
+    let dead = g.g().caches[c].load(Ordering::Acquire);
+    // SAFETY: the group (held by `g`) keeps its caches.
+    let dead = unsafe { &*dead };
+    let st = dead.cache.stats();
+    assert_eq!(st.empty_slabs, 0, "an empty slab stayed in a dead cache");
+    assert_eq!(st.active_objects, objs.len(), "a free object stayed in a magazine");
+    assert_eq!(parent.usage(), g.usage(), "the parent keeps counting the dead group's slabs");
+    assert!(g.usage() <= before);
+    // Free the rest from other threads, racing each other.
+    let chunks: Vec<Vec<usize>> = objs.chunks(objs.len() / 4 + 1).map(|c| c.to_vec()).collect();
+    let hs: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| {
+            thread::spawn(move || {
+                for p in chunk {
+                    // SAFETY: live, freed once.
+                    unsafe { k.dealloc(p as *mut u8, layout) };
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(dead.cache.stats().slabs, 0, "the dead cache gave back every slab");
+    assert_eq!(g.usage(), 0);
+    assert_eq!(parent.usage(), 0, "no charge lost or left");
+    // The group and its caches go with the last handle.
+    let groups_before = k.groups.stats().active_objects;
+    drop(g);
+    k.shrink();
+    assert_eq!(k.groups.stats().active_objects, groups_before - 1, "the group's metadata was freed");
+    k.check_accounting();
+}
+
+#[test]
+fn zombie_groups_leave_nothing_behind() {
+    let k = kmem();
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    let typed = k.create_cache::<[u8; 300]>("zombie-objs", CacheFlags::ACCOUNT).unwrap();
+    k.shrink();
+    let baseline = k.stats().source.pages_in_use;
+    let mut leftovers: Vec<usize> = Vec::new();
+    let mut boxes = Vec::new();
+    for i in 0..10_000 {
+        let g = k.root().create_child(&std::format!("z{i}")).unwrap();
+        {
+            let _in = g.enter();
+            for _ in 0..3 {
+                // SAFETY: valid layout.
+                leftovers.push(unsafe { k.alloc(layout) } as usize);
+            }
+            if i % 10 == 0 {
+                boxes.push(typed.alloc([i as u8; 300]).unwrap());
+                // A large object too.
+                // SAFETY: valid layout.
+                leftovers.push(unsafe { k.alloc(Layout::from_size_align(20_000, 8).unwrap()) } as usize);
+            }
+        }
+        g.remove().unwrap();
+    }
+    assert_eq!(k.root().stat().failcnt, 0);
+    // Free everything later, from other threads.
+    let per = leftovers.len() / 2 + 1;
+    let parts: Vec<Vec<usize>> = leftovers.chunks(per).map(|c| c.to_vec()).collect();
+    let hs: Vec<_> = parts
+        .into_iter()
+        .map(|part| {
+            thread::spawn(move || {
+                for p in part {
+                    // Large objects are the page-aligned ones.
+                    let l = if p % PAGE_SIZE == 0 { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
+                    // SAFETY: live, freed once with its layout.
+                    unsafe { k.dealloc(p as *mut u8, l) };
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    drop(boxes);
+    k.shrink();
+    assert_eq!(k.groups.stats().active_objects, 0, "group metadata left behind");
+    assert_eq!(k.child_caches.stats().active_objects, 0, "dead caches left behind");
+    let mut n = 0;
+    k.for_each_group(|_| n += 1);
+    assert_eq!(n, 0, "groups still listed");
+    assert_eq!(k.root().usage() % PAGE_SIZE, 0);
+    drop(typed);
+    k.shrink();
+    assert!(
+        k.stats().source.pages_in_use <= baseline,
+        "pages not back to the baseline: {} > {baseline}",
+        k.stats().source.pages_in_use
+    );
 }
