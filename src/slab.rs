@@ -377,12 +377,24 @@ pub(crate) struct Cache<R: RawMutex> {
 
 impl<R: RawMutex> Cache<R> {
     /// A cache with no slabs yet.
+    #[cfg(not(loom))]
     pub(crate) const fn new(geo: Geometry) -> Self {
         Cache {
             geo,
             dead: atomic_bool(false),
             nslabs: atomic_usize(0),
             nodes: [const { CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())) }; MAX_NODES],
+        }
+    }
+
+    /// A cache with no slabs yet (loom: not `const`).
+    #[cfg(loom)]
+    pub(crate) fn new(geo: Geometry) -> Self {
+        Cache {
+            geo,
+            dead: atomic_bool(false),
+            nslabs: atomic_usize(0),
+            nodes: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new()))),
         }
     }
 
