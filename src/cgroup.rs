@@ -68,6 +68,13 @@ pub(crate) struct Group<R: RawMutex> {
     pub(crate) ev_max: Stat,
     /// Charges that failed even after reclaim (`memory.events oom`).
     pub(crate) ev_oom: Stat,
+    /// Times an allocating task reclaimed because usage was above `high`.
+    pub(crate) ev_high: Stat,
+    /// Soft-limit reclaim passes run on this group, and pages they freed.
+    pub(crate) ev_soft: Stat,
+    pub(crate) soft_pages: Stat,
+    /// Times contention reclaim skipped this group as protected by `low`.
+    pub(crate) ev_low: Stat,
 }
 
 // SAFETY: all mutable state is atomic or written under the tree lock; the
@@ -102,6 +109,10 @@ impl<R: RawMutex> Group<R> {
             large_pages: Stat::new(),
             ev_max: Stat::new(),
             ev_oom: Stat::new(),
+            ev_high: Stat::new(),
+            ev_soft: Stat::new(),
+            soft_pages: Stat::new(),
+            ev_low: Stat::new(),
         }
     }
 
@@ -128,6 +139,10 @@ impl<R: RawMutex> Group<R> {
             large_pages: Stat::new(),
             ev_max: Stat::new(),
             ev_oom: Stat::new(),
+            ev_high: Stat::new(),
+            ev_soft: Stat::new(),
+            soft_pages: Stat::new(),
+            ev_low: Stat::new(),
         }
     }
 

@@ -38,6 +38,8 @@ pub enum Error {
     Removed,
     /// The root group cannot be removed.
     RootGroup,
+    /// Every shrinker slot is taken.
+    TooManyShrinkers,
 }
 
 /// A group's name, as carried by errors and reports.
@@ -84,6 +86,7 @@ impl fmt::Display for Error {
             Error::Busy => f.write_str("the group still has children"),
             Error::Removed => f.write_str("the group has been removed"),
             Error::RootGroup => f.write_str("the root group cannot be removed"),
+            Error::TooManyShrinkers => f.write_str("every shrinker slot is taken"),
         }
     }
 }

@@ -8,11 +8,13 @@
 mod classes;
 mod groups;
 mod large;
+mod reclaim;
 mod report;
 mod typed;
 
 pub use classes::MAX_CLASS_SIZE;
 pub use groups::{Cgroup, CgroupAllocator, CgroupGuard, GroupStat};
+pub use reclaim::{GroupId, ShrinkControl, Shrinker};
 pub use report::{KmemStats, SlabInfo};
 pub use typed::{CacheBox, CacheFlags, KmemCache};
 
@@ -93,6 +95,11 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = Defa
     registry_lock: Mutex<R, ()>,
     /// The next accounting index for an accounted typed cache.
     next_acct: AtomicUsize,
+    /// Registered shrinkers (copied out before they are called).
+    shrinkers: Mutex<R, [Option<&'static dyn Shrinker>; reclaim::MAX_SHRINKERS]>,
+    /// Root usage (pages) above which allocations trigger soft-limit
+    /// reclaim; `usize::MAX`: only when the page source is exhausted.
+    contention_mark: AtomicUsize,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
@@ -107,6 +114,13 @@ pub(crate) struct Limbo<R: RawMutex> {
 // SAFETY: the groups in limbo are owned by the list, which is only reached
 // under the tree lock.
 unsafe impl<R: RawMutex> Send for Limbo<R> {}
+
+/// `g` as a reference (null: `None`).
+fn unsafe_ref<'a, R: RawMutex>(g: *const Group<R>) -> Option<&'a Group<R>> {
+    // SAFETY: callers pass null or the current group, which a guard keeps
+    // alive for the calling context.
+    unsafe { g.as_ref() }
+}
 
 /// Keeps unlinked groups (and their caches) from being freed while it
 /// lives; see [`Kmem::read_guard`].
@@ -154,6 +168,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             registry: atomic_null(),
             registry_lock: Mutex::const_new(R::INIT, ()),
             next_acct: atomic_usize(NCLASSES),
+            shrinkers: Mutex::const_new(R::INIT, [None; reclaim::MAX_SHRINKERS]),
+            contention_mark: atomic_usize(usize::MAX),
             large_allocs: Stat::new(),
             large_pages: Stat::new(),
             bad_frees: Stat::new(),
@@ -190,6 +206,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline]
     fn id(&self) -> usize {
         self as *const Self as usize
+    }
+
+    /// The identity of the calling context's current group, for shrinkers
+    /// that record which group their objects were charged to.
+    pub fn current_group_id(&self) -> GroupId {
+        match unsafe_ref(self.current()) {
+            Some(g) => self.group_id(g),
+            None => GroupId::ROOT,
+        }
     }
 
     /// The calling context's current group, or null for the root (also for
@@ -401,22 +426,56 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match class_of(size, align) {
             Some(c) => {
                 let cache = self.cache_for(g, c, &self.classes[c])?;
-                match cache.alloc(self) {
-                    Ok(p) => Some(p),
-                    Err(e) => self.alloc_failed(cache, e).ok(),
-                }
+                self.alloc_from(cache).ok()
             }
             None => self.alloc_large(g, size, align),
         }
     }
 
+    /// One object from `cache`: a magazine hit inline, everything else
+    /// (refills, limits, throttling) out of line.
+    #[inline(always)]
+    pub(crate) fn alloc_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        match cache.alloc_fast(self) {
+            Some(p) => Ok(p),
+            None => self.alloc_slow_from(cache),
+        }
+    }
+
+    /// The slow path of [`Kmem::alloc_from`]: after a refill, the `high`
+    /// and contention checks run here, once per magazine.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        let r = match cache.alloc_slow(self) {
+            Ok(p) => Ok(p),
+            Err(e) => self.alloc_failed(cache, e),
+        };
+        if r.is_ok() {
+            self.after_refill(cache);
+        }
+        r
+    }
+
     /// A cache could not grow: for a refused charge, reclaim the refusing
-    /// group's subtree and retry once; count the outcome. The error names
-    /// the group whose limit held.
+    /// group's subtree and retry once; for an exhausted page source,
+    /// reclaim from groups over their soft limits, then from all groups
+    /// that are not protected, and retry. The error names the group whose
+    /// limit held.
     #[cold]
     #[inline(never)]
     pub(crate) fn alloc_failed(&self, cache: &MagCache<R>, e: GrowError) -> Result<NonNull<u8>, Error> {
-        let GrowError::Limit(k) = e else { return Err(Error::OutOfMemory) };
+        let GrowError::Limit(k) = e else {
+            // The page source is exhausted: reclaim step by step, soft
+            // limits first, until the request can be met.
+            let mut done = reclaim::Visited::new();
+            while self.contention_step(&mut done) {
+                if let Ok(p) = cache.alloc(self) {
+                    return Ok(p);
+                }
+            }
+            return cache.alloc(self).map_err(|e| self.refused(e));
+        };
         // SAFETY: every counter that refuses a charge is a group's.
         let g = unsafe { Group::<R>::of_counter(k) };
         g.ev_max.add(1);
@@ -454,9 +513,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// Gives back everything `g`'s subtree holds unused: magazines, empty
-    /// slabs, stocks. Returns the pages uncharged.
-    pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
+    /// Gives back what `g`'s subtree holds unused in its caches: magazines,
+    /// empty slabs, stocks. Returns the pages uncharged. (One step of
+    /// [`Kmem::reclaim`], which adds the shrinkers.)
+    pub(crate) fn reclaim_caches(&self, g: &Group<R>) -> usize {
         let _tree = self.tree_lock.lock();
         let _read = self.read_guard();
         drain_many(self, |f| self.subtree_caches(g, f), None);

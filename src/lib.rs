@@ -159,8 +159,8 @@ pub use counter::{PageCounter, STOCK_BATCH, STOCK_MAX};
 pub use error::{Error, GroupName, NAME_MAX};
 #[cfg(not(loom))]
 pub use heap::{
-    CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, Kmem, KmemCache, KmemStats, MAX_CLASS_SIZE,
-    SlabInfo,
+    CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupId, GroupStat, Kmem, KmemCache, KmemStats,
+    MAX_CLASS_SIZE, ShrinkControl, Shrinker, SlabInfo,
 };
 pub use magazine::MagazineStats;
 #[cfg(all(feature = "std", not(loom)))]

@@ -452,7 +452,7 @@ impl<R: RawMutex> MagCache<R> {
 
     /// A pop from the loaded magazine, or `None` for any other case.
     #[inline(always)]
-    fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
         let slot = cx.slots().hold(cx.plat())?;
         let r = self.cpus[slot].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours; a

@@ -83,6 +83,11 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         if g.is_offline() { Err(Error::Removed) } else { Ok(g) }
     }
 
+    /// The identity shrinkers see for this group.
+    pub fn id(&self) -> crate::GroupId {
+        self.kmem.group_id(self.g())
+    }
+
     /// Whether [`Cgroup::remove`] has run.
     pub fn is_removed(&self) -> bool {
         self.g().is_offline()
@@ -212,23 +217,25 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         g.counter.set_max(pages).map_err(|usage| Error::LimitBelowUsage { usage: to_bytes(usage) })
     }
 
-    /// Sets `high` in bytes: the level above which allocating tasks reclaim
-    /// from the group before their allocation returns (stored and reported
-    /// now; acted on with the reclaim work).
+    /// Sets `high` in bytes: above it, an allocating task reclaims from the
+    /// group (once per magazine refill) before its allocation returns. It
+    /// never makes an allocation fail.
     pub fn set_high(&self, bytes: usize) -> Result<(), Error> {
         self.live()?.counter.set_high(to_pages(bytes));
         Ok(())
     }
 
-    /// Sets the soft limit in bytes (stored and reported now; acted on
-    /// under contention with the reclaim work).
+    /// Sets the soft limit in bytes: under contention (see
+    /// [`Kmem::set_contention_mark`]), groups above their soft limit are
+    /// reclaimed first, largest excess first. A parent's soft limit covers
+    /// its subtree.
     pub fn set_soft_limit(&self, bytes: usize) -> Result<(), Error> {
         self.live()?.counter.set_soft(to_pages(bytes));
         Ok(())
     }
 
-    /// Sets `low` in bytes: protection from contention reclaim (stored and
-    /// reported now).
+    /// Sets `low` in bytes: while its usage is at most `low`, contention
+    /// reclaim passes the group over.
     pub fn set_low(&self, bytes: usize) -> Result<(), Error> {
         self.live()?.counter.set_low(to_pages(bytes));
         Ok(())
@@ -291,6 +298,10 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             failcnt: g.counter.failcnt(),
             events_max: g.ev_max.get(),
             events_oom: g.ev_oom.get(),
+            events_high: g.ev_high.get(),
+            events_low: g.ev_low.get(),
+            soft_reclaim_passes: g.ev_soft.get(),
+            soft_reclaim_bytes: to_bytes(g.soft_pages.get()),
             stocked: to_bytes(g.counter.stocked()),
             large: 0,
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
@@ -500,6 +511,14 @@ pub struct GroupStat {
     pub events_max: usize,
     /// Charges that failed after reclaim.
     pub events_oom: usize,
+    /// Times an allocating task reclaimed because usage was above `high`.
+    pub events_high: usize,
+    /// Times contention reclaim passed this group over, protected by `low`.
+    pub events_low: usize,
+    /// Soft-limit reclaim passes run on this group.
+    pub soft_reclaim_passes: usize,
+    /// Bytes those passes freed.
+    pub soft_reclaim_bytes: usize,
     /// Bytes pre-charged in CPU stocks.
     pub stocked: usize,
     /// Bytes of large objects (with their header pages) charged here.
@@ -532,6 +551,10 @@ impl fmt::Display for GroupStat {
         writeln!(f, "failcnt {}", self.failcnt)?;
         writeln!(f, "events_max {}", self.events_max)?;
         writeln!(f, "events_oom {}", self.events_oom)?;
+        writeln!(f, "events_high {}", self.events_high)?;
+        writeln!(f, "events_low {}", self.events_low)?;
+        writeln!(f, "soft_reclaim_passes {}", self.soft_reclaim_passes)?;
+        writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
         writeln!(f, "stocked {}", self.stocked)?;
         writeln!(f, "large {}", self.large)?;
         for (name, objects, pages) in self.caches() {

@@ -42,7 +42,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
         let counter = self.charge_pages(g, pages + 1).ok()?;
-        let Some(run) = alloc_exact(&self.source, lead + pages, align, self.node()) else {
+        let mut run = alloc_exact(&self.source, lead + pages, align, self.node());
+        if run.is_none() {
+            // The page source is exhausted: contention reclaim, step by step.
+            let mut done = super::reclaim::Visited::new();
+            while run.is_none() && self.contention_step(&mut done) {
+                run = alloc_exact(&self.source, lead + pages, align, self.node());
+            }
+        }
+        let Some(run) = run else {
             counter.uncharge(pages + 1);
             return None;
         };

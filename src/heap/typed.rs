@@ -195,10 +195,7 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
                 None => return Err(Error::OutOfMemory),
             }
         };
-        match cache.alloc(k) {
-            Ok(p) => Ok(p),
-            Err(e) => k.alloc_failed(cache, e),
-        }
+        k.alloc_from(cache)
     }
 
     /// The cache's name.

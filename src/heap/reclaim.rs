@@ -1,0 +1,306 @@
+//! Reclaim: shrinkers, subtree reclaim in passes, `high` throttling, and
+//! soft-limit reclaim under contention (with `low` protection).
+//!
+//! Reclaim of a group subtree runs in passes: drain the subtree's
+//! magazines, free its empty slabs and stocks (under the tree lock), then
+//! call the shrinkers for the group on every node (with no allocator lock
+//! held). A pass whose shrinkers freed nothing ends it, and there are at
+//! most [`RECLAIM_PASSES`]: with nothing reclaimable, reclaim terminates
+//! after one pass (seed 002's swapoff case).
+//!
+//! Under contention (the page source is exhausted, or root usage crosses
+//! the contention mark), the group with the largest excess over its soft
+//! limit is reclaimed first, then the next, until the contention is over
+//! or no group over its soft limit frees anything; then every group not
+//! protected by `low` is reclaimed. The candidates are found by a scan of
+//! the groups when contention strikes, not kept sorted on the fast path
+//! (seed 002's RB-tree): contention is rare and the scan takes no lock.
+
+use lock_api::RawMutex;
+
+use super::Kmem;
+use crate::cgroup::Group;
+use crate::error::Error;
+use crate::magazine::{Acct, MagCache};
+use crate::platform::{PageSource, Platform};
+use crate::sync::Ordering;
+
+/// Shrinkers a `Kmem` can hold.
+pub(crate) const MAX_SHRINKERS: usize = 16;
+/// The most passes one subtree reclaim runs.
+pub(crate) const RECLAIM_PASSES: usize = 4;
+/// The most groups one contention reclaim visits.
+pub(crate) const SOFT_VISITS: usize = 16;
+
+/// Groups a contention reclaim already visited (compared by address; never
+/// dereferenced).
+pub(crate) struct Visited<R: RawMutex> {
+    groups: [*const Group<R>; SOFT_VISITS],
+    n: usize,
+    root: bool,
+}
+
+impl<R: RawMutex> Visited<R> {
+    pub(crate) fn new() -> Self {
+        Visited { groups: [core::ptr::null(); SOFT_VISITS], n: 0, root: false }
+    }
+    fn contains(&self, g: &Group<R>) -> bool {
+        self.n >= SOFT_VISITS || self.groups[..self.n].contains(&(g as *const Group<R>))
+    }
+    fn push(&mut self, g: &Group<R>) {
+        if self.n < SOFT_VISITS {
+            self.groups[self.n] = g;
+            self.n += 1;
+        }
+    }
+}
+
+/// A group's identity for shrinkers: stable while the group has charged
+/// objects (0 is the root).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupId(pub(crate) usize);
+
+impl GroupId {
+    /// The root group.
+    pub const ROOT: GroupId = GroupId(0);
+}
+
+/// What a shrinker is asked to shrink: objects charged to `target` or to
+/// any of its descendants, on `node`.
+pub struct ShrinkControl {
+    target: GroupId,
+    node: usize,
+    /// `contains` for the allocator's group type.
+    within: fn(GroupId, GroupId) -> bool,
+}
+
+/// Whether group `g` is `target` or below it, for groups of lock type `R`.
+fn within<R: RawMutex>(target: GroupId, g: GroupId) -> bool {
+    if target == GroupId::ROOT {
+        return true;
+    }
+    let mut cur = g.0 as *const Group<R>;
+    while !cur.is_null() {
+        if cur as usize == target.0 {
+            return true;
+        }
+        // SAFETY: `ShrinkControl::contains` requires `g` to be live, and a
+        // live group's ancestors are live.
+        cur = unsafe { (*cur).parent };
+    }
+    false
+}
+
+impl ShrinkControl {
+    /// The group whose subtree is being reclaimed.
+    pub fn target(&self) -> GroupId {
+        self.target
+    }
+
+    /// The node being reclaimed.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+
+    /// Whether objects charged to `g` are in scope: `g` is the target or
+    /// one of its descendants. `g` must be a group that still has charged
+    /// objects (or a live handle), as any group a shrinker's objects were
+    /// charged to is.
+    pub fn contains(&self, g: GroupId) -> bool {
+        (self.within)(self.target, g)
+    }
+}
+
+/// A cache of objects that can be freed on demand (Linux's group- and
+/// node-aware shrinkers): a dentry LRU, a connection pool.
+///
+/// Shrinkers are called with no allocator lock held, from whatever thread
+/// is reclaiming; they may free objects (which is the point), but should
+/// not allocate.
+pub trait Shrinker: Sync {
+    /// How many objects in scope could be freed.
+    fn count(&self, sc: &ShrinkControl) -> usize;
+    /// Frees up to `nr` objects in scope; returns how many it freed.
+    fn scan(&self, sc: &ShrinkControl, nr: usize) -> usize;
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
+    /// uses the list it copied). Registering one twice is a no-op.
+    pub fn register_shrinker(&self, s: &'static dyn Shrinker) -> Result<(), Error> {
+        let mut list = self.shrinkers.lock();
+        if list.iter().flatten().any(|x| core::ptr::addr_eq(*x, s)) {
+            return Ok(());
+        }
+        let slot = list.iter_mut().find(|x| x.is_none()).ok_or(Error::TooManyShrinkers)?;
+        *slot = Some(s);
+        Ok(())
+    }
+
+    /// Unregisters a shrinker; a reclaim already running may still call it
+    /// once (it is `'static`, so that is safe).
+    pub fn unregister_shrinker(&self, s: &'static dyn Shrinker) {
+        for x in self.shrinkers.lock().iter_mut() {
+            if x.is_some_and(|y| core::ptr::addr_eq(y, s)) {
+                *x = None;
+            }
+        }
+    }
+
+    /// Sets the contention mark: when the root's usage is above `bytes`,
+    /// allocation slow paths reclaim from groups over their soft limits
+    /// (largest excess first). `usize::MAX` (the default): only when the
+    /// page source is exhausted.
+    pub fn set_contention_mark(&self, bytes: usize) {
+        let pages = if bytes == usize::MAX { usize::MAX } else { bytes / crate::platform::PAGE_SIZE };
+        self.contention_mark.store(pages, Ordering::Relaxed);
+    }
+
+    /// The identity shrinkers see for `g`.
+    pub(crate) fn group_id(&self, g: &Group<R>) -> GroupId {
+        if core::ptr::eq(g, &self.root) { GroupId::ROOT } else { GroupId(g as *const Group<R> as usize) }
+    }
+
+    /// Reclaims `g`'s subtree in passes (see the module docs); returns the
+    /// pages uncharged.
+    pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
+        let mut pages = 0;
+        for _ in 0..RECLAIM_PASSES {
+            pages += self.reclaim_caches(g);
+            if self.run_shrinkers(g) == 0 {
+                break;
+            }
+        }
+        pages
+    }
+
+    /// Calls every shrinker for `g` on every node, without locks held;
+    /// returns the objects they freed.
+    fn run_shrinkers(&self, g: &Group<R>) -> usize {
+        let list = *self.shrinkers.lock();
+        let mut freed = 0;
+        for s in list.iter().flatten() {
+            for node in 0..self.platform.nodes().max(1) {
+                let sc = ShrinkControl { target: self.group_id(g), node, within: within::<R> };
+                // A quarter per pass (at least one), as Linux scans at a
+                // priority rather than emptying a cache at once.
+                let n = s.count(&sc);
+                if n > 0 {
+                    freed += s.scan(&sc, n / 4 + 1);
+                }
+            }
+        }
+        freed
+    }
+
+    /// After a magazine refill from `cache`: an allocating task whose group
+    /// (or an ancestor) is above `high` reclaims from it before returning
+    /// (it never fails for `high`); above the contention mark, soft-limit
+    /// reclaim runs.
+    pub(crate) fn after_refill(&self, cache: &MagCache<R>) {
+        let counter = match cache.acct {
+            Acct::None => return,
+            Acct::Root => &self.root.counter,
+            // SAFETY: a child cache's group outlives it.
+            Acct::Counter(c) => unsafe { &*c },
+        };
+        // SAFETY: every counter is a group's.
+        let g = unsafe { Group::<R>::of_counter(counter) };
+        let mut level = Some(g);
+        while let Some(l) = level {
+            if l.counter.usage() > l.counter.high() {
+                l.ev_high.add(1);
+                self.reclaim(l);
+            }
+            level = l.parent();
+        }
+        let mark = self.contention_mark.load(Ordering::Relaxed);
+        if self.root.counter.usage() > mark {
+            self.contention_reclaim(mark);
+        }
+    }
+
+    /// Reclaims under contention until root usage is at most `mark`
+    /// pages, or nothing more can be freed.
+    #[cold]
+    pub(crate) fn contention_reclaim(&self, mark: usize) {
+        let mut done = Visited::new();
+        while self.root.counter.usage() > mark && self.contention_step(&mut done) {}
+    }
+
+    /// One step of contention reclaim: reclaims the group with the largest
+    /// excess over its soft limit, or if none is over, the largest group
+    /// not protected by `low`, or finally the root's own caches; groups in
+    /// `done` are skipped and the one reclaimed is added. `false` when
+    /// nothing was left to try.
+    pub(crate) fn contention_step(&self, done: &mut Visited<R>) -> bool {
+        for soft in [true, false] {
+            // The candidate is referenced, so it outlives the iteration.
+            let mut best: *const Group<R> = core::ptr::null();
+            let mut best_score = 0;
+            self.for_each_group(|g| {
+                if g.is_offline() || done.contains(g) {
+                    return;
+                }
+                let (u, s, low) = (g.counter.usage(), g.counter.soft(), g.counter.low());
+                let score = if soft {
+                    u.saturating_sub(s)
+                } else if u <= low {
+                    g.ev_low.add(1);
+                    0
+                } else {
+                    u
+                };
+                if score > best_score {
+                    g.get();
+                    // SAFETY: the previous candidate holds our reference.
+                    if let Some(prev) = unsafe { best.as_ref() } {
+                        self.put_group(prev);
+                    }
+                    best = g;
+                    best_score = score;
+                }
+            });
+            // SAFETY: referenced above.
+            if let Some(b) = unsafe { best.as_ref() } {
+                let pages = self.reclaim(b);
+                if soft {
+                    b.ev_soft.add(1);
+                    b.soft_pages.add(pages);
+                }
+                done.push(b);
+                self.put_group(b);
+                return true;
+            }
+        }
+        if done.root {
+            return false;
+        }
+        done.root = true;
+        self.reclaim_caches_root_only();
+        true
+    }
+
+    /// Drains and shrinks the root's own (base) caches.
+    fn reclaim_caches_root_only(&self) {
+        let _tree = self.tree_lock.lock();
+        crate::magazine::drain_many(
+            self,
+            |f| {
+                self.for_each_base_cache(|c| {
+                    if c.acct == Acct::Root {
+                        f(c)
+                    }
+                })
+            },
+            None,
+        );
+        self.for_each_base_cache(|c| {
+            c.cache.shrink(&c.pages(self, None));
+        });
+        self.root.counter.drain_stock();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;
