@@ -414,13 +414,18 @@ impl<R: RawMutex> MagCache<R> {
         }
     }
 
-    /// Records that `slot` may hold magazines of this cache (slow path).
+    /// Records that `slot` may hold magazines of this cache (slow path),
+    /// before the slow path looks at `dead`. The fence pairs with the one
+    /// in `Cache::mark_dead`: either this CPU sees the cache dead and gives
+    /// it no magazine, or the removal's drain sees the bit and empties the
+    /// slot (found by loom: without it a magazine could outlive the drain).
     #[inline]
     fn note_slot(&self, slot: usize) {
         let bit = 1u64 << slot;
         if self.used_slots.load(Ordering::Relaxed) & bit == 0 {
             self.used_slots.fetch_or(bit, Ordering::Relaxed);
         }
+        fence(Ordering::SeqCst);
     }
 
     /// The page supply of this cache: its source and the counter charged.

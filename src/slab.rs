@@ -23,7 +23,7 @@ use lock_api::{Mutex, RawMutex};
 use crate::counter::PageCounter;
 use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence};
 
 /// Bytes reserved for the header at the start of every slab.
 pub(crate) const HEADER: usize = 64;
@@ -615,9 +615,13 @@ impl<R: RawMutex> Cache<R> {
         if self.dead.load(Ordering::Relaxed) { 0 } else { EMPTY_RESERVE }
     }
 
-    /// Marks the cache dead (its group was removed).
+    /// Marks the cache dead (its group was removed). The fence pairs with
+    /// the one in `MagCache::note_slot`: a CPU about to give this cache a
+    /// magazine either sees it dead, or has published its slot bit for the
+    /// drain that follows (Dekker).
     pub(crate) fn mark_dead(&self) {
         self.dead.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
     }
 
     /// Whether the cache is dead.

@@ -223,3 +223,37 @@ fn loom_remote_free_races_home_refill() {
         settle(&env, &c);
     });
 }
+
+#[test]
+fn loom_removal_races_remote_free() {
+    loom::model(|| {
+        let env = Arc::new(TestEnv::new(1));
+        let c = Arc::new(cache(&env));
+        // A live object, allocated on the shared path.
+        let x = c.alloc(&*env).unwrap().as_ptr() as usize;
+        let freer = {
+            let (env, c) = (env.clone(), c.clone());
+            thread::spawn(move || {
+                set_slot(1);
+                // SAFETY: `x` is live and freed once.
+                unsafe { c.free(&*env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
+                c.take_empty_dead()
+            })
+        };
+        // The removal: the cache turns dead, its magazines are emptied on
+        // every CPU, its empty slabs go back.
+        c.cache.mark_dead();
+        c.drain(&*env);
+        c.cache.shrink(&c.pages(&*env, None));
+        let mine = c.take_empty_dead();
+        let theirs = freer.join().unwrap();
+        // Once both are done the dead cache holds nothing, and exactly one
+        // side saw it empty (so the group is released exactly once).
+        let late = c.take_empty_dead();
+        assert_eq!(c.cache.nslabs(), 0, "a dead cache kept a slab");
+        assert_eq!(c.cache.stats().active_objects, 0);
+        assert_eq!([mine, theirs, late].iter().filter(|&&b| b).count(), 1, "released twice or never");
+        env.mags.shrink(&Pages::plain(&env.src));
+        assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
+    });
+}
