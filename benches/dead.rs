@@ -1,0 +1,62 @@
+//! Seed 001's TEST #1: freeing into a dead cache vs an alive one.
+//!
+//! Run with: `cargo bench --bench dead`
+//!
+//! For each object size, a thread allocates 1M objects inside a group and
+//! then frees them all, timed: once with the group alive, once after the
+//! group was removed (its caches dead: no per-CPU caching, empty slabs go
+//! back at once). Rounds interleave; medians of 5 are reported with the
+//! dead/alive ratio beside the seed's.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::time::{Duration, Instant};
+
+use kmemcg::{Kmem, OsPages};
+
+static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+
+const N: usize = 1_000_000;
+
+fn run(size: usize, dead: bool, round: usize) -> Duration {
+    let g = KMEM.root().create_child(&format!("s{size}-{dead}-{round}")).unwrap();
+    let layout = Layout::from_size_align(size, 8).unwrap();
+    let ptrs: Vec<*mut u8> = {
+        let _in = g.enter();
+        // SAFETY: valid layout.
+        (0..N).map(|_| unsafe { KMEM.alloc(layout) }).collect()
+    };
+    if dead {
+        g.remove().unwrap();
+    }
+    let t = Instant::now();
+    for p in ptrs {
+        // SAFETY: each block is freed once with its layout.
+        unsafe { KMEM.dealloc(p, layout) };
+    }
+    let d = t.elapsed();
+    if !dead {
+        g.remove().unwrap();
+    }
+    KMEM.shrink();
+    d
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1e3
+}
+
+fn main() {
+    let seed = [(64, "373 / 1300 (3.5x)"), (128, "-"), (256, "-"), (512, "-"), (1024, "1.8x")];
+    println!("| size | alive ms | dead ms | dead/alive | seed 001 (ms per 1M frees per CPU, ratio) |");
+    println!("|---|---|---|---|---|");
+    for (size, s) in seed {
+        let (mut alive, mut dead) = (Vec::new(), Vec::new());
+        for round in 0..5 {
+            alive.push(run(size, false, round));
+            dead.push(run(size, true, round));
+        }
+        let (a, d) = (median(alive), median(dead));
+        println!("| {size} | {a:.1} | {d:.1} | {:.2}x | {s} |", d / a);
+    }
+}
