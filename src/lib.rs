@@ -52,9 +52,14 @@
 //! * **stock**: pages pre-charged per CPU slot, so most slab grows skip the
 //!   shared counters ([`STOCK_MAX`] per slot and counter).
 //! * **max / high / soft / low**: a group's hard limit (charges fail past
-//!   it after reclaim), throttling threshold, contention target, and
-//!   protection. `max` is enforced; the other three are stored and
-//!   reported, and are acted on by the reclaim work still to come.
+//!   it after reclaim), throttling threshold (the allocating task reclaims
+//!   above it, nothing fails), contention target (reclaimed first, largest
+//!   excess first, when memory is contended), and protection from
+//!   contention reclaim.
+//! * **reclaim**: giving back what a group subtree holds unused: its
+//!   magazines, empty slabs and stocks, then what its shrinkers free.
+//! * **dead cache**: a removed group's cache: no magazines, empty slabs go
+//!   back at once, and it goes with its last object.
 //!
 //! # Layers, bottom to top
 //!
@@ -71,7 +76,7 @@
 //! | slab | `slab` | caches: slabs, per-node partial/full/empty lists; charges slab pages |
 //! | magazine | `magazine` | per-CPU loaded/previous magazines, per-node depots, the slot handshake |
 //! | cgroup | `cgroup` | groups, child caches, subtree walks |
-//! | heap | `heap` | [`Kmem`]: size classes, page path, typed caches, group API, reclaim, reports |
+//! | heap | `heap` | [`Kmem`]: size classes, page path, typed caches, group API, removal, reclaim and shrinkers, reports |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] |
 //!
 //! # Lock order
@@ -79,7 +84,9 @@
 //! Outer before inner; no path takes them the other way:
 //!
 //! 1. `Kmem::registry_lock` (cache creation and destruction only);
-//! 2. `Kmem::tree_lock` (group creation, subtree reclaim);
+//! 2. `Kmem::tree_lock` (group creation and removal, subtree reclaim, group
+//!    reclamation); shrinkers are called with no lock held, and the
+//!    shrinker list's own lock only while copying it;
 //! 3. a slot's drainer flag (drains only; the slot *holder* takes no lock);
 //! 4. a depot lock (one magazine exchange per hold);
 //! 5. a cache's per-node list lock (one slab-list update, or one batch of
@@ -106,7 +113,11 @@
 //! | `Group::first_child`, `Kmem::all_groups` | `create_child`, under `tree_lock` | `Release` | `Acquire` in walks and reports |
 //! | `Kmem::registry` | `create_cache`, after writing the descriptor | `Release` | `Acquire` in reports and `shrink` |
 //! | `CacheDesc::live` | create/destroy, under `registry_lock` | `Relaxed` | readers under the lock; reports tolerate a stale flag (rows of a cache being destroyed) |
-//! | `Group::refs` | handles, guards, children | `Relaxed` inc, `Release` dec | groups are not freed yet; the count is kept for removal |
+//! | `Group::refs` | handles, guards, children, child caches, large objects | `Relaxed` inc, `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
+//! | `Group::state` | `remove`, under `tree_lock` | `Release` | `Acquire` in `is_offline` on the allocation path |
+//! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
+//! | `Kmem::readers` | iterations of groups (`read_guard`) | `Relaxed` inc + `fence(SeqCst)`, `Release` dec | the fence in `reclaim_groups` before it frees unlinked groups |
+//! | `Kmem::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
 //!
 //! # Bad input
