@@ -164,29 +164,37 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Reclaims `g`'s subtree in passes (see the module docs); returns the
     /// pages uncharged.
     pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
+        self.reclaim_passes(g, RECLAIM_PASSES, 4)
+    }
+
+    /// Up to `passes` passes, each asking shrinkers for `1/share` of what
+    /// they hold in scope; stops early when a pass frees nothing.
+    fn reclaim_passes(&self, g: &Group<R>, passes: usize, share: usize) -> usize {
         let mut pages = 0;
-        for _ in 0..RECLAIM_PASSES {
+        for _ in 0..passes {
             pages += self.reclaim_caches(g);
-            if self.run_shrinkers(g) == 0 {
+            let before = g.counter.usage();
+            if self.run_shrinkers(g, share) == 0 {
                 break;
             }
+            pages += before.saturating_sub(g.counter.usage());
         }
         pages
     }
 
     /// Calls every shrinker for `g` on every node, without locks held;
     /// returns the objects they freed.
-    fn run_shrinkers(&self, g: &Group<R>) -> usize {
+    fn run_shrinkers(&self, g: &Group<R>, share: usize) -> usize {
         let list = *self.shrinkers.lock();
         let mut freed = 0;
         for s in list.iter().flatten() {
             for node in 0..self.platform.nodes().max(1) {
                 let sc = ShrinkControl { target: self.group_id(g), node, within: within::<R> };
-                // A quarter per pass (at least one), as Linux scans at a
+                // A share per pass (at least one), as Linux scans at a
                 // priority rather than emptying a cache at once.
                 let n = s.count(&sc);
                 if n > 0 {
-                    freed += s.scan(&sc, n / 4 + 1);
+                    freed += s.scan(&sc, n / share + 1);
                 }
             }
         }
@@ -263,7 +271,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             });
             // SAFETY: referenced above.
             if let Some(b) = unsafe { best.as_ref() } {
-                let pages = self.reclaim(b);
+                // Contention reclaim takes a little at a time (1/16 of what
+                // the shrinkers hold, one pass) and lets the caller retry,
+                // so groups settle near their soft limits instead of
+                // swinging.
+                let pages = self.reclaim_passes(b, 1, 16);
                 if soft {
                     b.ev_soft.add(1);
                     b.soft_pages.add(pages);
