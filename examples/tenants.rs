@@ -95,7 +95,7 @@ fn lru_worker(t: &Tenant, lru: &Lru, blob: usize, burst: bool, stop: &AtomicBool
     let _in = t.group.enter();
     let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let n = if burst && round % 50 == 0 { 4000 } else { 200 };
+        let n = if burst && round.is_multiple_of(50) { 4000 } else { 200 };
         for _ in 0..n {
             let mut b: Vec<u8> = Vec::new();
             if b.try_reserve_exact(blob).is_err() {
