@@ -1,10 +1,10 @@
 //! Seed 002's soft-limit experiments, `high` throttling, `low` protection,
 //! shrinkers, and reclaim that must terminate.
 
+use crate::sync::{AtomicBool, AtomicUsize, Ordering as O};
 use core::alloc::{GlobalAlloc, Layout};
 use std::boxed::Box;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as O};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::vec::Vec;
