@@ -18,10 +18,12 @@ use core::ptr::{self, NonNull};
 
 use lock_api::RawMutex;
 
-use crate::counter::PageCounter;
+use crate::counter::{PageCounter, PressureCounter};
 use crate::error::Name;
 use crate::magazine::MagCache;
-use crate::sync::{AtomicPtr, AtomicU8, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_usize, fence};
+use crate::sync::{
+    AtomicPtr, AtomicU8, AtomicUsize, Ordering, Stat, UnsafeCell, atomic_null, atomic_u8, atomic_usize, fence,
+};
 
 /// `Group::state` of a live group.
 pub(crate) const ONLINE: u8 = 0;
@@ -75,6 +77,44 @@ pub(crate) struct Group<R: RawMutex> {
     pub(crate) soft_pages: Stat,
     /// Times contention reclaim skipped this group as protected by `low`.
     pub(crate) ev_low: Stat,
+    /// Named pressure resources (see `counter::pressure`).
+    pub(crate) pressures: [PressureSlot; MAX_PRESSURES],
+}
+
+/// Named pressure resources a group can hold.
+pub(crate) const MAX_PRESSURES: usize = 4;
+
+/// `PressureSlot::state`: unused.
+pub(crate) const SLOT_EMPTY: u8 = 0;
+/// `PressureSlot::state`: published; `inner` is fixed except for atomics.
+pub(crate) const SLOT_LIVE: u8 = 2;
+
+/// One named pressure resource of a group. `inner` is written once, under
+/// the tree lock, before `state` becomes `SLOT_LIVE` with `Release`;
+/// readers load `state` with `Acquire` first.
+pub(crate) struct PressureSlot {
+    pub(crate) state: AtomicU8,
+    pub(crate) inner: UnsafeCell<(Name, PressureCounter)>,
+}
+
+impl PressureSlot {
+    const fn new() -> Self {
+        PressureSlot {
+            state: atomic_u8(SLOT_EMPTY),
+            // SAFETY: a null parent is always valid.
+            inner: UnsafeCell::new((Name::EMPTY, unsafe { PressureCounter::new(ptr::null()) })),
+        }
+    }
+
+    /// The name and counter, once published.
+    pub(crate) fn get(&self) -> Option<(&Name, &PressureCounter)> {
+        if self.state.load(Ordering::Acquire) != SLOT_LIVE {
+            return None;
+        }
+        // SAFETY: published slots are never written again (their counter
+        // is all atomics).
+        self.inner.with_mut(|p| unsafe { Some((&(*p).0, &(*p).1)) })
+    }
 }
 
 // SAFETY: all mutable state is atomic or written under the tree lock; the
@@ -113,6 +153,7 @@ impl<R: RawMutex> Group<R> {
             ev_soft: Stat::new(),
             soft_pages: Stat::new(),
             ev_low: Stat::new(),
+            pressures: [const { PressureSlot::new() }; MAX_PRESSURES],
         }
     }
 
@@ -143,6 +184,7 @@ impl<R: RawMutex> Group<R> {
             ev_soft: Stat::new(),
             soft_pages: Stat::new(),
             ev_low: Stat::new(),
+            pressures: [const { PressureSlot::new() }; MAX_PRESSURES],
         }
     }
 
@@ -191,6 +233,11 @@ impl<R: RawMutex> Group<R> {
             return true;
         }
         false
+    }
+
+    /// The published pressure resource `name`, if any.
+    pub(crate) fn pressure(&self, name: &Name) -> Option<&PressureCounter> {
+        self.pressures.iter().filter_map(PressureSlot::get).find(|(n, _)| *n == name).map(|(_, c)| c)
     }
 
     /// The parent group.

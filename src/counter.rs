@@ -335,5 +335,9 @@ impl PageCounter {
     }
 }
 
+mod pressure;
+
+pub use pressure::{PressureCounter, PressureState, Thresholds};
+
 #[cfg(all(test, not(loom)))]
 mod tests;

@@ -40,6 +40,16 @@ pub enum Error {
     RootGroup,
     /// Every shrinker slot is taken.
     TooManyShrinkers,
+    /// Pressure thresholds not ordered `min <= pressure <= max`.
+    BadThresholds,
+    /// A pressure threshold above the parent's `max` for that resource
+    /// (bytes).
+    AboveParentMax {
+        /// The parent's `max`.
+        parent_max: usize,
+    },
+    /// The group already holds the most named pressure resources (4).
+    TooManyResources,
 }
 
 /// A group's name, as carried by errors and reports.
@@ -87,6 +97,11 @@ impl fmt::Display for Error {
             Error::Removed => f.write_str("the group has been removed"),
             Error::RootGroup => f.write_str("the root group cannot be removed"),
             Error::TooManyShrinkers => f.write_str("every shrinker slot is taken"),
+            Error::BadThresholds => f.write_str("pressure thresholds must satisfy min <= pressure <= max"),
+            Error::AboveParentMax { parent_max } => {
+                write!(f, "a threshold is above the parent's max of {parent_max} bytes")
+            }
+            Error::TooManyResources => f.write_str("the group holds the most pressure resources it can"),
         }
     }
 }

@@ -8,12 +8,14 @@
 mod classes;
 mod groups;
 mod large;
+mod pressure;
 mod reclaim;
 mod report;
 mod typed;
 
 pub use classes::MAX_CLASS_SIZE;
 pub use groups::{Cgroup, CgroupAllocator, CgroupGuard, GroupStat};
+pub use pressure::Pressure;
 pub use reclaim::{GroupId, ShrinkControl, Shrinker};
 pub use report::{KmemStats, SlabInfo};
 pub use typed::{CacheBox, CacheFlags, KmemCache};

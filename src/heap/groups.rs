@@ -77,6 +77,16 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         unsafe { &*self.group.as_ptr() }
     }
 
+    /// The allocator.
+    pub(crate) fn kmem(&self) -> &'k Kmem<S, R, P> {
+        self.kmem
+    }
+
+    /// The group.
+    pub(crate) fn group_ref(&self) -> &'k Group<R> {
+        self.g()
+    }
+
     /// The group, or [`Error::Removed`].
     fn live(&self) -> Result<&'k Group<R>, Error> {
         let g = self.g();
@@ -306,6 +316,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             large: 0,
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
             ncaches: 0,
+            pressures: super::pressure::rows(g),
         };
         let mut add = |name: Name, objects: usize, pages: usize| {
             if st.ncaches < MAX_ACCOUNTED && pages > 0 {
@@ -525,6 +536,7 @@ pub struct GroupStat {
     pub large: usize,
     caches: [CacheRow; MAX_ACCOUNTED],
     ncaches: usize,
+    pressures: ([super::pressure::PressureRow; crate::cgroup::MAX_PRESSURES], usize),
 }
 
 impl GroupStat {
@@ -559,6 +571,9 @@ impl fmt::Display for GroupStat {
         writeln!(f, "large {}", self.large)?;
         for (name, objects, pages) in self.caches() {
             writeln!(f, "slab {name} {objects} {pages}")?;
+        }
+        for row in &self.pressures.0[..self.pressures.1] {
+            writeln!(f, "{row}")?;
         }
         Ok(())
     }

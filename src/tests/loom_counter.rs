@@ -145,3 +145,25 @@ fn loom_shrinker_registration_races_reclaim() {
         assert_eq!(*list.lock(), [None, Some(2)]);
     });
 }
+
+#[test]
+fn loom_pressure_charge_races_threshold_change() {
+    use crate::counter::{PressureCounter, PressureState, Thresholds};
+    loom::model(|| {
+        // SAFETY: no parent.
+        let c = Arc::new(unsafe { PressureCounter::new(core::ptr::null()) });
+        let charger = {
+            let c = c.clone();
+            thread::spawn(move || c.charge(2))
+        };
+        let set = c.set_thresholds(Thresholds { min: 0, pressure: 1, max: 1 });
+        let st = charger.join().unwrap();
+        if set.is_ok() {
+            assert!(st == PressureState::Refused || c.usage() <= 1, "a charge slipped under a lowered max");
+        }
+        if st != PressureState::Refused {
+            c.uncharge(2);
+        }
+        assert_eq!(c.usage(), 0);
+    });
+}

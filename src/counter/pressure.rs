@@ -1,0 +1,225 @@
+//! Pressure counters: per-group thresholds for resources that are not
+//! slabs (socket buffers, page cache, DMA pools), after Linux's `tcp_mem`
+//! and seed 003's per-container version.
+//!
+//! A [`PressureCounter`] counts bytes at its level and every ancestor
+//! level, like a page counter, and reports the state a charge leaves the
+//! group in: below `min` nobody is under pressure; above `pressure` the
+//! group enters pressure (callers should shrink, as TCP shrinks its
+//! windows) and stays there until its usage falls below `min` (or to 0);
+//! a charge that would pass `max` at any level is refused and rolled back.
+//! No lock: the check is as cheap as the counter.
+
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, Stat, atomic_bool, atomic_usize, fence};
+
+/// The three thresholds of a pressure resource, in bytes:
+/// `min <= pressure <= max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Below this, the group leaves pressure.
+    pub min: usize,
+    /// Above this, the group enters pressure.
+    pub pressure: usize,
+    /// Charges past this are refused.
+    pub max: usize,
+}
+
+impl Thresholds {
+    /// No thresholds at all.
+    pub const UNLIMITED: Thresholds = Thresholds { min: usize::MAX, pressure: usize::MAX, max: usize::MAX };
+
+    /// Whether `min <= pressure <= max`.
+    pub const fn is_ordered(&self) -> bool {
+        self.min <= self.pressure && self.pressure <= self.max
+    }
+}
+
+/// What a charge left the group in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PressureState {
+    /// Not under pressure.
+    Normal,
+    /// Under pressure: shrink what you hold (the charge went through).
+    UnderPressure,
+    /// Refused: the charge would pass `max` at this or an ancestor level;
+    /// nothing was charged.
+    Refused,
+}
+
+/// A hierarchical byte counter with `tcp_mem`-style thresholds.
+///
+/// | field | ordering | paired with |
+/// | --- | --- | --- |
+/// | `usage` | `Relaxed` RMW, then `fence(SeqCst)` in `charge` | the fence in `set_thresholds` (as `try_charge`/`set_max`) |
+/// | `max` | `Relaxed` store, then `fence(SeqCst)` | the fence in `charge` |
+/// | `min`, `pressure` | `Relaxed` | advisory: a stale value shifts a pressure transition by one charge |
+/// | `under` | `Relaxed` swap | one `entered` event per transition; no memory is guarded by it |
+pub struct PressureCounter {
+    usage: AtomicUsize,
+    min: AtomicUsize,
+    pressure: AtomicUsize,
+    max: AtomicUsize,
+    under: AtomicBool,
+    /// Times this level entered pressure.
+    pub(crate) entered: Stat,
+    /// Charges refused at this level.
+    pub(crate) refused: Stat,
+    /// The same resource one level up, or null. Fixed at creation; the
+    /// owner keeps it alive as long as this counter.
+    parent: *const PressureCounter,
+}
+
+// SAFETY: all state is atomic; `parent` is immutable and outlives us.
+unsafe impl Sync for PressureCounter {}
+// SAFETY: as above.
+unsafe impl Send for PressureCounter {}
+
+impl PressureCounter {
+    /// A counter with no thresholds below `parent` (null: none).
+    ///
+    /// # Safety
+    ///
+    /// A non-null `parent` must outlive the new counter.
+    #[cfg(not(loom))]
+    pub const unsafe fn new(parent: *const PressureCounter) -> Self {
+        PressureCounter {
+            usage: atomic_usize(0),
+            min: atomic_usize(usize::MAX),
+            pressure: atomic_usize(usize::MAX),
+            max: atomic_usize(usize::MAX),
+            under: atomic_bool(false),
+            entered: Stat::new(),
+            refused: Stat::new(),
+            parent,
+        }
+    }
+
+    /// A counter with no thresholds below `parent` (loom: not `const`).
+    ///
+    /// # Safety
+    ///
+    /// As for the `const` version.
+    #[cfg(loom)]
+    pub unsafe fn new(parent: *const PressureCounter) -> Self {
+        PressureCounter {
+            usage: atomic_usize(0),
+            min: atomic_usize(usize::MAX),
+            pressure: atomic_usize(usize::MAX),
+            max: atomic_usize(usize::MAX),
+            under: atomic_bool(false),
+            entered: Stat::new(),
+            refused: Stat::new(),
+            parent,
+        }
+    }
+
+    fn parent(&self) -> Option<&PressureCounter> {
+        // SAFETY: the constructor contract keeps the parent alive.
+        unsafe { self.parent.as_ref() }
+    }
+
+    /// Bytes charged here and below.
+    pub fn usage(&self) -> usize {
+        self.usage.load(Ordering::Relaxed)
+    }
+
+    /// The thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            min: self.min.load(Ordering::Relaxed),
+            pressure: self.pressure.load(Ordering::Relaxed),
+            max: self.max.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether this level is under pressure.
+    pub fn under_pressure(&self) -> bool {
+        self.under.load(Ordering::Relaxed)
+    }
+
+    /// Sets the thresholds: refused (with the usage) when they are not
+    /// ordered or `max` is below the usage.
+    pub fn set_thresholds(&self, t: Thresholds) -> Result<(), usize> {
+        if !t.is_ordered() {
+            return Err(self.usage());
+        }
+        self.min.store(t.min, Ordering::Relaxed);
+        self.pressure.store(t.pressure, Ordering::Relaxed);
+        loop {
+            let usage = self.usage();
+            if usage > t.max {
+                return Err(usage);
+            }
+            let old = self.max.swap(t.max, Ordering::Relaxed);
+            // Pairs with the fence in `charge` (Dekker, as `set_max`).
+            fence(Ordering::SeqCst);
+            if self.usage() <= t.max {
+                return Ok(());
+            }
+            self.max.store(old, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges `bytes` here and at every ancestor; refused and rolled back
+    /// if a level would pass its `max`.
+    pub fn charge(&self, bytes: usize) -> PressureState {
+        let mut state = PressureState::Normal;
+        let mut c = Some(self);
+        while let Some(k) = c {
+            let new = k.usage.fetch_add(bytes, Ordering::Relaxed).wrapping_add(bytes);
+            // Pairs with the fence in `set_thresholds`.
+            fence(Ordering::SeqCst);
+            if new > k.max.load(Ordering::Relaxed) || new < bytes {
+                k.usage.fetch_sub(bytes, Ordering::Relaxed);
+                k.refused.add(1);
+                let mut u = Some(self);
+                while let Some(l) = u.filter(|l| !core::ptr::eq(*l, k)) {
+                    l.usage.fetch_sub(bytes, Ordering::Relaxed);
+                    u = l.parent();
+                }
+                return PressureState::Refused;
+            }
+            if new > k.pressure.load(Ordering::Relaxed) {
+                if !k.under.swap(true, Ordering::Relaxed) {
+                    k.entered.add(1);
+                }
+                state = PressureState::UnderPressure;
+            } else if k.under.load(Ordering::Relaxed) {
+                if new < k.min.load(Ordering::Relaxed) || new == 0 {
+                    k.under.store(false, Ordering::Relaxed);
+                } else {
+                    state = PressureState::UnderPressure;
+                }
+            }
+            c = k.parent();
+        }
+        state
+    }
+
+    /// Takes `bytes` off this level and every ancestor; a level that falls
+    /// below its `min` leaves pressure.
+    pub fn uncharge(&self, bytes: usize) {
+        let mut c = Some(self);
+        while let Some(k) = c {
+            let old = k.usage.fetch_sub(bytes, Ordering::Relaxed);
+            debug_assert!(old >= bytes, "pressure counter underflow");
+            let new = old - bytes;
+            if (new < k.min.load(Ordering::Relaxed) || new == 0) && k.under.load(Ordering::Relaxed) {
+                k.under.store(false, Ordering::Relaxed);
+            }
+            c = k.parent();
+        }
+    }
+
+    /// The state of this level now.
+    pub fn state(&self) -> PressureState {
+        let mut c = Some(self);
+        while let Some(k) = c {
+            if k.under_pressure() {
+                return PressureState::UnderPressure;
+            }
+            c = k.parent();
+        }
+        PressureState::Normal
+    }
+}

@@ -1,0 +1,121 @@
+use std::boxed::Box;
+use std::string::ToString;
+use std::thread;
+use std::vec::Vec;
+
+use super::*;
+use crate::heap::Kmem;
+use crate::platform::OsPages;
+
+fn kmem() -> &'static Kmem<OsPages> {
+    Box::leak(Box::new(Kmem::new(OsPages::new())))
+}
+
+fn t(min: usize, pressure: usize, max: usize) -> Thresholds {
+    Thresholds { min, pressure, max }
+}
+
+#[test]
+fn thresholds_are_validated_against_order_and_the_parent() {
+    let k = kmem();
+    let parent = k.root().create_child("container").unwrap();
+    let child = parent.create_child("app").unwrap();
+    assert_eq!(parent.pressure("tcp", t(10, 5, 20)).err(), Some(Error::BadThresholds));
+    assert_eq!(parent.pressure("tcp", t(10, 20, 15)).err(), Some(Error::BadThresholds));
+    assert_eq!(parent.pressure("", t(1, 2, 3)).err(), Some(Error::NameEmpty));
+    let p = parent.pressure("tcp", t(1000, 2000, 3000)).unwrap();
+    assert_eq!(child.pressure("tcp", t(100, 200, 3001)).err(), Some(Error::AboveParentMax { parent_max: 3000 }));
+    let c = child.pressure("tcp", t(100, 200, 3000)).unwrap();
+    assert_eq!(c.thresholds(), t(100, 200, 3000));
+    // Re-tuning returns the same resource.
+    let c2 = child.pressure("tcp", t(50, 100, 150)).unwrap();
+    assert_eq!(c.thresholds(), t(50, 100, 150));
+    assert_eq!(c2.charge(100), PressureState::Normal);
+    assert_eq!(c.usage(), 100);
+    assert_eq!(child.pressure("tcp", t(10, 20, 30)).err(), Some(Error::LimitBelowUsage { usage: 100 }));
+    c.uncharge(100);
+    for name in ["a", "b", "c"] {
+        child.pressure(name, Thresholds::UNLIMITED).unwrap();
+    }
+    assert_eq!(child.pressure("d", Thresholds::UNLIMITED).err(), Some(Error::TooManyResources));
+    drop(p);
+}
+
+#[test]
+fn state_transitions_at_each_boundary() {
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    let p = g.pressure("tcp", t(100, 200, 300)).unwrap();
+    assert_eq!(p.charge(100), PressureState::Normal);
+    assert_eq!(p.charge(100), PressureState::Normal, "exactly at `pressure` is not above it");
+    assert_eq!(p.charge(1), PressureState::UnderPressure);
+    assert_eq!(p.entered(), 1);
+    p.uncharge(50);
+    assert_eq!(p.state(), PressureState::UnderPressure, "stays under pressure until below min");
+    assert_eq!(p.charge(0), PressureState::UnderPressure);
+    p.uncharge(52);
+    assert_eq!(p.usage(), 99);
+    assert_eq!(p.state(), PressureState::Normal, "below min leaves pressure");
+    assert_eq!(p.charge(201), PressureState::UnderPressure);
+    assert_eq!(p.entered(), 2);
+    assert_eq!(p.usage(), 300, "exactly max is allowed");
+    assert_eq!(p.charge(1), PressureState::Refused);
+    assert_eq!(p.usage(), 300, "a refused charge charges nothing");
+    assert_eq!(p.refused(), 1);
+    p.uncharge(300);
+    let st = g.stat().to_string();
+    assert!(st.contains("pressure tcp usage 0 min 100 pressure 200 max 300"), "{st}");
+}
+
+#[test]
+fn charges_propagate_and_the_parent_max_binds() {
+    let k = kmem();
+    let parent = k.root().create_child("host").unwrap();
+    let a = parent.create_child("a").unwrap();
+    let b = parent.create_child("b").unwrap();
+    let pp = parent.pressure("tcp", t(0, 500, 1000)).unwrap();
+    let pa = a.pressure("tcp", t(0, 800, 1000)).unwrap();
+    let pb = b.pressure("tcp", t(0, 800, 1000)).unwrap();
+    assert_eq!(pa.charge(600), PressureState::UnderPressure, "the parent crossed its pressure mark");
+    assert_eq!(pp.usage(), 600);
+    assert_eq!(pb.charge(500), PressureState::Refused, "the parent's max binds b");
+    assert_eq!((pb.usage(), pp.usage()), (0, 600));
+    assert_eq!(pp.refused(), 1);
+    assert_eq!(pb.charge(400), PressureState::UnderPressure);
+    pa.uncharge(600);
+    pb.uncharge(400);
+    assert_eq!(pp.usage(), 0);
+    assert_eq!(pp.state(), PressureState::Normal);
+}
+
+#[test]
+fn concurrent_charge_and_uncharge_leave_zero() {
+    let k = kmem();
+    let parent = k.root().create_child("p").unwrap();
+    let pp = parent.pressure("buf", t(1 << 10, 1 << 14, 1 << 16)).unwrap();
+    let kids: Vec<_> = (0..4).map(|i| parent.create_child(&std::format!("k{i}")).unwrap()).collect();
+    let hs: Vec<_> = kids
+        .into_iter()
+        .map(|kid| {
+            thread::spawn(move || {
+                let r = kid.pressure("buf", t(0, 1 << 12, 1 << 15)).unwrap();
+                let mut held = 0;
+                for i in 0..50_000 {
+                    if i % 3 == 2 {
+                        r.uncharge(held);
+                        held = 0;
+                    } else if r.charge(64 + i % 200) != PressureState::Refused {
+                        held += 64 + i % 200;
+                    }
+                    assert!(r.usage() <= (1 << 15) + 4 * 264, "max overshot beyond in-flight charges");
+                }
+                r.uncharge(held);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(pp.usage(), 0);
+    assert_eq!(pp.state(), PressureState::Normal);
+}
