@@ -29,10 +29,10 @@ fn round(tcp: Option<Arc<Pressure<'static, OsPages>>>) -> f64 {
         s.set_nodelay(true).unwrap();
         let mut b = [0u8; 1];
         loop {
-            if let Some(t) = &tcp {
-                if t.charge(1) == PressureState::Refused {
-                    thread::yield_now();
-                }
+            if let Some(t) = &tcp
+                && t.charge(1) == PressureState::Refused
+            {
+                thread::yield_now();
             }
             if s.read_exact(&mut b).is_err() {
                 break;
