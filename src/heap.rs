@@ -427,8 +427,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         match class_of(size, align) {
             Some(c) => {
-                let cache = self.cache_for(g, c, &self.classes[c])?;
-                self.alloc_from(cache).ok()
+                // SAFETY: `class_of` returns indices below NCLASSES.
+                let base = unsafe { self.classes.get_unchecked(c) };
+                let cache = self.cache_for(g, c, base)?;
+                match cache.alloc_fast(self) {
+                    Some(p) => Some(p),
+                    None => self.alloc_slow_opt(cache),
+                }
             }
             None => self.alloc_large(g, size, align),
         }
@@ -457,6 +462,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             self.after_refill(cache);
         }
         r
+    }
+
+    /// [`Kmem::alloc_slow_from`] for the paths that want no error: an
+    /// `Option` comes back in a register, so the fast path around it needs
+    /// no stack frame.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow_opt(&self, cache: &MagCache<R>) -> Option<NonNull<u8>> {
+        self.alloc_slow_from(cache).ok()
     }
 
     /// A cache could not grow: for a refused charge, reclaim the refusing
@@ -557,7 +571,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         match class_of(size, align) {
             Some(c) => {
-                let base = &self.classes[c];
+                // SAFETY: `class_of` returns indices below NCLASSES.
+                let base = unsafe { self.classes.get_unchecked(c) };
                 if cfg!(debug_assertions) && !self.is_object_of(base, ptr) {
                     self.bad_frees.add(1);
                     return;

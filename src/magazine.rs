@@ -155,7 +155,8 @@ impl Slots {
     #[inline(always)]
     fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
         let slot = plat.enter()?;
-        let s = &self.sync[slot];
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let s = unsafe { self.sync.get_unchecked(slot) };
         s.state.store(HELD, Ordering::Relaxed);
         // Orders the store above before the load below (Dekker).
         if plat.asymmetric() {
@@ -176,7 +177,8 @@ impl Slots {
     #[inline(always)]
     fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
         // Release: a drainer that sees `USED` sees our magazine writes.
-        self.sync[slot].state.store(USED, Ordering::Release);
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        unsafe { self.sync.get_unchecked(slot) }.state.store(USED, Ordering::Release);
         plat.exit(slot);
     }
 
@@ -459,7 +461,8 @@ impl<R: RawMutex> MagCache<R> {
     #[inline(always)]
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
         let slot = cx.slots().hold(cx.plat())?;
-        let r = self.cpus[slot].with_mut(|m| {
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let r = unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours; a
             // non-null `loaded` is a live magazine of this cache.
             unsafe {
@@ -594,7 +597,8 @@ impl<R: RawMutex> MagCache<R> {
             let local =
                 cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
-                self.cpus[slot].with_mut(|m| {
+                // SAFETY: the platform contract keeps slots below MAX_CPUS.
+                unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
                     // SAFETY: we hold the slot; `loaded`, if set, is live.
                     unsafe {
                         let m = &mut *m;

@@ -82,7 +82,10 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
     } else {
         return None;
     };
-    if align <= GEOMETRIES[idx].align { Some(idx) } else { class_for_align(idx, align) }
+    // SAFETY: both tables hold class indices below NCLASSES (built by
+    // `first_class_at_least`, which never returns more than NCLASSES - 1).
+    let class_align = unsafe { GEOMETRIES.get_unchecked(idx) }.align;
+    if align <= class_align { Some(idx) } else { class_for_align(idx, align) }
 }
 
 /// Moves up from `idx` to the first class aligned to `align`.

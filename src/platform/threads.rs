@@ -130,10 +130,10 @@ unsafe impl Platform for Threads {
 
     #[inline(always)]
     fn enter(&self) -> Option<usize> {
-        match SLOT.try_with(Cell::get) {
-            Ok(slot) if slot != NONE => Some(slot),
-            _ => self.claim(),
-        }
+        // A const-initialised cell without a destructor never becomes
+        // inaccessible, so `with` has no failure path here.
+        let slot = SLOT.with(Cell::get);
+        if slot != NONE { Some(slot) } else { self.claim() }
     }
 
     #[inline(always)]
