@@ -698,7 +698,7 @@ impl<R: RawMutex> Cache<R> {
 
     /// Walks every list and slab and checks the accounting equations;
     /// panics on the first violation (tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "paranoid"))]
     pub(crate) fn check(&self) {
         for (n, node) in self.nodes.iter().enumerate() {
             let lists = node.lock();

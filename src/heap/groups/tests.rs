@@ -17,43 +17,6 @@ fn kmem() -> &'static K {
     Box::leak(Box::new(Kmem::new(OsPages::new())))
 }
 
-impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// The accounting equations, checked on a quiescent allocator after
-    /// draining magazines and stocks: for every group, usage equals the
-    /// pages of the slabs it owns plus its large objects plus its
-    /// children's usage; nothing is negative or wrapped.
-    pub(crate) fn check_accounting(&self) {
-        self.shrink();
-        let own = |g: &Group<R>| -> usize {
-            let mut pages = 0;
-            if core::ptr::eq(g, &self.root) {
-                self.for_each_base_cache(|c| {
-                    if c.acct == crate::magazine::Acct::Root {
-                        pages += c.cache.stats().pages;
-                    }
-                });
-            } else {
-                g.for_each_cache(|_, c| pages += c.cache.stats().pages);
-            }
-            pages + g.counter.stocked()
-        };
-        // Large pages charged to the root itself: all minus the groups'.
-        let mut in_groups = 0;
-        self.for_each_group(|x| in_groups += x.large_pages.get());
-        let root_large = self.large_pages.get() - in_groups;
-        let check = |g: &Group<R>| {
-            let children: usize = g.children().map(|c| c.counter.usage()).sum();
-            let is_root = core::ptr::eq(g, &self.root);
-            let large = if is_root { root_large } else { g.large_pages.get() };
-            let usage = g.counter.usage();
-            assert!(usage < usize::MAX / 2, "usage of {} wrapped: {usage}", g.name.as_str());
-            assert_eq!(usage, own(g) + large + children, "accounting of group {}", g.name.as_str());
-        };
-        check(&self.root);
-        self.for_each_group(|g| check(g));
-    }
-}
-
 #[test]
 fn charges_go_to_the_current_group_and_up_the_tree() {
     let k = kmem();

@@ -1,0 +1,105 @@
+//! Alloc/free/realloc of arbitrary sizes and alignments through `Kmem` on a
+//! small `Region`, checked against a shadow model for overlap, alignment and
+//! content; ends by freeing everything and checking every page came back.
+
+#![no_main]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+
+use arbitrary::Arbitrary;
+use kmemcg::{Kmem, PageSource, Region};
+use libfuzzer_sys::fuzz_target;
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Alloc { size: u16, big: bool, align_shift: u8 },
+    Free { idx: u8 },
+    Realloc { idx: u8, size: u16, big: bool },
+}
+
+fn size(s: u16, big: bool) -> usize {
+    if big { (s as usize) * 64 } else { s as usize }
+}
+
+fn kmem() -> &'static Kmem<Region> {
+    let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
+    k.source().add(Box::leak(vec![MaybeUninit::uninit(); 8 << 20].into_boxed_slice()), 0).unwrap();
+    k
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let k = kmem();
+    // (address -> (size, align, tag))
+    let mut live: BTreeMap<usize, (usize, usize, u8)> = BTreeMap::new();
+    let mut order: Vec<usize> = Vec::new();
+    for (step, op) in ops.into_iter().enumerate() {
+        let tag = step as u8 | 1;
+        match op {
+            Op::Alloc { size: s, big, align_shift } => {
+                let (s, align) = (size(s, big).max(1), 1usize << (align_shift % 17));
+                let Ok(l) = Layout::from_size_align(s, align) else { continue };
+                // SAFETY: non-zero size.
+                let p = unsafe { k.alloc(l) };
+                if p.is_null() {
+                    continue;
+                }
+                let a = p as usize;
+                assert_eq!(a % align, 0, "misaligned");
+                if let Some((&b, &(bs, _, _))) = live.range(..a + s).next_back() {
+                    assert!(b + bs <= a, "overlap");
+                }
+                // SAFETY: a fresh block of `s` bytes.
+                unsafe { p.write_bytes(tag, s) };
+                live.insert(a, (s, align, tag));
+                order.push(a);
+            }
+            Op::Free { idx } if !order.is_empty() => {
+                let a = order.swap_remove(idx as usize % order.len());
+                let (s, align, t) = live.remove(&a).unwrap();
+                // SAFETY: a live block of `s` bytes.
+                assert!(unsafe { std::slice::from_raw_parts(a as *const u8, s) }.iter().all(|&b| b == t));
+                // SAFETY: freed once with its layout.
+                unsafe { k.dealloc(a as *mut u8, Layout::from_size_align(s, align).unwrap()) };
+            }
+            Op::Realloc { idx, size: ns, big } if !order.is_empty() => {
+                let i = idx as usize % order.len();
+                let a = order[i];
+                let (s, align, t) = live[&a];
+                let ns = size(ns, big).max(1);
+                if Layout::from_size_align(ns, align).is_err() {
+                    continue;
+                }
+                // SAFETY: live block with its layout; non-zero new size.
+                let p = unsafe { k.realloc(a as *mut u8, Layout::from_size_align(s, align).unwrap(), ns) };
+                if p.is_null() {
+                    continue;
+                }
+                live.remove(&a);
+                // SAFETY: the kept prefix of the block.
+                assert!(
+                    unsafe { std::slice::from_raw_parts(p, s.min(ns)) }.iter().all(|&b| b == t),
+                    "realloc lost data"
+                );
+                assert_eq!(p as usize % align, 0);
+                if let Some((&b, &(bs, _, _))) = live.range(..p as usize + ns).next_back() {
+                    assert!(b + bs <= p as usize, "realloc overlap");
+                }
+                // SAFETY: the block is `ns` bytes now.
+                unsafe { p.write_bytes(t, ns) };
+                live.insert(p as usize, (ns, align, t));
+                order[i] = p as usize;
+            }
+            _ => {}
+        }
+    }
+    k.check_invariants();
+    for (a, (s, align, _)) in live {
+        // SAFETY: freed once with its layout.
+        unsafe { k.dealloc(a as *mut u8, Layout::from_size_align(s, align).unwrap()) };
+    }
+    k.shrink();
+    assert_eq!(k.stats().bad_frees, 0);
+    assert_eq!(k.source().stats().pages_in_use, 0, "pages not returned");
+});
