@@ -19,8 +19,13 @@ struct Call {
 }
 
 fuzz_target!(|calls: Vec<Call>| {
-    let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
-    k.source().add(Box::leak(vec![MaybeUninit::uninit(); 4 << 20].into_boxed_slice()), 0).unwrap();
+    // One allocator per process: every input ends with everything freed.
+    static K: std::sync::OnceLock<&'static Kmem<Region>> = std::sync::OnceLock::new();
+    let k = *K.get_or_init(|| {
+        let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
+        k.source().add(Box::leak(vec![MaybeUninit::uninit(); 4 << 20].into_boxed_slice()), 0).unwrap();
+        k
+    });
     // A live block that hostile calls must not disturb.
     let anchor = Layout::from_size_align(100, 8).unwrap();
     // SAFETY: valid layout.

@@ -23,10 +23,15 @@ fn size(s: u16, big: bool) -> usize {
     if big { (s as usize) * 64 } else { s as usize }
 }
 
+/// One allocator per process: every input ends with everything freed, so
+/// each starts from the same state.
 fn kmem() -> &'static Kmem<Region> {
-    let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
-    k.source().add(Box::leak(vec![MaybeUninit::uninit(); 8 << 20].into_boxed_slice()), 0).unwrap();
-    k
+    static K: std::sync::OnceLock<&'static Kmem<Region>> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
+        k.source().add(Box::leak(vec![MaybeUninit::uninit(); 8 << 20].into_boxed_slice()), 0).unwrap();
+        k
+    })
 }
 
 fuzz_target!(|ops: Vec<Op>| {

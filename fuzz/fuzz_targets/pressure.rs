@@ -18,15 +18,18 @@ enum Op {
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
-    k.source().add(Box::leak(vec![MaybeUninit::uninit(); 1 << 20].into_boxed_slice()), 0).unwrap();
+    // One allocator per process; each input's groups are removed at its end.
+    static K: std::sync::OnceLock<&'static Kmem<Region>> = std::sync::OnceLock::new();
+    let k = *K.get_or_init(|| {
+        let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
+        k.source().add(Box::leak(vec![MaybeUninit::uninit(); 1 << 20].into_boxed_slice()), 0).unwrap();
+        k
+    });
     let host = k.root().create_child("host").unwrap();
     let kids = [host.create_child("a").unwrap(), host.create_child("b").unwrap()];
-    let unl = Thresholds::UNLIMITED;
     let hp = host.pressure("tcp", Thresholds { min: 1000, pressure: 5000, max: 20000 }).unwrap();
     let res: Vec<Pressure<'static, Region>> =
         kids.iter().map(|g| g.pressure("tcp", Thresholds { min: 0, pressure: 10000, max: 20000 }).unwrap()).collect();
-    let _ = unl;
     let mut held: Vec<(usize, usize)> = Vec::new();
     for op in ops {
         match op {
@@ -56,4 +59,10 @@ fuzz_target!(|ops: Vec<Op>| {
     }
     assert_eq!(hp.usage(), 0);
     assert!(res.iter().all(|r| r.usage() == 0));
+    drop(res);
+    drop(hp);
+    for g in &kids {
+        g.remove().unwrap();
+    }
+    host.remove().unwrap();
 });
