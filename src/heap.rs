@@ -117,6 +117,49 @@ pub(crate) struct Limbo<R: RawMutex> {
 // under the tree lock.
 unsafe impl<R: RawMutex> Send for Limbo<R> {}
 
+/// Stops the program on heap misuse in hardened mode: writes `msg` to
+/// standard error (without allocating) and aborts; without `std`, panics
+/// with it. Outside hardened mode it returns (debug builds count the bad
+/// free and ignore it).
+#[cold]
+#[inline(never)]
+pub(crate) fn hardened_abort(msg: &str) {
+    if !cfg!(feature = "hardened") {
+        return;
+    }
+    #[cfg(all(feature = "std", not(loom)))]
+    // SAFETY: writing a valid buffer to fd 2 and aborting touch no memory of
+    // ours; neither allocates.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::write(2, b"\n".as_ptr().cast(), 1);
+        libc::abort();
+    }
+    #[cfg(not(all(feature = "std", not(loom))))]
+    panic!("{}", msg);
+}
+
+/// Hardened mode: marks `p` handed out by `cache`; an object handed out
+/// twice means the heap is corrupt.
+#[inline(always)]
+pub(crate) fn hardened_on_alloc<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>) {
+    // SAFETY: `p` is an object the cache just handed out.
+    if cfg!(feature = "hardened") && !unsafe { cache.cache.mark_allocated(p.as_ptr()) } {
+        hardened_abort("kmemcg: an object was handed out twice (heap corruption)");
+    }
+}
+
+/// Hardened mode: marks `p` freed in `cache`; freeing an object that is
+/// not allocated is a double free.
+#[inline(always)]
+pub(crate) fn hardened_on_free<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>) {
+    // SAFETY: `p` is an object slot of `cache` (checked before in hardened
+    // mode).
+    if cfg!(feature = "hardened") && !unsafe { cache.cache.mark_freed(p.as_ptr()) } {
+        hardened_abort("kmemcg: double free");
+    }
+}
+
 /// `g` as a reference (null: `None`).
 fn unsafe_ref<'a, R: RawMutex>(g: *const Group<R>) -> Option<&'a Group<R>> {
     // SAFETY: callers pass null or the current group, which a guard keeps
@@ -390,7 +433,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn make_child_cache<'a>(&'a self, g: &'a Group<R>, idx: usize, base: &MagCache<R>) -> Option<&'a MagCache<R>> {
-        let mem = self.child_caches.alloc(&Pages::plain(&self.source), self.node()).ok()?;
+        let mem = self.alloc_meta(&self.child_caches)?;
         let fresh = mem.cast::<MagCache<R>>().as_ptr();
         // SAFETY: a fresh object of the child-cache cache, sized and aligned
         // for a `MagCache`.
@@ -409,6 +452,23 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 Some(unsafe { &*winner })
             }
         }
+    }
+
+    /// An object of an internal metadata cache (groups, child caches); when
+    /// the page source is exhausted, contention reclaim runs step by step
+    /// until it can be had, as for any allocation.
+    pub(crate) fn alloc_meta(&self, cache: &Cache<R>) -> Option<NonNull<u8>> {
+        let pages = Pages::plain(&self.source);
+        if let Ok(p) = cache.alloc(&pages, self.node()) {
+            return Some(p);
+        }
+        let mut done = reclaim::Visited::new();
+        while self.contention_step(&mut done) {
+            if let Ok(p) = cache.alloc(&pages, self.node()) {
+                return Some(p);
+            }
+        }
+        None
     }
 
     /// `size` bytes aligned to `align` for the current group, or `None`.
@@ -430,10 +490,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // SAFETY: `class_of` returns indices below NCLASSES.
                 let base = unsafe { self.classes.get_unchecked(c) };
                 let cache = self.cache_for(g, c, base)?;
-                match cache.alloc_fast(self) {
-                    Some(p) => Some(p),
-                    None => self.alloc_slow_opt(cache),
-                }
+                let p = match cache.alloc_fast(self) {
+                    Some(p) => p,
+                    None => self.alloc_slow_opt(cache)?,
+                };
+                hardened_on_alloc(cache, p);
+                Some(p)
             }
             None => self.alloc_large(g, size, align),
         }
@@ -573,11 +635,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
                 let base = unsafe { self.classes.get_unchecked(c) };
-                if cfg!(debug_assertions) && !self.is_object_of(base, ptr) {
+                if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
                     self.bad_frees.add(1);
+                    hardened_abort("kmemcg: free of a pointer that no cache owns");
                     return;
                 }
                 if self.no_groups() {
+                    hardened_on_free(base, ptr);
                     // SAFETY: with no groups, every object of class `c` is
                     // in the base cache.
                     return unsafe { base.free(self, ptr) };
@@ -587,6 +651,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // cache, whose header names its `MagCache`.
                 unsafe {
                     let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
+                    hardened_on_free(owner, ptr);
                     owner.free(self, ptr);
                     self.after_free(owner);
                 }

@@ -23,7 +23,7 @@ use lock_api::{Mutex, RawMutex};
 use crate::counter::PageCounter;
 use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence};
 
 /// Bytes reserved for the header at the start of every slab.
 pub(crate) const HEADER: usize = 64;
@@ -33,6 +33,16 @@ pub(crate) const MAX_SLAB_ORDER: u32 = 8;
 const SLAB_MAGIC: u32 = 0x6b6d_7362;
 /// Empty slabs each node keeps before giving slabs back to the page source.
 pub(crate) const EMPTY_RESERVE: usize = 1;
+
+/// Bytes of the allocation bitmap after the header (feature `hardened`)
+/// of a slab of `bytes` holding `size`-byte objects: one bit per slot, in
+/// whole 8-byte words. Zero without the feature.
+const fn bitmap_bytes(bytes: usize, size: usize) -> usize {
+    if !cfg!(feature = "hardened") {
+        return 0;
+    }
+    (bytes / size).div_ceil(64) * 8
+}
 
 /// How objects are laid out in a slab of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,12 +77,12 @@ impl Geometry {
             Some(s) => s & !(align - 1),
             None => return None,
         };
-        let first = (HEADER + align - 1) & !(align - 1);
         let mut best: Option<Geometry> = None;
         let mut best_waste_ppm = usize::MAX;
         let mut order = 0;
         while order <= MAX_SLAB_ORDER {
             let bytes = PAGE_SIZE << order;
+            let first = (HEADER + bitmap_bytes(bytes, size) + align - 1) & !(align - 1);
             if bytes >= first + size {
                 let capacity = (bytes - first) / size;
                 let waste = bytes - capacity * size;
@@ -572,7 +582,53 @@ impl<R: RawMutex> Cache<R> {
                 prev: ptr::null_mut(),
             });
         }
+        if cfg!(feature = "hardened") {
+            // SAFETY: the bitmap lies between the header and the first
+            // object, inside the fresh run.
+            unsafe {
+                (s as *mut u8).add(HEADER).write_bytes(0, bitmap_bytes(PAGE_SIZE << self.geo.order, self.geo.size))
+            };
+        }
         s
+    }
+
+    /// The bitmap word and bit of object `ptr` (feature `hardened`).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is an object slot of a live slab of this cache.
+    unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicU64, u64) {
+        let base = slab_base(ptr, self.geo.order);
+        let idx = (ptr as usize - base - self.geo.first) / self.geo.size;
+        // SAFETY: the word lies in the bitmap after the header (one bit per
+        // slot of this slab size); `AtomicU64` has the layout of `u64`, and
+        // the bitmap is only accessed atomically.
+        let word = unsafe { &*((base + HEADER + (idx / 64) * 8) as *const AtomicU64) };
+        (word, 1u64 << (idx % 64))
+    }
+
+    /// Hardened mode: records that `ptr` was handed out; `false` if it
+    /// already was (the allocator handed one object out twice).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Cache::bit`].
+    pub(crate) unsafe fn mark_allocated(&self, ptr: *mut u8) -> bool {
+        // SAFETY: forwarded.
+        let (w, b) = unsafe { self.bit(ptr) };
+        w.fetch_or(b, Ordering::Relaxed) & b == 0
+    }
+
+    /// Hardened mode: records that `ptr` was freed; `false` if it was not
+    /// allocated (a double free).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Cache::bit`].
+    pub(crate) unsafe fn mark_freed(&self, ptr: *mut u8) -> bool {
+        // SAFETY: forwarded.
+        let (w, b) = unsafe { self.bit(ptr) };
+        w.fetch_and(!b, Ordering::Relaxed) & b != 0
     }
 
     /// Returns an object to its slab, and the slab to `src` if it empties

@@ -128,7 +128,15 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         if parent.children().any(|c| c.name == name) {
             return Err(Error::NameTaken);
         }
-        let mem = k.groups.alloc(&crate::slab::Pages::plain(&k.source), k.node()).map_err(|_| Error::OutOfMemory)?;
+        // Contention reclaim must not run under the tree lock (it takes it).
+        drop(tree);
+        let mem = k.alloc_meta(&k.groups).ok_or(Error::OutOfMemory)?;
+        let _tree = k.tree_lock.lock();
+        if parent.is_offline() || parent.children().any(|c| c.name == name) {
+            // SAFETY: ours, unused.
+            unsafe { k.groups.free(&crate::slab::Pages::plain(&k.source), mem) };
+            return Err(if parent.is_offline() { Error::Removed } else { Error::NameTaken });
+        }
         let g = mem.cast::<Group<R>>();
         // SAFETY: a fresh object of the group cache, sized and aligned for a
         // `Group`; the parent outlives it (it holds a reference on it).

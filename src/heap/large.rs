@@ -81,7 +81,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// The header of the large object at `ptr`, if it looks live.
     fn large_header(&self, ptr: NonNull<u8>) -> Option<*mut LargeHeader<R>> {
         let a = ptr.as_ptr() as usize;
-        if cfg!(debug_assertions)
+        if (cfg!(debug_assertions) || cfg!(feature = "hardened"))
             && (!a.is_multiple_of(PAGE_SIZE)
                 || a < PAGE_SIZE
                 || self.source.ownership(a - PAGE_SIZE) == crate::platform::Ownership::Foreign)
@@ -103,6 +103,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(crate) unsafe fn free_large(&self, ptr: NonNull<u8>) {
         let Some(h) = self.large_header(ptr) else {
             self.bad_frees.add(1);
+            super::hardened_abort("kmemcg: double free or foreign free of a large object");
             return;
         };
         // SAFETY: a live header; clearing the magic makes a second free of

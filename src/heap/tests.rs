@@ -243,8 +243,9 @@ fn bad_input_gives_null_and_keeps_live_objects() {
         assert!(k.realloc(live, keep, isize::MAX as usize - 7).is_null(), "realloc to huge");
         assert_eq!(k.realloc_raw(NonNull::new(live).unwrap(), 64, 8, usize::MAX), None);
     }
-    // Foreign frees are detected and ignored in debug builds.
-    if cfg!(debug_assertions) {
+    // Foreign frees are detected and ignored in debug builds (and abort
+    // the process in hardened mode: tests/hardened.rs).
+    if cfg!(debug_assertions) && !cfg!(feature = "hardened") {
         let mut on_stack = [0u64; 8];
         // SAFETY: the debug check rejects it before anything is touched.
         unsafe { k.dealloc(on_stack.as_mut_ptr().cast(), keep) };

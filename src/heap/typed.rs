@@ -195,7 +195,9 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
                 None => return Err(Error::OutOfMemory),
             }
         };
-        k.alloc_from(cache)
+        let p = k.alloc_from(cache)?;
+        super::hardened_on_alloc(cache, p);
+        Ok(p)
     }
 
     /// The cache's name.
@@ -289,6 +291,7 @@ impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, 
         unsafe {
             self.ptr.as_ptr().drop_in_place();
             let owner = &*(self.desc.cache.cache.owner_of(self.ptr.as_ptr().cast()) as *const MagCache<R>);
+            super::hardened_on_free(owner, self.ptr.cast());
             owner.free(self.kmem, self.ptr.cast());
             self.kmem.after_free(owner);
         }

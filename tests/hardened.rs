@@ -1,0 +1,104 @@
+//! Hardened mode (`--features hardened`): a double free and a foreign free
+//! abort the process with a clear message instead of corrupting the heap.
+//! Each case runs in a child process (this test binary, re-run with an
+//! environment variable), since it must end in an abort.
+
+#![cfg(feature = "hardened")]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::process::Command;
+
+use kmemcg::{CacheFlags, Kmem, OsPages};
+
+static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+
+/// Runs `case` in a child and returns (success, stderr).
+fn child(case: &str) -> (bool, String) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
+        .env("KMEMCG_HARDENED_CASE", case)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The child's side: does what `KMEMCG_HARDENED_CASE` says.
+#[test]
+fn run_case() {
+    let Ok(case) = std::env::var("KMEMCG_HARDENED_CASE") else { return };
+    let l = Layout::from_size_align(48, 8).unwrap();
+    match case.as_str() {
+        "double_free" => unsafe {
+            let p = KMEM.alloc(l);
+            KMEM.dealloc(p, l);
+            KMEM.dealloc(p, l);
+        },
+        "double_free_later" => unsafe {
+            // The object went to a magazine; the second free must still be
+            // caught, with other objects allocated in between.
+            let p = KMEM.alloc(l);
+            let q = KMEM.alloc(l);
+            KMEM.dealloc(p, l);
+            let r = KMEM.alloc(Layout::from_size_align(200, 8).unwrap());
+            KMEM.dealloc(q, l);
+            KMEM.dealloc(p, l);
+            let _ = r;
+        },
+        "foreign_free" => unsafe {
+            let mut on_stack = [0u64; 6];
+            KMEM.dealloc(on_stack.as_mut_ptr().cast(), l);
+        },
+        "typed_double_free" => {
+            let c = KMEM.create_cache::<[u64; 4]>("hardened-objs", CacheFlags::NONE).unwrap();
+            let b = c.alloc([1; 4]).unwrap();
+            // Forge a second owner of the same object: a double free.
+            let p: *const [u64; 4] = &*b;
+            unsafe {
+                let twin: kmemcg::CacheBox<'_, [u64; 4], OsPages> = std::ptr::read(&b as *const _);
+                drop(b);
+                let _ = p;
+                drop(twin);
+            }
+        }
+        "clean" => unsafe {
+            let p = KMEM.alloc(l);
+            KMEM.dealloc(p, l);
+        },
+        other => panic!("unknown case {other}"),
+    }
+}
+
+#[test]
+fn double_free_aborts_with_a_message() {
+    let (ok, err) = child("double_free");
+    assert!(!ok, "a double free did not stop the process");
+    assert!(err.contains("kmemcg: double free"), "{err}");
+}
+
+#[test]
+fn double_free_through_a_magazine_is_caught() {
+    let (ok, err) = child("double_free_later");
+    assert!(!ok);
+    assert!(err.contains("kmemcg: double free"), "{err}");
+}
+
+#[test]
+fn typed_cache_double_free_is_caught() {
+    let (ok, err) = child("typed_double_free");
+    assert!(!ok);
+    assert!(err.contains("kmemcg: double free"), "{err}");
+}
+
+#[test]
+fn foreign_free_aborts_with_a_message() {
+    let (ok, err) = child("foreign_free");
+    assert!(!ok);
+    assert!(err.contains("kmemcg: free of a pointer that no cache owns"), "{err}");
+}
+
+#[test]
+fn clean_program_runs_normally() {
+    let (ok, err) = child("clean");
+    assert!(ok, "{err}");
+}
