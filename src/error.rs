@@ -15,6 +15,9 @@ pub enum Error {
     NameEmpty,
     /// A name was longer than [`NAME_MAX`] bytes.
     NameTooLong,
+    /// A name held whitespace or a control character (names are columns
+    /// in reports).
+    NameInvalid,
     /// A live cache, or a sibling group, already has this name.
     NameTaken,
     /// A charge would take `group` over its hard limit `max` (bytes), even
@@ -85,6 +88,7 @@ impl fmt::Display for Error {
             Error::BadLayout => f.write_str("layout not cacheable: aligned above a page or larger than a slab"),
             Error::NameEmpty => f.write_str("name is empty"),
             Error::NameTooLong => write!(f, "name longer than {NAME_MAX} bytes"),
+            Error::NameInvalid => f.write_str("name holds whitespace or a control character"),
             Error::NameTaken => f.write_str("a live cache or a sibling group already has this name"),
             Error::LimitExceeded { group, max } => {
                 write!(f, "charge refused: group {group} is at its limit of {max} bytes")
@@ -131,6 +135,9 @@ impl Name {
         }
         if s.len() > NAME_MAX {
             return Err(Error::NameTooLong);
+        }
+        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(Error::NameInvalid);
         }
         let mut bytes = [0; NAME_MAX];
         bytes[..s.len()].copy_from_slice(s.as_bytes());

@@ -462,10 +462,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if let Ok(p) = cache.alloc(&pages, self.node()) {
             return Some(p);
         }
-        let mut done = reclaim::Visited::new();
-        while self.contention_step(&mut done) {
-            if let Ok(p) = cache.alloc(&pages, self.node()) {
-                return Some(p);
+        // Other threads may take what each step frees before we retry, so
+        // metadata (which everything else waits on) gets a few rounds.
+        for _ in 0..8 {
+            let mut done = reclaim::Visited::new();
+            while self.contention_step(&mut done) {
+                if let Ok(p) = cache.alloc(&pages, self.node()) {
+                    return Some(p);
+                }
             }
         }
         None

@@ -38,7 +38,9 @@ pub struct KmemStats {
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// A `/proc/slabinfo`-style report: one row per cache, whitespace
     /// separated, columns `name active_objs num_objs objsize objperslab
-    /// pagesperslab num_slabs limit depot_full depot_empty pages`, where
+    /// pagesperslab num_slabs limit depot_full depot_empty pages group`,
+    /// one row per cache and, for accounted caches, one per (cache, group)
+    /// (`group` is `/` for the root, `-` for the allocator's own caches), where
     /// `limit` is the rounds per magazine and `active_objs` counts objects
     /// out of the slabs (live or cached in magazines), as Linux does.
     pub fn slabinfo(&self) -> SlabInfo<'_, S, R, P> {
@@ -92,7 +94,7 @@ impl Row {
     }
 }
 
-const HEADER_ROW: [&str; 11] = [
+const HEADER_ROW: [&str; 12] = [
     "# name",
     "active_objs",
     "num_objs",
@@ -104,15 +106,16 @@ const HEADER_ROW: [&str; 11] = [
     "depot_full",
     "depot_empty",
     "pages",
+    "group",
 ];
 
-fn row(f: &mut fmt::Formatter<'_>, name: fmt::Arguments<'_>, r: Row) -> fmt::Result {
+fn row(f: &mut fmt::Formatter<'_>, name: fmt::Arguments<'_>, r: Row, group: &str) -> fmt::Result {
     let mut nb = NameBuf { buf: [0; 48], len: 0 };
     fmt::write(&mut nb, name)?;
     let name = core::str::from_utf8(&nb.buf[..nb.len]).unwrap_or("?");
     writeln!(
         f,
-        "{:<24} {:>11} {:>10} {:>7} {:>10} {:>12} {:>9} {:>5} {:>10} {:>11} {:>7}",
+        "{:<24} {:>11} {:>10} {:>7} {:>10} {:>12} {:>9} {:>5} {:>10} {:>11} {:>7} {}",
         name,
         r.slabs.active_objects,
         r.slabs.total_objects,
@@ -123,7 +126,8 @@ fn row(f: &mut fmt::Formatter<'_>, name: fmt::Arguments<'_>, r: Row) -> fmt::Res
         r.mags.rounds,
         r.mags.depot_full,
         r.mags.depot_empty,
-        r.slabs.pages
+        r.slabs.pages,
+        group
     )
 }
 
@@ -133,24 +137,39 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Display for SlabInfo<'_, S, R
         let h = HEADER_ROW;
         writeln!(
             f,
-            "{:<24} {:>11} {:>10} {:>7} {:>10} {:>12} {:>9} {:>5} {:>10} {:>11} {:>7}",
-            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10]
+            "{:<24} {:>11} {:>10} {:>7} {:>10} {:>12} {:>9} {:>5} {:>10} {:>11} {:>7} {}",
+            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11]
         )?;
+        let k = self.kmem;
         for (c, size) in CLASS_SIZES.iter().enumerate().take(NCLASSES) {
-            row(f, format_args!("kmalloc-{size}"), Row::of(&self.kmem.classes[c]))?;
+            row(f, format_args!("kmalloc-{size}"), Row::of(&k.classes[c]), "/")?;
         }
-        row(f, format_args!("kmem_cache"), Row::of_plain(&self.kmem.descriptors))?;
-        row(f, format_args!("kmem_magazine"), Row::of_plain(&self.kmem.magazines))?;
-        let mut d = self.kmem.registry.load(Ordering::Acquire);
+        row(f, format_args!("kmem_cache"), Row::of_plain(&k.descriptors), "-")?;
+        row(f, format_args!("kmem_magazine"), Row::of_plain(&k.magazines), "-")?;
+        row(f, format_args!("kmem_cgroup"), Row::of_plain(&k.groups), "-")?;
+        row(f, format_args!("kmem_child_cache"), Row::of_plain(&k.child_caches), "-")?;
+        let mut d = k.registry.load(Ordering::Acquire);
         while let Some(p) = NonNull::new(d) {
             // SAFETY: published descriptors are never freed.
             let desc = unsafe { p.as_ref() };
             if desc.live.load(Ordering::Relaxed) {
-                row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache))?;
+                row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache), "/")?;
             }
             d = desc.next;
         }
-        Ok(())
+        // One row per (cache, group) for every group's child caches. The
+        // read guard (taken by `for_each_group`) only delays the freeing of
+        // removed groups, so writing to an allocating sink is fine.
+        let mut res = Ok(());
+        k.for_each_group(|g| {
+            g.for_each_cache(|i, c| {
+                if res.is_ok() {
+                    let name = k.acct_name(i);
+                    res = row(f, format_args!("{}", name.as_str()), Row::of(c), g.name.as_str());
+                }
+            })
+        });
+        res
     }
 }
 

@@ -349,8 +349,8 @@ fn slabinfo_rows_parse() {
     let mut seen = 0;
     for line in lines {
         let cols: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(cols.len(), 11, "{line}");
-        for c in &cols[1..] {
+        assert_eq!(cols.len(), 12, "{line}");
+        for c in &cols[1..11] {
             c.parse::<usize>().unwrap();
         }
         if cols[0] == "kmalloc-112" {

@@ -31,6 +31,11 @@ fn charges_go_to_the_current_group_and_up_the_tree() {
     };
     assert_eq!(k.current_group().name(), "/");
     assert!(b.usage() >= PAGE_SIZE);
+    // slabinfo has a row for (kmalloc-112, b), group in the last column.
+    let info = k.slabinfo().to_string();
+    let row = info.lines().find(|l| l.starts_with("kmalloc-112 ") && l.ends_with(" b")).expect("per-group row");
+    assert_eq!(row.split_whitespace().count(), 12, "{row}");
+    assert!(row.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() >= 1);
     assert_eq!(a.usage(), b.usage(), "the parent counts its child");
     assert!(k.root().usage() >= a.usage());
     // SAFETY: freed once.
@@ -167,6 +172,7 @@ fn limits_and_names_bad_input() {
     let root = k.root();
     assert_eq!(root.create_child("").err(), Some(Error::NameEmpty));
     assert_eq!(root.create_child(&"n".repeat(33)).err(), Some(Error::NameTooLong));
+    assert_eq!(root.create_child("two words").err(), Some(Error::NameInvalid));
     let g = root.create_child("g").unwrap();
     assert_eq!(root.create_child("g").err(), Some(Error::NameTaken), "duplicate sibling");
     g.create_child("g").unwrap(); // same name, different parent: fine
