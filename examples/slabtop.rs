@@ -32,7 +32,7 @@ fn top() -> String {
             rows.push((pages, format!("{:<20} {:<10} {:>10} {:>10} {:>8}", c[0], c[11], c[1], c[2], pages)));
         }
     }
-    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
     let mut s = format!(
         "kmemcg slabtop: root usage {} KiB\n\n{:<20} {:<10} {:>10} {:>10} {:>8}\n",
         KMEM.root().usage() / 1024,
