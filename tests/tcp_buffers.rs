@@ -20,7 +20,9 @@ fn greedy_tenant_is_held_at_its_max_and_others_are_unaffected() {
     let (modest, greedy) = tenants.split_at(2);
     let g = &greedy[0];
     assert!(g.tcp.refused() > 0 || g.tcp.entered() > 0, "the greedy tenant never met its limits");
-    assert!(g.peak.load(Ordering::Relaxed) <= g.tcp.thresholds().max, "greedy went past its max");
+    // The peak counts accepted charges only: `usage` read while another
+    // connection's charge is being refused can be briefly higher.
+    assert!(g.tcp.peak() <= g.tcp.thresholds().max, "greedy went past its max");
     for t in modest {
         assert_eq!(t.tcp.refused(), 0, "{} was refused", t.name);
         assert!(t.echoed.load(Ordering::Relaxed) > 0, "{} got nothing echoed", t.name);

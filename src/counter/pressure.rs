@@ -59,6 +59,9 @@ pub struct PressureCounter {
     min: AtomicUsize,
     pressure: AtomicUsize,
     max: AtomicUsize,
+    /// Largest usage an accepted charge left (never above `max`: it is
+    /// noted only after the check passes).
+    watermark: AtomicUsize,
     under: AtomicBool,
     /// Times this level entered pressure.
     pub(crate) entered: Stat,
@@ -87,6 +90,7 @@ impl PressureCounter {
             min: atomic_usize(usize::MAX),
             pressure: atomic_usize(usize::MAX),
             max: atomic_usize(usize::MAX),
+            watermark: atomic_usize(0),
             under: atomic_bool(false),
             entered: Stat::new(),
             refused: Stat::new(),
@@ -106,6 +110,7 @@ impl PressureCounter {
             min: atomic_usize(usize::MAX),
             pressure: atomic_usize(usize::MAX),
             max: atomic_usize(usize::MAX),
+            watermark: atomic_usize(0),
             under: atomic_bool(false),
             entered: Stat::new(),
             refused: Stat::new(),
@@ -121,6 +126,13 @@ impl PressureCounter {
     /// Bytes charged here and below.
     pub fn usage(&self) -> usize {
         self.usage.load(Ordering::Relaxed)
+    }
+
+    /// The largest usage an accepted charge left. A concurrent reader of
+    /// `usage` may briefly see more (a refused charge adds before it checks
+    /// and rolls back); this never exceeds `max`.
+    pub fn peak(&self) -> usize {
+        self.watermark.load(Ordering::Relaxed)
     }
 
     /// The thresholds.
@@ -178,6 +190,9 @@ impl PressureCounter {
                     u = l.parent();
                 }
                 return PressureState::Refused;
+            }
+            if new > k.watermark.load(Ordering::Relaxed) {
+                k.watermark.fetch_max(new, Ordering::Relaxed);
             }
             if new > k.pressure.load(Ordering::Relaxed) {
                 if !k.under.swap(true, Ordering::Relaxed) {

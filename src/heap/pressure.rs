@@ -126,6 +126,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Pressure<'_, S, R, P> {
         self.counter().usage()
     }
 
+    /// The largest usage an accepted charge left (never above `max`;
+    /// `usage` read during a refused charge may briefly be higher).
+    pub fn peak(&self) -> usize {
+        self.counter().peak()
+    }
+
     /// The state now (this level or an ancestor under pressure).
     pub fn state(&self) -> PressureState {
         self.counter().state()

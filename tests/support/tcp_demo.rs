@@ -30,8 +30,6 @@ pub struct Tenant {
     pub tcp: Pressure<'static, OsPages>,
     /// Bytes the client got back.
     pub echoed: AtomicUsize,
-    /// Largest `tcp` usage seen by the server, in bytes.
-    pub peak: AtomicUsize,
     /// Connections the client opens, and the size of each request.
     pub conns: usize,
     pub request: usize,
@@ -45,7 +43,7 @@ pub fn tenants(kmem: &'static Kmem<OsPages>) -> Vec<Arc<Tenant>> {
     let mk = |name: &'static str, conns: usize, request: usize| {
         let group = host.create_child(name).unwrap();
         let tcp = group.pressure("tcp", Thresholds { min: 64 * KIB, pressure: 384 * KIB, max: 512 * KIB }).unwrap();
-        Arc::new(Tenant { name, group, tcp, echoed: AtomicUsize::new(0), peak: AtomicUsize::new(0), conns, request })
+        Arc::new(Tenant { name, group, tcp, echoed: AtomicUsize::new(0), conns, request })
     };
     vec![mk("alpha", 2, 2 * KIB), mk("beta", 2, 4 * KIB), mk("greedy", 8, 256 * KIB)]
 }
@@ -78,7 +76,6 @@ fn serve(mut s: TcpStream, t: Arc<Tenant>) {
                 PressureState::Refused => thread::sleep(Duration::from_millis(1)),
             }
         }
-        t.peak.fetch_max(t.tcp.usage(), Ordering::Relaxed);
     }
     t.tcp.uncharge(buf.len());
 }
@@ -147,7 +144,7 @@ pub fn table(tenants: &[Arc<Tenant>]) -> String {
             "{:<8} {:>12} {:>10} {:>10} {:>10} {:>12}\n",
             t.name,
             t.echoed.load(Ordering::Relaxed) / KIB,
-            t.peak.load(Ordering::Relaxed) / KIB,
+            t.tcp.peak() / KIB,
             t.tcp.thresholds().max / KIB,
             t.tcp.entered(),
             t.tcp.refused()

@@ -85,6 +85,7 @@ fn charges_propagate_and_the_parent_max_binds() {
     pa.uncharge(600);
     pb.uncharge(400);
     assert_eq!(pp.usage(), 0);
+    assert!(pp.peak() <= 1 << 16, "the peak of accepted charges passed max");
     assert_eq!(pp.state(), PressureState::Normal);
 }
 
