@@ -1,0 +1,147 @@
+//! The multiboot memory map, and handing usable RAM to the allocator.
+
+use core::ptr::read_unaligned;
+
+use kmemcg::PAGE_SIZE;
+
+use super::KMEM;
+use super::serial::kprintln;
+
+/// The boot stub identity-maps `[0, IDENTITY_LIMIT)`; memory above it is
+/// not addressable.
+const IDENTITY_LIMIT: u64 = 4 << 30;
+
+/// Memory map entries kept (QEMU reports about six).
+const MAX_ENTRIES: usize = 32;
+
+/// Memory map entry type of usable RAM.
+const USABLE: u32 = 1;
+
+unsafe extern "C" {
+    /// First byte of the kernel image (linker script).
+    static __kernel_start: u8;
+    /// First byte past the kernel image, `.bss` (stack, page tables) included.
+    static __kernel_end: u8;
+}
+
+/// One memory map entry.
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    base: u64,
+    len: u64,
+    kind: u32,
+}
+
+/// What the kernel needs from the multiboot information, copied out of it.
+pub struct BootInfo {
+    entries: [Entry; MAX_ENTRIES],
+    count: usize,
+    /// End of the kernel image and of every boot structure above it that
+    /// must survive (modules), or that is read below (the map itself).
+    reserved_end: u64,
+}
+
+/// Length of the NUL-terminated string at `p`.
+///
+/// # Safety
+///
+/// `p` must point to a NUL-terminated string in mapped memory.
+unsafe fn strlen(p: usize) -> u64 {
+    // SAFETY: forwarded from the caller.
+    unsafe { core::ffi::CStr::from_ptr(p as *const core::ffi::c_char) }.count_bytes() as u64 + 1
+}
+
+impl BootInfo {
+    /// Reads the multiboot v1 information at `info`.
+    ///
+    /// # Safety
+    ///
+    /// `info` must be the address a multiboot loader passed in `ebx`, with
+    /// everything it points to still intact and identity mapped.
+    pub unsafe fn read(info: usize) -> Result<BootInfo, &'static str> {
+        // SAFETY: the caller vouches for the 88-byte multiboot structure at
+        // `info`; every offset used is inside it, fields are used only when
+        // `flags` says they are valid, and unaligned reads fit any layout.
+        let word = |off: usize| unsafe { read_unaligned((info + off) as *const u32) } as usize;
+        let flags = word(0);
+        if flags & (1 << 6) == 0 {
+            return Err("the loader gave no memory map (multiboot flags bit 6)");
+        }
+        let mut reserved_end = &raw const __kernel_end as u64;
+        let mut reserve = |start: u64, len: u64| reserved_end = reserved_end.max(start + len);
+        reserve(info as u64, 88); // the information structure itself
+        if flags & (1 << 2) != 0 {
+            // SAFETY: bit 2: `cmdline` is a valid C string.
+            reserve(word(16) as u64, unsafe { strlen(word(16)) });
+        }
+        if flags & (1 << 3) != 0 {
+            let (count, addr) = (word(20), word(24));
+            reserve(addr as u64, count as u64 * 16);
+            for m in 0..count {
+                // SAFETY: bit 3: `count` module entries of 16 bytes at `addr`,
+                // each starting with `mod_start` and `mod_end`.
+                let (start, end) = unsafe {
+                    (read_unaligned((addr + m * 16) as *const u32), read_unaligned((addr + m * 16 + 4) as *const u32))
+                };
+                reserve(start as u64, end.saturating_sub(start) as u64);
+            }
+        }
+        if flags & (1 << 9) != 0 {
+            // SAFETY: bit 9: `boot_loader_name` is a valid C string.
+            reserve(word(64) as u64, unsafe { strlen(word(64)) });
+        }
+        let (len, addr) = (word(44), word(48));
+        reserve(addr as u64, len as u64);
+
+        let mut boot = BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end };
+        let mut p = addr;
+        while p + 24 <= addr + len && boot.count < MAX_ENTRIES {
+            // SAFETY: bit 6: `len` bytes of entries at `addr`, each
+            // `size: u32` then `size` bytes of base, length and type.
+            let (size, base, length, kind) = unsafe {
+                (
+                    read_unaligned(p as *const u32),
+                    read_unaligned((p + 4) as *const u64),
+                    read_unaligned((p + 12) as *const u64),
+                    read_unaligned((p + 20) as *const u32),
+                )
+            };
+            boot.entries[boot.count] = Entry { base, len: length, kind };
+            boot.count += 1;
+            p += size as usize + 4;
+        }
+        Ok(boot)
+    }
+
+    /// Prints the memory map and hands every usable range above the kernel
+    /// and boot structures, and below the identity-mapping limit, to
+    /// `KMEM`. Returns the bytes handed over.
+    pub fn give_ram_to_kmem(&self) -> Result<u64, &'static str> {
+        let kernel = (&raw const __kernel_start as usize, &raw const __kernel_end as usize);
+        kprintln!("kernel image {:#x}..{:#x}, boot data up to {:#x}", kernel.0, kernel.1, self.reserved_end);
+        let page = PAGE_SIZE as u64;
+        let floor = self.reserved_end.next_multiple_of(page);
+        let mut total = 0;
+        for e in &self.entries[..self.count] {
+            kprintln!("  mmap {:#013x}..{:#013x} type {}", e.base, e.base + e.len, e.kind);
+            let start = e.base.max(floor).next_multiple_of(page);
+            let end = (e.base + e.len).min(IDENTITY_LIMIT) / page * page;
+            if e.kind != USABLE || start >= end {
+                continue;
+            }
+            // SAFETY: the loader reports `[start, end)` as usable RAM; it
+            // lies above the kernel image and every boot structure still in
+            // use, below the identity-mapping limit, and nothing else in
+            // this kernel touches memory it did not get from `KMEM`, which
+            // lives for the rest of the program.
+            unsafe { KMEM.source().add_raw(start as *mut u8, (end - start) as usize, 0) }
+                .map_err(|_| "kmemcg refused a memory range")?;
+            kprintln!("    -> kmemcg: {:#x}..{:#x} ({} KiB)", start, end, (end - start) >> 10);
+            total += end - start;
+        }
+        if total == 0 {
+            return Err("no usable RAM above the kernel");
+        }
+        Ok(total)
+    }
+}
