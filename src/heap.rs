@@ -29,6 +29,7 @@ use crate::counter::PageCounter;
 use crate::error::{Error, GroupName, Name};
 use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots, drain_many};
 use crate::page::pages_for;
+pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Cache, GrowError, Pages};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
@@ -116,28 +117,6 @@ pub(crate) struct Limbo<R: RawMutex> {
 // SAFETY: the groups in limbo are owned by the list, which is only reached
 // under the tree lock.
 unsafe impl<R: RawMutex> Send for Limbo<R> {}
-
-/// Stops the program on heap misuse in hardened mode: writes `msg` to
-/// standard error (without allocating) and aborts; without `std`, panics
-/// with it. Outside hardened mode it returns (debug builds count the bad
-/// free and ignore it).
-#[cold]
-#[inline(never)]
-pub(crate) fn hardened_abort(msg: &str) {
-    if !cfg!(feature = "hardened") {
-        return;
-    }
-    #[cfg(all(feature = "std", not(loom)))]
-    // SAFETY: writing a valid buffer to fd 2 and aborting touch no memory of
-    // ours; neither allocates.
-    unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
-        libc::write(2, b"\n".as_ptr().cast(), 1);
-        libc::abort();
-    }
-    #[cfg(not(all(feature = "std", not(loom))))]
-    panic!("{}", msg);
-}
 
 /// Hardened mode: marks `p` handed out by `cache`; an object handed out
 /// twice means the heap is corrupt.
@@ -270,11 +249,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return core::ptr::null();
         }
         let token = self.platform.current_group();
-        if token == 0 {
+        if token.is_null() {
             return core::ptr::null();
         }
-        let g = token as *const Group<R>;
-        // SAFETY: a non-zero token was set by a `CgroupGuard`, which holds a
+        let g = token.cast::<Group<R>>();
+        // SAFETY: a non-null token was set by a `CgroupGuard`, which holds a
         // reference on its group until it restores the previous token.
         if unsafe { (*g).owner } != self.id() {
             return core::ptr::null();
@@ -561,7 +540,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: every counter that refuses a charge is a group's.
         let g = unsafe { Group::<R>::of_counter(k) };
         g.ev_max.add(1);
-        self.reclaim(g);
+        self.reclaim(g, Self::reclaim_goal(g, cache.cache.geometry().slab_pages()));
         cache.alloc(self).map_err(|e| self.refused(e))
     }
 
@@ -588,7 +567,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: every counter is a group's.
         let refuser = unsafe { Group::<R>::of_counter(k) };
         refuser.ev_max.add(1);
-        self.reclaim(refuser);
+        self.reclaim(refuser, Self::reclaim_goal(refuser, pages));
         match counter.try_charge(pages) {
             Ok(()) => Ok(counter),
             Err(k) => Err(self.refused(GrowError::Limit(k))),

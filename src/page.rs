@@ -37,10 +37,10 @@ pub(crate) fn alloc_exact<S: PageSource>(src: &S, pages: usize, align: usize, no
     let run = src.alloc_pages(order, node)?;
     let full = 1usize << order;
     if full > pages {
-        let tail = run.addr.as_ptr() as usize + pages * PAGE_SIZE;
+        let tail = run.addr.as_ptr().wrapping_add(pages * PAGE_SIZE);
         // SAFETY: the tail is an unused part of the run just allocated, split
         // into naturally aligned pieces as `free_pages` requires.
-        for_each_block(tail, full - pages, |a, o| unsafe { src.free_pages(NonNull::new_unchecked(a as *mut u8), o) });
+        for_each_block(tail, full - pages, |p, o| unsafe { src.free_pages(NonNull::new_unchecked(p), o) });
     }
     Some(run.addr)
 }
@@ -54,15 +54,13 @@ pub(crate) fn alloc_exact<S: PageSource>(src: &S, pages: usize, align: usize, no
 /// that start at a multiple of `PAGE_SIZE`, of which nothing is used after.
 pub(crate) unsafe fn free_exact<S: PageSource>(src: &S, addr: NonNull<u8>, pages: usize) {
     // SAFETY: forwarded; each piece is naturally aligned and inside the run.
-    for_each_block(addr.as_ptr() as usize, pages, |a, o| unsafe {
-        src.free_pages(NonNull::new_unchecked(a as *mut u8), o)
-    });
+    for_each_block(addr.as_ptr(), pages, |p, o| unsafe { src.free_pages(NonNull::new_unchecked(p), o) });
 }
 
 /// The start of the slab of `2^order` pages that holds `ptr`.
 #[inline(always)]
-pub(crate) fn slab_base(ptr: *mut u8, order: u32) -> usize {
-    ptr as usize & !((PAGE_SIZE << order) - 1)
+pub(crate) fn slab_base(ptr: *mut u8, order: u32) -> *mut u8 {
+    ptr.map_addr(|a| a & !((PAGE_SIZE << order) - 1))
 }
 
 #[cfg(all(test, not(loom)))]

@@ -35,6 +35,29 @@ pub type DefaultPlatform = Threads;
 pub type DefaultPlatform = NoCpus;
 
 pub(crate) use buddy::for_each_block;
+
+/// Stops the program on heap misuse in hardened mode: writes `msg` to
+/// standard error (without allocating) and aborts; without `std`, panics
+/// with it. Outside hardened mode it returns (debug builds count the bad
+/// free and ignore it).
+#[cold]
+#[inline(never)]
+pub(crate) fn hardened_abort(msg: &str) {
+    if !cfg!(feature = "hardened") {
+        return;
+    }
+    #[cfg(all(feature = "std", not(loom)))]
+    // SAFETY: writing a valid buffer to fd 2 and aborting touch no memory of
+    // ours; neither allocates.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::write(2, b"\n".as_ptr().cast(), 1);
+        libc::abort();
+    }
+    #[cfg(not(all(feature = "std", not(loom))))]
+    panic!("{}", msg);
+}
+
 #[cfg(all(feature = "std", not(loom)))]
 pub use os::OsPages;
 pub use region::{Region, RegionError};

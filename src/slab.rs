@@ -135,13 +135,93 @@ pub(crate) struct Slab {
     bump: u32,
     /// The cache that owns this slab.
     cache: *const (),
-    /// Returned objects, linked through their first word.
+    /// Returned objects, linked through their first word (see [`Link`]).
     free: *mut u8,
+    /// The secret free-list links are encoded with (feature `hardened`;
+    /// 0 without it).
+    key: usize,
     next: *mut Slab,
     prev: *mut Slab,
 }
 
 static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
+
+/// The free-list link a dead object holds in its first (unaligned) word.
+///
+/// The word is an address, not a pointer: reading it back gives a pointer
+/// derived from the slab's own (so it keeps the provenance of the slab's
+/// memory, and a link can never lead outside its slab unnoticed). With
+/// feature `hardened` the address is stored XORed with a per-slab secret
+/// and the byte-swapped address of the word itself (as Linux's
+/// `CONFIG_SLAB_FREELIST_HARDENED` does), so a use-after-free write cannot
+/// plant a chosen pointer, and every decoded link is checked to be an
+/// object slot of its slab before it is followed: a corrupt link aborts
+/// with a message instead of handing out arbitrary memory.
+struct Link;
+
+impl Link {
+    /// Stores the link to `next` (null ends the list) in the dead object
+    /// `obj` of `slab`.
+    ///
+    /// # Safety
+    ///
+    /// `obj` is a dead object slot of `slab`, whose lists the caller owns
+    /// (it holds the node lock).
+    #[inline(always)]
+    unsafe fn write(slab: &Slab, obj: *mut u8, next: *mut u8) {
+        let word =
+            if cfg!(feature = "hardened") { next.addr() ^ slab.key ^ obj.addr().swap_bytes() } else { next.addr() };
+        // SAFETY: the object is dead and at least a word long.
+        unsafe { obj.cast::<usize>().write_unaligned(word) };
+    }
+
+    /// The link stored in the dead object `obj` of `slab`, whose header is
+    /// at `s` (the pointer the result is derived from).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Link::write`]; `g` is the slab's geometry.
+    #[inline(always)]
+    unsafe fn read(slab: &Slab, s: *mut Slab, obj: *mut u8, g: &Geometry) -> *mut u8 {
+        // SAFETY: the object is dead and holds a link in its first word.
+        let word = unsafe { obj.cast::<usize>().read_unaligned() };
+        let addr = if cfg!(feature = "hardened") { word ^ slab.key ^ obj.addr().swap_bytes() } else { word };
+        if addr == 0 {
+            return ptr::null_mut();
+        }
+        let base = s.addr();
+        let valid = addr >= base + g.first
+            && (addr - base - g.first).is_multiple_of(g.size)
+            && (addr - base - g.first) / g.size < slab.bump as usize;
+        if !valid {
+            #[cfg(not(feature = "hardened"))]
+            debug_assert!(false, "corrupt slab free list in slab {s:p}");
+            crate::platform::hardened_abort("kmemcg: corrupt slab free list (a write after free or an overflow)");
+        }
+        s.cast::<u8>().with_addr(addr)
+    }
+}
+
+/// A per-slab secret for free-list links (feature `hardened`; 0 without
+/// it): the time stamp counter where there is one, the slab's address and
+/// a stack address, mixed (splitmix64). Not cryptographic: it only has to
+/// be unknown to a program that can write freed memory but not read it.
+fn link_key(s: *mut Slab) -> usize {
+    if !cfg!(feature = "hardened") {
+        return 0;
+    }
+    let local = 0u8;
+    let mut x = (s.addr() as u64) ^ ((&raw const local).addr() as u64).rotate_left(29);
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        // SAFETY: `rdtsc` has no preconditions on x86_64.
+        x ^= unsafe { core::arch::x86_64::_rdtsc() };
+    }
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)) as usize
+}
 
 /// An intrusive doubly linked list of slabs.
 struct List {
@@ -251,7 +331,7 @@ impl NodeSlabs {
             let slab = &mut *s;
             let obj = if !slab.free.is_null() {
                 let obj = slab.free;
-                slab.free = (obj as *const *mut u8).read_unaligned();
+                slab.free = Link::read(slab, s, obj, g);
                 obj
             } else {
                 let obj = (s as *mut u8).add(g.first + slab.bump as usize * g.size);
@@ -278,7 +358,7 @@ impl NodeSlabs {
         // ours to use as a link.
         unsafe {
             let slab = &mut *s;
-            (obj as *mut *mut u8).write_unaligned(slab.free);
+            Link::write(slab, obj, slab.free);
             slab.free = obj;
             let was_full = slab.inuse as usize == g.capacity;
             slab.inuse -= 1;
@@ -578,6 +658,7 @@ impl<R: RawMutex> Cache<R> {
                 bump: 0,
                 cache: self.id(),
                 free: ptr::null_mut(),
+                key: link_key(s),
                 next: ptr::null_mut(),
                 prev: ptr::null_mut(),
             });
@@ -599,11 +680,11 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` is an object slot of a live slab of this cache.
     unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicU64, u64) {
         let base = slab_base(ptr, self.geo.order);
-        let idx = (ptr as usize - base - self.geo.first) / self.geo.size;
+        let idx = (ptr.addr() - base.addr() - self.geo.first) / self.geo.size;
         // SAFETY: the word lies in the bitmap after the header (one bit per
         // slot of this slab size); `AtomicU64` has the layout of `u64`, and
         // the bitmap is only accessed atomically.
-        let word = unsafe { &*((base + HEADER + (idx / 64) * 8) as *const AtomicU64) };
+        let word = unsafe { &*base.wrapping_add(HEADER + (idx / 64) * 8).cast::<AtomicU64>() };
         (word, 1u64 << (idx % 64))
     }
 
@@ -706,7 +787,7 @@ impl<R: RawMutex> Cache<R> {
             let s = base as *const Slab;
             (ptr::addr_of!((*s).magic).read_volatile(), ptr::addr_of!((*s).cache).read_volatile())
         };
-        let off = ptr.as_ptr() as usize - base;
+        let off = ptr.as_ptr().addr() - base.addr();
         magic == SLAB_MAGIC
             && cache == self.id()
             && off >= self.geo.first
@@ -783,7 +864,7 @@ impl<R: RawMutex> Cache<R> {
                         free += 1;
                         assert!(free <= self.geo.capacity, "free-list cycle");
                         // SAFETY: free objects hold a link in their first word.
-                        f = unsafe { (f as *const *mut u8).read_unaligned() };
+                        f = unsafe { Link::read(slab, s, f, &self.geo) };
                     }
                     let inuse = slab.inuse as usize;
                     assert_eq!(inuse + free + (self.geo.capacity - slab.bump as usize), self.geo.capacity);

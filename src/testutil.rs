@@ -1,7 +1,6 @@
 //! Helpers shared by the in-crate tests.
 
 use std::boxed::Box;
-use std::vec;
 
 /// A small deterministic PRNG (xorshift64*), so failures replay exactly.
 pub(crate) struct Rng(u64);
@@ -27,7 +26,14 @@ impl Rng {
     }
 }
 
-/// A leaked, page-aligned buffer of `len` bytes for a `Region`.
+/// A leaked buffer of `len` uninitialised bytes for a `Region` (not
+/// touched here: under Miri, initialising megabytes byte by byte is slow).
 pub(crate) fn arena(len: usize) -> &'static mut [core::mem::MaybeUninit<u8>] {
-    Box::leak(vec![core::mem::MaybeUninit::<u8>::uninit(); len].into_boxed_slice())
+    Box::leak(Box::new_uninit_slice(len))
+}
+
+/// `n` in normal runs, a hundredth of it (at least 1) under Miri, which
+/// interprets every instruction: how model tests shrink their op counts.
+pub(crate) const fn scaled(n: usize) -> usize {
+    if cfg!(miri) { if n / 100 > 0 { n / 100 } else { 1 } } else { n }
 }

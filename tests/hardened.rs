@@ -1,5 +1,6 @@
 //! Hardened mode (`--features hardened`): a double free and a foreign free
-//! abort the process with a clear message instead of corrupting the heap.
+//! abort the process with a clear message instead of corrupting the heap,
+//! and so does following a free-list link forged by a write after free.
 //! Each case runs in a child process (this test binary, re-run with an
 //! environment variable), since it must end in an abort.
 
@@ -61,6 +62,28 @@ fn run_case() {
                 drop(twin);
             }
         }
+        "forged_link" => unsafe {
+            // Objects on slab free lists (every 8th kept live so the slabs
+            // stay), then a write after free plants a pointer to a stack
+            // buffer in each: following a forged link must abort.
+            let ps: Vec<*mut u8> = (0..4096).map(|_| KMEM.alloc(l)).collect();
+            for (i, &p) in ps.iter().enumerate() {
+                if i % 8 != 0 {
+                    KMEM.dealloc(p, l);
+                }
+            }
+            KMEM.shrink();
+            let mut target = [0u64; 8];
+            for (i, &p) in ps.iter().enumerate() {
+                if i % 8 != 0 {
+                    p.cast::<*mut u64>().write_unaligned(target.as_mut_ptr());
+                }
+            }
+            for _ in 0..4096 {
+                let q = KMEM.alloc(l);
+                assert_ne!(q.cast::<u64>(), target.as_mut_ptr(), "a forged link was followed");
+            }
+        },
         "clean" => unsafe {
             let p = KMEM.alloc(l);
             KMEM.dealloc(p, l);
@@ -95,6 +118,13 @@ fn foreign_free_aborts_with_a_message() {
     let (ok, err) = child("foreign_free");
     assert!(!ok);
     assert!(err.contains("kmemcg: free of a pointer that no cache owns"), "{err}");
+}
+
+#[test]
+fn forged_free_list_link_aborts_with_a_message() {
+    let (ok, err) = child("forged_link");
+    assert!(!ok, "a forged free-list link did not stop the process");
+    assert!(err.contains("kmemcg: corrupt slab free list"), "{err}");
 }
 
 #[test]

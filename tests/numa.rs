@@ -35,11 +35,11 @@ fn unpin(slot: usize) {
 // the same flag; (5) nothing here allocates; (6) this test uses no
 // groups, so every context stays in the root.
 unsafe impl Platform for TwoNodes {
-    fn current_group(&self) -> usize {
-        0
+    fn current_group(&self) -> *const () {
+        core::ptr::null()
     }
-    fn set_current_group(&self, _token: usize) -> usize {
-        0
+    fn set_current_group(&self, _token: *const ()) -> *const () {
+        core::ptr::null()
     }
     fn enter(&self) -> Option<usize> {
         let s = SLOT.with(Cell::get);

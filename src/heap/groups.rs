@@ -57,9 +57,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// The platform token that makes `g` current (0 for the root).
-    fn token(&self, g: &Group<R>) -> usize {
-        if core::ptr::eq(g, &self.root) { 0 } else { g as *const Group<R> as usize }
+    /// The platform token that makes `g` current (null for the root).
+    fn token(&self, g: &Group<R>) -> *const () {
+        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { (g as *const Group<R>).cast() }
     }
 }
 
@@ -230,7 +230,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             if g.counter.set_max(pages).is_ok() {
                 return Ok(());
             }
-            self.kmem.reclaim(g);
+            self.kmem.reclaim(g, g.counter.usage().saturating_sub(pages));
         }
         g.counter.set_max(pages).map_err(|usage| Error::LimitBelowUsage { usage: to_bytes(usage) })
     }
@@ -415,7 +415,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Debug for Cgroup<'_, S, R, P>
 pub struct CgroupGuard<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     kmem: &'k Kmem<S, R, P>,
     group: NonNull<Group<R>>,
-    prev: usize,
+    prev: *const (),
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> {

@@ -54,8 +54,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             counter.uncharge(pages + 1);
             return None;
         };
-        let obj = run.as_ptr() as usize + align;
-        let header = obj - PAGE_SIZE;
+        let obj = run.as_ptr().wrapping_add(align);
+        let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader<R>>();
         if lead > 1 {
             // SAFETY: the pages before the header page are an unused,
             // naturally aligned piece at the start of the run.
@@ -63,7 +63,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // SAFETY: the header page is ours and page aligned.
         unsafe {
-            (header as *mut LargeHeader<R>).write(LargeHeader { magic: LARGE_MAGIC, group: g, pages });
+            header.write(LargeHeader { magic: LARGE_MAGIC, group: g, pages });
         }
         if let Some(grp) = NonNull::new(g as *mut Group<R>) {
             // SAFETY: a live group of this allocator; the object holds a
@@ -75,12 +75,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.large_allocs.add(1);
         self.large_pages.add(pages + 1);
         // SAFETY: inside the run, so not null.
-        Some(unsafe { NonNull::new_unchecked(obj as *mut u8) })
+        Some(unsafe { NonNull::new_unchecked(obj) })
     }
 
     /// The header of the large object at `ptr`, if it looks live.
     fn large_header(&self, ptr: NonNull<u8>) -> Option<*mut LargeHeader<R>> {
-        let a = ptr.as_ptr() as usize;
+        let a = ptr.as_ptr().addr();
         if (cfg!(debug_assertions) || cfg!(feature = "hardened"))
             && (!a.is_multiple_of(PAGE_SIZE)
                 || a < PAGE_SIZE
@@ -88,7 +88,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         {
             return None;
         }
-        let h = (a - PAGE_SIZE) as *mut LargeHeader<R>;
+        let h = ptr.as_ptr().wrapping_sub(PAGE_SIZE).cast::<LargeHeader<R>>();
         // SAFETY: the object's header page precedes it (checked readable in
         // debug builds); a volatile read, as a bad pointer may point anywhere.
         let magic = unsafe { core::ptr::addr_of!((*h).magic).read_volatile() };
@@ -112,7 +112,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             let LargeHeader { group, pages, .. } = h.read();
             (*h).magic = 0;
             self.uncharge_large(group, pages + 1);
-            free_exact(&self.source, NonNull::new_unchecked(h as *mut u8), pages + 1);
+            free_exact(&self.source, NonNull::new_unchecked(h.cast()), pages + 1);
             group
         };
         self.large_allocs.sub(1);
@@ -151,11 +151,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return false;
         }
         if new_pages < pages {
-            let tail = ptr.as_ptr() as usize + new_pages * PAGE_SIZE;
+            let tail = ptr.as_ptr().wrapping_add(new_pages * PAGE_SIZE);
             // SAFETY: the tail pages belong to this object and are past what
             // the caller keeps; the header is ours to update.
             unsafe {
-                free_exact(&self.source, NonNull::new_unchecked(tail as *mut u8), pages - new_pages);
+                free_exact(&self.source, NonNull::new_unchecked(tail), pages - new_pages);
                 (*h).pages = new_pages;
                 self.uncharge_large((*h).group, pages - new_pages);
             }

@@ -1,12 +1,17 @@
 //! Reclaim: shrinkers, subtree reclaim in passes, `high` throttling, and
 //! soft-limit reclaim under contention (with `low` protection).
 //!
-//! Reclaim of a group subtree runs in passes: drain the subtree's
-//! magazines, free its empty slabs and stocks (under the tree lock), then
-//! call the shrinkers for the group on every node (with no allocator lock
-//! held). A pass whose shrinkers freed nothing ends it, and there are at
-//! most [`RECLAIM_PASSES`]: with nothing reclaimable, reclaim terminates
-//! after one pass (seed 002's swapoff case).
+//! Reclaim of a group subtree has a goal (the pages a refused charge needs,
+//! plus a batch of 1/32 of the group's usage so the next charges do not
+//! all reclaim, as Linux reclaims at least `SWAP_CLUSTER_MAX` pages) and
+//! runs in passes: drain the subtree's magazines, free its empty slabs and
+//! stocks (under the tree lock), then call the shrinkers for the group on
+//! every node (with no allocator lock held), asking for a growing share of
+//! what they hold: 1/64, 1/16, 1/4, then all (Linux scans at rising
+//! priority). It stops as soon as the goal is met; a pass whose shrinkers
+//! freed nothing ends it, and there are at most [`RECLAIM_PASSES`]: with
+//! nothing reclaimable, reclaim terminates after one pass (seed 002's
+//! swapoff case).
 //!
 //! Under contention (the page source is exhausted, or root usage crosses
 //! the contention mark), the group with the largest excess over its soft
@@ -29,6 +34,8 @@ use crate::sync::Ordering;
 pub(crate) const MAX_SHRINKERS: usize = 16;
 /// The most passes one subtree reclaim runs.
 pub(crate) const RECLAIM_PASSES: usize = 4;
+/// The share of what they hold that shrinkers are asked for, pass by pass.
+const SHARES: [usize; RECLAIM_PASSES] = [64, 16, 4, 1];
 /// The most groups one contention reclaim visits.
 pub(crate) const SOFT_VISITS: usize = 16;
 
@@ -56,13 +63,22 @@ impl<R: RawMutex> Visited<R> {
 }
 
 /// A group's identity for shrinkers: stable while the group has charged
-/// objects (0 is the root).
+/// objects. It holds the group's address (null for the root) and is only
+/// compared, or followed up the tree by [`ShrinkControl::contains`] while
+/// the group is live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GroupId(pub(crate) usize);
+pub struct GroupId(pub(crate) *const ());
+
+// SAFETY: a `GroupId` is an identity: nothing dereferences it except
+// `ShrinkControl::contains`, whose contract requires the group to be live,
+// and groups are shared between threads (`Sync`) anyway.
+unsafe impl Send for GroupId {}
+// SAFETY: as above; it has no interior mutability.
+unsafe impl Sync for GroupId {}
 
 impl GroupId {
     /// The root group.
-    pub const ROOT: GroupId = GroupId(0);
+    pub const ROOT: GroupId = GroupId(core::ptr::null());
 }
 
 /// What a shrinker is asked to shrink: objects charged to `target` or to
@@ -79,9 +95,9 @@ fn within<R: RawMutex>(target: GroupId, g: GroupId) -> bool {
     if target == GroupId::ROOT {
         return true;
     }
-    let mut cur = g.0 as *const Group<R>;
+    let mut cur = g.0.cast::<Group<R>>();
     while !cur.is_null() {
-        if cur as usize == target.0 {
+        if core::ptr::eq(cur.cast(), target.0) {
             return true;
         }
         // SAFETY: `ShrinkControl::contains` requires `g` to be live, and a
@@ -158,13 +174,32 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// The identity shrinkers see for `g`.
     pub(crate) fn group_id(&self, g: &Group<R>) -> GroupId {
-        if core::ptr::eq(g, &self.root) { GroupId::ROOT } else { GroupId(g as *const Group<R> as usize) }
+        if core::ptr::eq(g, &self.root) { GroupId::ROOT } else { GroupId((g as *const Group<R>).cast()) }
     }
 
-    /// Reclaims `g`'s subtree in passes (see the module docs); returns the
-    /// pages uncharged.
-    pub(crate) fn reclaim(&self, g: &Group<R>) -> usize {
-        self.reclaim_passes(g, RECLAIM_PASSES, 4)
+    /// Reclaims `g`'s subtree in passes until about `want` pages came
+    /// back (see the module docs); returns the pages uncharged.
+    pub(crate) fn reclaim(&self, g: &Group<R>, want: usize) -> usize {
+        // Progress is what the counter shows: pages drained from caches
+        // that other charges refill at once are no progress.
+        let start = g.counter.usage();
+        let freed = || start.saturating_sub(g.counter.usage());
+        self.reclaim_caches(g);
+        for share in SHARES {
+            // A pass may free nothing and still progress (a shrinker
+            // rotating referenced objects): only an empty scope ends it.
+            if freed() >= want || self.run_shrinkers(g, share).1 == 0 {
+                break;
+            }
+            self.reclaim_caches(g);
+        }
+        freed()
+    }
+
+    /// The goal of a reclaim after `g` refused a charge of `pages`: the
+    /// charge plus a batch of 1/32 of its usage.
+    pub(crate) fn reclaim_goal(g: &Group<R>, pages: usize) -> usize {
+        pages.saturating_add(g.counter.usage() / 32)
     }
 
     /// Up to `passes` passes, each asking shrinkers for `1/share` of what
@@ -174,7 +209,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         for _ in 0..passes {
             pages += self.reclaim_caches(g);
             let before = g.counter.usage();
-            if self.run_shrinkers(g, share) == 0 {
+            if self.run_shrinkers(g, share).0 == 0 {
                 break;
             }
             pages += before.saturating_sub(g.counter.usage());
@@ -183,22 +218,23 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Calls every shrinker for `g` on every node, without locks held;
-    /// returns the objects they freed.
-    fn run_shrinkers(&self, g: &Group<R>, share: usize) -> usize {
+    /// returns the objects they freed and the objects they held in scope.
+    fn run_shrinkers(&self, g: &Group<R>, share: usize) -> (usize, usize) {
         let list = *self.shrinkers.lock();
-        let mut freed = 0;
+        let (mut freed, mut held) = (0, 0);
         for s in list.iter().flatten() {
             for node in 0..self.platform.nodes().max(1) {
                 let sc = ShrinkControl { target: self.group_id(g), node, within: within::<R> };
                 // A share per pass (at least one), as Linux scans at a
                 // priority rather than emptying a cache at once.
                 let n = s.count(&sc);
+                held += n;
                 if n > 0 {
                     freed += s.scan(&sc, n / share + 1);
                 }
             }
         }
-        freed
+        (freed, held)
     }
 
     /// After a magazine refill from `cache`: an allocating task whose group
@@ -218,7 +254,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         while let Some(l) = level {
             if l.counter.usage() > l.counter.high() {
                 l.ev_high.add(1);
-                self.reclaim(l);
+                let excess = l.counter.usage().saturating_sub(l.counter.high());
+                self.reclaim(l, Self::reclaim_goal(l, excess));
             }
             level = l.parent();
         }

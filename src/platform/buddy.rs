@@ -25,8 +25,15 @@ const ORDERS: usize = MAX_ORDER as usize;
 /// One span of managed memory: pages `[start, start + pages * PAGE_SIZE)`,
 /// with its meta array elsewhere (carved from the same memory the zone was
 /// given).
+///
+/// Addresses are kept as integers for lookups and arithmetic; every pointer
+/// the buddy forms or hands out is derived from `base` with
+/// [`pointer::with_addr`], so it carries the provenance of the memory the
+/// zone was given (strict provenance: no integer is ever cast to a pointer).
 #[derive(Clone, Copy)]
 struct Zone {
+    /// The memory the zone was built from, at `raw_start`.
+    base: *mut u8,
     start: usize,
     pages: usize,
     meta: *mut u8,
@@ -40,20 +47,34 @@ struct Zone {
 }
 
 impl Zone {
-    const EMPTY: Zone =
-        Zone { start: 0, pages: 0, meta: core::ptr::null_mut(), used: 0, raw_start: 0, raw_len: 0, island: false };
+    const EMPTY: Zone = Zone {
+        base: core::ptr::null_mut(),
+        start: 0,
+        pages: 0,
+        meta: core::ptr::null_mut(),
+        used: 0,
+        raw_start: 0,
+        raw_len: 0,
+        island: false,
+    };
 
     #[inline]
     fn end(&self) -> usize {
         self.start + self.pages * PAGE_SIZE
     }
+
+    /// A pointer to `addr`, which lies in the zone's memory.
+    #[inline]
+    fn ptr(&self, addr: usize) -> *mut u8 {
+        self.base.with_addr(addr)
+    }
 }
 
-/// Link words at the start of a free block.
+/// Link words at the start of a free block (null ends a list).
 #[repr(C)]
 struct FreeBlock {
-    next: usize,
-    prev: usize,
+    next: *mut FreeBlock,
+    prev: *mut FreeBlock,
 }
 
 /// Why a zone could not be added.
@@ -73,8 +94,8 @@ pub(crate) struct Buddy<const Z: usize> {
     /// Sorted by `start`; the first `nzones` entries are live.
     zones: [Zone; Z],
     nzones: usize,
-    /// Head of the free list of each order (0 = empty).
-    heads: [usize; ORDERS],
+    /// Head of the free list of each order (null = empty).
+    heads: [*mut FreeBlock; ORDERS],
     free_pages: usize,
     managed_pages: usize,
     /// Island zones that are entirely free.
@@ -92,7 +113,7 @@ impl<const Z: usize> Buddy<Z> {
         Buddy {
             zones: [Zone::EMPTY; Z],
             nzones: 0,
-            heads: [0; ORDERS],
+            heads: [core::ptr::null_mut(); ORDERS],
             free_pages: 0,
             managed_pages: 0,
             empty_islands: 0,
@@ -150,7 +171,7 @@ impl<const Z: usize> Buddy<Z> {
     }
 
     /// Adds `[start, start + len)` as a zone, carving its meta array from it,
-    /// and frees its pages. Returns the zone's usable range.
+    /// and frees its pages. Returns the zone's usable address range.
     ///
     /// # Safety
     ///
@@ -158,10 +179,11 @@ impl<const Z: usize> Buddy<Z> {
     /// else, and stay so for as long as this buddy manages it.
     pub(crate) unsafe fn add_zone(
         &mut self,
-        start: usize,
+        base: *mut u8,
         len: usize,
         island: bool,
     ) -> Result<(usize, usize), ZoneError> {
+        let start = base.addr();
         let lo = start.checked_add(PAGE_SIZE - 1).ok_or(ZoneError::TooSmall)? & !(PAGE_SIZE - 1);
         let hi = start.checked_add(len).ok_or(ZoneError::TooSmall)? & !(PAGE_SIZE - 1);
         if hi <= lo {
@@ -185,10 +207,11 @@ impl<const Z: usize> Buddy<Z> {
             !island && self.zones[..self.nzones].iter().any(|z| !z.island && z.raw_start + z.raw_len == lo);
         let (ustart, meta) =
             if low_neighbour { (lo, lo + pages * PAGE_SIZE) } else { (lo + meta_pages * PAGE_SIZE, lo) };
+        let base = base.with_addr(lo);
+        let meta = base.with_addr(meta);
         // SAFETY: the meta range lies inside the memory the caller gave us.
-        unsafe { core::ptr::write_bytes(meta as *mut u8, 0, pages) };
-        let zone =
-            Zone { start: ustart, pages, meta: meta as *mut u8, used: 0, raw_start: lo, raw_len: hi - lo, island };
+        unsafe { core::ptr::write_bytes(meta, 0, pages) };
+        let zone = Zone { base, start: ustart, pages, meta, used: 0, raw_start: lo, raw_len: hi - lo, island };
         let idx = self.zones[..self.nzones].partition_point(|z| z.start < ustart);
         self.zones.copy_within(idx..self.nzones, idx + 1);
         self.zones[idx] = zone;
@@ -199,7 +222,7 @@ impl<const Z: usize> Buddy<Z> {
         }
         // Free the usable range as maximal naturally aligned blocks.
         // SAFETY: each block is a fresh, unused part of the zone.
-        for_each_block(ustart, pages, |addr, order| unsafe { self.release(addr, order) });
+        for_each_block(base.with_addr(ustart), pages, |block, order| unsafe { self.release(block, order) });
         Ok((ustart, ustart + pages * PAGE_SIZE))
     }
 
@@ -208,18 +231,18 @@ impl<const Z: usize> Buddy<Z> {
     /// # Safety
     ///
     /// The block must be managed, free, and on no list.
-    unsafe fn push(&mut self, zi: usize, addr: usize, order: u32) {
+    unsafe fn push(&mut self, zi: usize, block: *mut u8, order: u32) {
         let head = self.heads[order as usize];
-        let block = addr as *mut FreeBlock;
+        let block = block.cast::<FreeBlock>();
         // SAFETY: the block is free memory we manage, at least a page long.
-        unsafe { block.write(FreeBlock { next: head, prev: 0 }) };
-        if head != 0 {
+        unsafe { block.write(FreeBlock { next: head, prev: core::ptr::null_mut() }) };
+        if !head.is_null() {
             // SAFETY: `head` is a free block on this list.
-            unsafe { (*(head as *mut FreeBlock)).prev = addr };
+            unsafe { (*head).prev = block };
         }
-        self.heads[order as usize] = addr;
-        // SAFETY: zone `zi` holds `addr` (see `meta`).
-        unsafe { *self.meta(zi, addr) = FREE | order as u8 };
+        self.heads[order as usize] = block;
+        // SAFETY: zone `zi` holds `block` (see `meta`).
+        unsafe { *self.meta(zi, block.addr()) = FREE | order as u8 };
         self.free_pages += 1 << order;
     }
 
@@ -228,41 +251,41 @@ impl<const Z: usize> Buddy<Z> {
     /// # Safety
     ///
     /// The block must be on the list of `order`.
-    unsafe fn unlink(&mut self, zi: usize, addr: usize, order: u32) {
+    unsafe fn unlink(&mut self, zi: usize, block: *mut u8, order: u32) {
+        let block = block.cast::<FreeBlock>();
         // SAFETY: the block is free, so its links are ours to read and fix.
         unsafe {
-            let b = &*(addr as *const FreeBlock);
-            let (next, prev) = (b.next, b.prev);
-            if prev != 0 {
-                (*(prev as *mut FreeBlock)).next = next;
+            let FreeBlock { next, prev } = block.read();
+            if !prev.is_null() {
+                (*prev).next = next;
             } else {
                 self.heads[order as usize] = next;
             }
-            if next != 0 {
-                (*(next as *mut FreeBlock)).prev = prev;
+            if !next.is_null() {
+                (*next).prev = prev;
             }
-            *self.meta(zi, addr) = 0;
+            *self.meta(zi, block.addr()) = 0;
         }
         self.free_pages -= 1 << order;
     }
 
     /// A block of `2^order` pages, or `None`.
-    pub(crate) fn alloc(&mut self, order: u32) -> Option<usize> {
+    pub(crate) fn alloc(&mut self, order: u32) -> Option<*mut u8> {
         let mut k = order;
-        while (k as usize) < ORDERS && self.heads[k as usize] == 0 {
+        while (k as usize) < ORDERS && self.heads[k as usize].is_null() {
             k += 1;
         }
         if k as usize >= ORDERS {
             return None;
         }
-        let addr = self.heads[k as usize];
-        let zi = self.zone_of(addr)?;
-        // SAFETY: `addr` heads the list of order k.
-        unsafe { self.unlink(zi, addr, k) };
+        let block = self.heads[k as usize].cast::<u8>();
+        let zi = self.zone_of(block.addr())?;
+        // SAFETY: `block` heads the list of order k.
+        unsafe { self.unlink(zi, block, k) };
         while k > order {
             k -= 1;
-            let half = addr + (PAGE_SIZE << k);
-            let hz = self.zone_of(half)?;
+            let half = block.wrapping_add(PAGE_SIZE << k);
+            let hz = self.zone_of(half.addr())?;
             // SAFETY: the upper half of a free block we just took is free.
             unsafe { self.push(hz, half, k) };
         }
@@ -273,17 +296,17 @@ impl<const Z: usize> Buddy<Z> {
             }
             z.used += 1 << order;
         }
-        Some(addr)
+        Some(block)
     }
 
-    /// Returns a block; `false` if `addr` is not managed here.
+    /// Returns a block; `false` if `block` is not managed here.
     ///
     /// # Safety
     ///
-    /// `addr`/`order` must be a naturally aligned piece of a block handed out
+    /// `block`/`order` must be a naturally aligned piece of a block handed out
     /// by `alloc` and not yet returned.
-    pub(crate) unsafe fn free(&mut self, addr: usize, order: u32) -> bool {
-        let Some(zi) = self.zone_of(addr) else {
+    pub(crate) unsafe fn free(&mut self, block: *mut u8, order: u32) -> bool {
+        let Some(zi) = self.zone_of(block.addr()) else {
             return false;
         };
         let z = &mut self.zones[zi];
@@ -294,7 +317,7 @@ impl<const Z: usize> Buddy<Z> {
             }
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.release(addr, order) };
+        unsafe { self.release(block, order) };
         true
     }
 
@@ -303,12 +326,12 @@ impl<const Z: usize> Buddy<Z> {
     /// # Safety
     ///
     /// The block must be managed and unused, and on no list.
-    unsafe fn release(&mut self, mut addr: usize, mut order: u32) {
-        let Some(mut zi) = self.zone_of(addr) else {
+    unsafe fn release(&mut self, mut block: *mut u8, mut order: u32) {
+        let Some(mut zi) = self.zone_of(block.addr()) else {
             return;
         };
         while order + 1 < MAX_ORDER {
-            let buddy = addr ^ (PAGE_SIZE << order);
+            let buddy = block.addr() ^ (PAGE_SIZE << order);
             let Some(bz) = self.zone_of(buddy) else { break };
             if bz != zi && (self.zones[bz].island || self.zones[zi].island) {
                 break;
@@ -317,23 +340,24 @@ impl<const Z: usize> Buddy<Z> {
             if unsafe { *self.meta(bz, buddy) } != FREE | order as u8 {
                 break;
             }
+            let buddy = self.zones[bz].ptr(buddy);
             // SAFETY: its meta byte says it heads a free block of `order`.
             unsafe { self.unlink(bz, buddy, order) };
-            if buddy < addr {
-                addr = buddy;
+            if buddy < block {
+                block = buddy;
                 zi = bz;
             }
             order += 1;
         }
-        // SAFETY: `addr` is a free, unlisted block in zone `zi`.
-        unsafe { self.push(zi, addr, order) };
+        // SAFETY: `block` is a free, unlisted block in zone `zi`.
+        unsafe { self.push(zi, block, order) };
     }
 
     #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Removes an island zone that is entirely free, returning its raw range
     /// so the caller can hand the memory back. `None` if `addr` is not in an
     /// empty island.
-    pub(crate) fn remove_empty_island(&mut self, addr: usize) -> Option<(usize, usize)> {
+    pub(crate) fn remove_empty_island(&mut self, addr: usize) -> Option<(*mut u8, usize)> {
         let zi = self.zone_of(addr)?;
         let z = self.zones[zi];
         if !z.island || z.used != 0 {
@@ -346,20 +370,20 @@ impl<const Z: usize> Buddy<Z> {
             debug_assert!(m & FREE != 0, "empty island has a page that is not free");
             let order = u32::from(m & !FREE);
             // SAFETY: its meta byte says it heads a free block of `order`.
-            unsafe { self.unlink(zi, a, order) };
+            unsafe { self.unlink(zi, z.ptr(a), order) };
             a += PAGE_SIZE << order;
         }
         self.zones.copy_within(zi + 1..self.nzones, zi);
         self.nzones -= 1;
         self.managed_pages -= z.pages;
         self.empty_islands -= 1;
-        Some((z.raw_start, z.raw_len))
+        Some((z.base, z.raw_len))
     }
 
     /// Removes some island zone that is entirely free (see
     /// [`Buddy::remove_empty_island`]).
     #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
-    pub(crate) fn take_empty_island(&mut self) -> Option<(usize, usize)> {
+    pub(crate) fn take_empty_island(&mut self) -> Option<(*mut u8, usize)> {
         let z = self.zones[..self.nzones].iter().find(|z| z.island && z.used == 0)?.start;
         self.remove_empty_island(z)
     }
@@ -370,15 +394,15 @@ impl<const Z: usize> Buddy<Z> {
     pub(crate) fn check(&self) {
         let mut listed = 0usize;
         for order in 0..ORDERS {
-            let mut prev = 0usize;
+            let mut prev = core::ptr::null_mut();
             let mut cur = self.heads[order];
-            while cur != 0 {
-                assert_eq!(cur % (PAGE_SIZE << order), 0, "misaligned free block");
-                let zi = self.zone_of(cur).expect("free block outside zones");
+            while !cur.is_null() {
+                assert_eq!(cur.addr() % (PAGE_SIZE << order), 0, "misaligned free block");
+                let zi = self.zone_of(cur.addr()).expect("free block outside zones");
                 // SAFETY: `cur` is in zone `zi`.
-                assert_eq!(unsafe { *self.meta(zi, cur) }, FREE | order as u8);
+                assert_eq!(unsafe { *self.meta(zi, cur.addr()) }, FREE | order as u8);
                 // SAFETY: `cur` is on a free list, so it holds links.
-                let b = unsafe { &*(cur as *const FreeBlock) };
+                let b = unsafe { cur.read() };
                 assert_eq!(b.prev, prev, "broken back link");
                 listed += 1 << order;
                 prev = cur;
@@ -409,13 +433,15 @@ fn max_block_order(addr: usize, end: usize) -> u32 {
     align.min(fit).min(MAX_ORDER - 1)
 }
 
-/// Splits `[addr, addr + pages)` into naturally aligned blocks and calls `f`
-/// on each (address, order): how a caller frees an exact run's tail.
-pub(crate) fn for_each_block(mut addr: usize, pages: usize, mut f: impl FnMut(usize, u32)) {
-    let end = addr + pages * PAGE_SIZE;
-    while addr < end {
-        let order = max_block_order(addr, end);
-        f(addr, order);
-        addr += PAGE_SIZE << order;
+/// Splits the `pages` pages at `start` into naturally aligned blocks and
+/// calls `f` on each (pointer, order): how a caller frees an exact run's
+/// tail. The pointers are derived from `start`.
+pub(crate) fn for_each_block(start: *mut u8, pages: usize, mut f: impl FnMut(*mut u8, u32)) {
+    let end = start.addr() + pages * PAGE_SIZE;
+    let mut p = start;
+    while p.addr() < end {
+        let order = max_block_order(p.addr(), end);
+        f(p, order);
+        p = p.wrapping_add(PAGE_SIZE << order);
     }
 }

@@ -1,7 +1,7 @@
 //! CPU and node identity: which per-CPU slot the caller may use, and
 //! which group it allocates for.
 
-use crate::sync::{AtomicUsize, Ordering, atomic_usize};
+use crate::sync::{AtomicPtr, Ordering, atomic_null};
 
 /// Per-CPU slots a `Kmem` keeps magazines for (2 under loom and Miri).
 pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
@@ -29,13 +29,15 @@ pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
 ///    then no `enter` returns it until `unsteal(slot)`;
 /// 5. nothing here allocates, panics, or calls back into the allocator;
 /// 6. `current_group` returns the last token the calling context (thread,
-///    task) passed to `set_current_group`, or 0 if it never did.
+///    task) passed to `set_current_group`, unchanged (the same pointer,
+///    with its provenance), or null if it never did.
 pub unsafe trait Platform: Sync {
-    /// The calling context's current group token (0: the root group).
-    fn current_group(&self) -> usize;
+    /// The calling context's current group token (null: the root group).
+    /// A token is opaque to the platform: it only stores it.
+    fn current_group(&self) -> *const ();
     /// Makes `token` the calling context's current group; returns the
     /// previous token.
-    fn set_current_group(&self, token: usize) -> usize;
+    fn set_current_group(&self, token: *const ()) -> *const ();
 
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
@@ -70,20 +72,20 @@ pub unsafe trait Platform: Sync {
 /// supply their own.
 #[derive(Debug, Default)]
 pub struct NoCpus {
-    current: AtomicUsize,
+    current: AtomicPtr<()>,
 }
 
 impl NoCpus {
     /// The platform.
     #[cfg(not(loom))]
     pub const fn new() -> Self {
-        NoCpus { current: atomic_usize(0) }
+        NoCpus { current: atomic_null() }
     }
 
     /// The platform (loom: not `const`).
     #[cfg(loom)]
     pub fn new() -> Self {
-        NoCpus { current: atomic_usize(0) }
+        NoCpus { current: atomic_null() }
     }
 }
 
@@ -91,11 +93,11 @@ impl NoCpus {
 // vacuously; (2) node 0 is valid; (5) only an atomic; (6) one global
 // context, whose token is the atomic.
 unsafe impl Platform for NoCpus {
-    fn current_group(&self) -> usize {
+    fn current_group(&self) -> *const () {
         self.current.load(Ordering::Relaxed)
     }
-    fn set_current_group(&self, token: usize) -> usize {
-        self.current.swap(token, Ordering::Relaxed)
+    fn set_current_group(&self, token: *const ()) -> *const () {
+        self.current.swap(token.cast_mut(), Ordering::Relaxed)
     }
     fn enter(&self) -> Option<usize> {
         None

@@ -53,8 +53,8 @@ impl<R: RawMutex> OsPages<R> {
     }
 
     /// Maps `len` bytes aligned to `align` (both page multiples), trimming the
-    /// excess of an over-sized mapping. Returns the address or `None`.
-    fn map_aligned(&self, len: usize, align: usize) -> Option<usize> {
+    /// excess of an over-sized mapping. Returns the mapping or `None`.
+    fn map_aligned(&self, len: usize, align: usize) -> Option<*mut u8> {
         let span = len.checked_add(align - PAGE_SIZE)?;
         // SAFETY: an anonymous private mapping at an address of the kernel's
         // choosing touches no existing memory.
@@ -71,18 +71,18 @@ impl<R: RawMutex> OsPages<R> {
         if p == libc::MAP_FAILED {
             return None;
         }
-        let base = p as usize;
-        let start = (base + align - 1) & !(align - 1);
-        let head = start - base;
+        let base = p.cast::<u8>();
+        let head = base.addr().next_multiple_of(align) - base.addr();
+        let start = base.wrapping_add(head);
         let tail = span - head - len;
         // SAFETY: both trimmed pieces belong to the mapping just made and
         // nothing refers to them.
         unsafe {
             if head != 0 {
-                libc::munmap(base as *mut libc::c_void, head);
+                libc::munmap(base.cast(), head);
             }
             if tail != 0 {
-                libc::munmap((start + len) as *mut libc::c_void, tail);
+                libc::munmap(start.wrapping_add(len).cast(), tail);
             }
         }
         self.mapped.add(len / PAGE_SIZE);
@@ -94,14 +94,14 @@ impl<R: RawMutex> OsPages<R> {
     /// # Safety
     ///
     /// The range must be mapped by this source and unused.
-    unsafe fn unmap(&self, addr: usize, len: usize) {
+    unsafe fn unmap(&self, addr: *mut u8, len: usize) {
         // SAFETY: forwarded from the caller.
-        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        unsafe { libc::munmap(addr.cast(), len) };
         self.mapped.sub(len / PAGE_SIZE);
     }
 
     /// A run from the chunk pool, mapping a new chunk when the pool is dry.
-    fn alloc_pooled(&self, order: u32) -> Option<usize> {
+    fn alloc_pooled(&self, order: u32) -> Option<*mut u8> {
         if let Some(a) = self.pool.lock().alloc(order) {
             return Some(a);
         }
@@ -144,19 +144,20 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         self.in_use.add(1 << order);
         Some(PageRun {
             // SAFETY: mmap and the buddy never return address 0.
-            addr: unsafe { NonNull::new_unchecked(addr as *mut u8) },
+            addr: unsafe { NonNull::new_unchecked(addr) },
             order,
             node: node.min(MAX_NODES - 1),
         })
     }
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
-        let a = addr.as_ptr() as usize;
+        let a = addr.as_ptr();
         self.in_use.sub(1 << order);
         let mut pool = self.pool.lock();
         // SAFETY: forwarded from the caller.
         if unsafe { pool.free(a, order) } {
-            let release = if pool.empty_islands() > RETAINED_CHUNKS { pool.remove_empty_island(a) } else { None };
+            let release =
+                if pool.empty_islands() > RETAINED_CHUNKS { pool.remove_empty_island(a.addr()) } else { None };
             drop(pool);
             if let Some((raw, len)) = release {
                 // SAFETY: the island was entirely free and is now unlinked.

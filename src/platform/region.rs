@@ -115,7 +115,7 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
         let n = self.spans[node].load(Ordering::Relaxed);
         let before = buddy.managed_pages();
         // SAFETY: forwarded from the caller.
-        let (lo, hi) = unsafe { buddy.add_zone(start as usize, len, false) }.map_err(|e| match e {
+        let (lo, hi) = unsafe { buddy.add_zone(start, len, false) }.map_err(|e| match e {
             ZoneError::TooSmall => RegionError::TooSmall,
             ZoneError::Overlap => RegionError::Overlap,
             ZoneError::Full => RegionError::Full,
@@ -184,10 +184,10 @@ unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZON
             if self.spans[n].load(Ordering::Relaxed) == 0 {
                 continue;
             }
-            if let Some(addr) = self.nodes[n].lock().alloc(order) {
+            if let Some(block) = self.nodes[n].lock().alloc(order) {
                 self.in_use.add(1 << order);
                 // SAFETY: the buddy never hands out address 0.
-                let addr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+                let addr = unsafe { NonNull::new_unchecked(block) };
                 return Some(PageRun { addr, order, node: n });
             }
         }
@@ -195,13 +195,13 @@ unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZON
     }
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
-        let a = addr.as_ptr() as usize;
+        let a = addr.as_ptr().addr();
         let Some(node) = self.node_of(a) else {
             debug_assert!(false, "Region::free_pages of a foreign address {a:#x}");
             return;
         };
         // SAFETY: forwarded from the caller.
-        if unsafe { self.nodes[node].lock().free(a, order) } {
+        if unsafe { self.nodes[node].lock().free(addr.as_ptr(), order) } {
             self.in_use.sub(1 << order);
         }
     }

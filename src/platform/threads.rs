@@ -22,7 +22,7 @@ std::thread_local! {
     /// This thread's slot, or `NONE`. `Cell<usize>` has no destructor.
     static SLOT: Cell<usize> = const { Cell::new(NONE) };
     /// This thread's current group token (0: the root).
-    static GROUP: Cell<usize> = const { Cell::new(0) };
+    static GROUP: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
 }
 
 /// Slots held by a thread (or stolen by a drainer).
@@ -69,9 +69,11 @@ fn init() -> Option<libc::pthread_key_t> {
                 }
                 // SAFETY: registering for private expedited membarrier has no
                 // effect on memory; failure just means "not available".
-                let asym = unsafe {
-                    libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0
-                };
+                // (Miri has no membarrier: there, slot holders use fences.)
+                let asym = !cfg!(miri)
+                    && unsafe {
+                        libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0
+                    };
                 ASYM.store(if asym { 1 } else { 2 }, Ordering::Release);
                 let mut key: libc::pthread_key_t = 0;
                 // SAFETY: `key` is a valid out-pointer; the destructor is an
@@ -97,7 +99,9 @@ impl Threads {
             // Acquire: adopt the magazines the previous holder left behind.
             if claimed.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 // SAFETY: `key` is a live key; the value is a plain integer.
-                if unsafe { libc::pthread_setspecific(key, (slot + 1) as *const libc::c_void) } != 0 {
+                if unsafe { libc::pthread_setspecific(key, core::ptr::without_provenance::<libc::c_void>(slot + 1)) }
+                    != 0
+                {
                     // Without an exit hook the slot would leak on exit.
                     claimed.store(false, Ordering::Release);
                     return None;
@@ -120,12 +124,12 @@ impl Threads {
 // (6) the group token lives in a per-thread cell.
 unsafe impl Platform for Threads {
     #[inline(always)]
-    fn current_group(&self) -> usize {
-        GROUP.try_with(Cell::get).unwrap_or(0)
+    fn current_group(&self) -> *const () {
+        GROUP.try_with(Cell::get).unwrap_or(core::ptr::null())
     }
 
-    fn set_current_group(&self, token: usize) -> usize {
-        GROUP.try_with(|g| g.replace(token)).unwrap_or(0)
+    fn set_current_group(&self, token: *const ()) -> *const () {
+        GROUP.try_with(|g| g.replace(token)).unwrap_or(core::ptr::null())
     }
 
     #[inline(always)]

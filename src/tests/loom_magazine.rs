@@ -33,11 +33,11 @@ fn set_slot(slot: usize) {
 // re-enters; (2) nodes < MAX_NODES; (3) not asymmetric; (4) never steals;
 // (5) nothing allocates; (6) groups are not used: always the root.
 unsafe impl Platform for LoomCpus {
-    fn current_group(&self) -> usize {
-        0
+    fn current_group(&self) -> *const () {
+        core::ptr::null()
     }
-    fn set_current_group(&self, _token: usize) -> usize {
-        0
+    fn set_current_group(&self, _token: *const ()) -> *const () {
+        core::ptr::null()
     }
     fn enter(&self) -> Option<usize> {
         SLOT.with(|s| {

@@ -8,13 +8,26 @@ use std::vec::Vec;
 use super::*;
 use crate::heap::CacheFlags;
 use crate::heap::classes::class_of;
+#[cfg(not(miri))]
 use crate::platform::OsPages;
 use crate::testutil::Rng;
 
+#[cfg(not(miri))]
 type K = Kmem<OsPages>;
+/// Miri has no partial `munmap`: a region instead of the OS.
+#[cfg(miri)]
+type K = Kmem<crate::platform::Region>;
 
+#[cfg(not(miri))]
 fn kmem() -> &'static K {
     Box::leak(Box::new(Kmem::new(OsPages::new())))
+}
+
+#[cfg(miri)]
+fn kmem() -> &'static K {
+    let k: &'static K = Box::leak(Box::new(Kmem::new(crate::platform::Region::new())));
+    k.source().add(crate::testutil::arena(64 << 20), 0).unwrap();
+    k
 }
 
 #[test]
