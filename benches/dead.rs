@@ -6,12 +6,15 @@
 //! then frees them all, timed: once with the group alive, once after the
 //! group was removed (its caches dead: no per-CPU caching, empty slabs go
 //! back at once). Rounds interleave; medians of 5 are reported with the
-//! dead/alive ratio beside the seed's.
+//! dead/alive ratio beside the seed's. Every round's time also goes to
+//! `target/kmemcg-results/dead.csv` for `cargo bench --bench plots`.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::time::{Duration, Instant};
 
 use kmemcg::{Kmem, OsPages};
+
+mod results;
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
@@ -50,13 +53,20 @@ fn main() {
     let seed = [(64, "373 / 1300 (3.5x)"), (128, "-"), (256, "-"), (512, "-"), (1024, "1.8x")];
     println!("| size | alive ms | dead ms | dead/alive | seed 001 (ms per 1M frees per CPU, ratio) |");
     println!("|---|---|---|---|---|");
+    let mut csv = Vec::new();
     for (size, s) in seed {
         let (mut alive, mut dead) = (Vec::new(), Vec::new());
         for round in 0..5 {
             alive.push(run(size, false, round));
             dead.push(run(size, true, round));
         }
+        for (state, times) in [("alive", &alive), ("dead", &dead)] {
+            for (round, t) in times.iter().enumerate() {
+                csv.push(format!("{size},{state},{round},{:.4}", t.as_secs_f64() * 1e3));
+            }
+        }
         let (a, d) = (median(alive), median(dead));
         println!("| {size} | {a:.1} | {d:.1} | {:.2}x | {s} |", d / a);
     }
+    results::write_csv("dead.csv", "size,state,round,ms", &csv);
 }

@@ -7,17 +7,31 @@
 //! the group with the largest excess over its soft limit first. Usage over
 //! time is printed against the soft limits; both settle a little above
 //! them, sharing what does not fit under the limits.
+//!
+//! Every 1000 allocations each thread also samples both usages with the
+//! time since the start; the samples go to
+//! `target/kmemcg-results/soft_limits.csv` for `cargo bench --bench plots`.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
 use std::thread;
+use std::time::Instant;
 
 use kmemcg::{GroupId, Kmem, Region, ShrinkControl, Shrinker};
 
+#[path = "../benches/results/mod.rs"]
+mod results;
+
 const MB: usize = 1 << 20;
 const OBJ: usize = 1000;
+const REGION: usize = 24 * MB;
+const SOFT_A: usize = 6 * MB;
+const SOFT_B: usize = 12 * MB;
+/// Allocations per thread, and how often each thread samples usage.
+const ALLOCS: usize = 150_000;
+const SAMPLE_EVERY: usize = 1000;
 
 static KMEM: Kmem<Region> = Kmem::new(Region::new());
 
@@ -46,37 +60,50 @@ impl Shrinker for Lru {
 }
 
 fn main() {
-    KMEM.source().add(Box::leak(vec![MaybeUninit::uninit(); 24 * MB].into_boxed_slice()), 0).unwrap();
+    KMEM.source().add(Box::leak(vec![MaybeUninit::uninit(); REGION].into_boxed_slice()), 0).unwrap();
     let a = KMEM.root().create_child("a").unwrap();
     let b = KMEM.root().create_child("b").unwrap();
-    a.set_soft_limit(6 * MB).unwrap();
-    b.set_soft_limit(12 * MB).unwrap();
+    a.set_soft_limit(SOFT_A).unwrap();
+    b.set_soft_limit(SOFT_B).unwrap();
     println!("{:>12} {:>18} {:>18}", "allocations", "a (soft 6 MiB)", "b (soft 12 MiB)");
     let (ra, rb) = (&a, &b);
-    thread::scope(|s| {
-        for (g, report) in [(ra, true), (rb, false)] {
-            s.spawn(move || {
-                let lru: &'static Lru =
-                    Box::leak(Box::new(Lru { group: g.id(), objs: Mutex::new(VecDeque::with_capacity(200_000)) }));
-                KMEM.register_shrinker(lru).unwrap();
-                let _in = g.enter();
-                let l = Layout::from_size_align(OBJ, 8).unwrap();
-                for i in 1..=150_000usize {
-                    // SAFETY: valid layout.
-                    let p = unsafe { KMEM.alloc(l) };
-                    assert!(!p.is_null(), "allocation failed with reclaimable memory left");
-                    lru.objs.lock().unwrap().push_back(p as usize);
-                    if report && i % 10_000 == 0 {
-                        println!(
-                            "{:>12} {:>14.1} MiB {:>14.1} MiB",
-                            i,
-                            ra.usage() as f64 / MB as f64,
-                            rb.usage() as f64 / MB as f64
-                        );
+    let start = Instant::now();
+    let samples: Vec<String> = thread::scope(|s| {
+        let threads: Vec<_> = [(ra, "a", true), (rb, "b", false)]
+            .into_iter()
+            .map(|(g, name, report)| {
+                s.spawn(move || {
+                    let lru: &'static Lru =
+                        Box::leak(Box::new(Lru { group: g.id(), objs: Mutex::new(VecDeque::with_capacity(200_000)) }));
+                    KMEM.register_shrinker(lru).unwrap();
+                    // The samples live on the system heap, not in the region.
+                    let mut samples = Vec::with_capacity(ALLOCS / SAMPLE_EVERY);
+                    let _in = g.enter();
+                    let l = Layout::from_size_align(OBJ, 8).unwrap();
+                    for i in 1..=ALLOCS {
+                        // SAFETY: valid layout.
+                        let p = unsafe { KMEM.alloc(l) };
+                        assert!(!p.is_null(), "allocation failed with reclaimable memory left");
+                        lru.objs.lock().unwrap().push_back(p as usize);
+                        if i % SAMPLE_EVERY == 0 {
+                            let ms = start.elapsed().as_secs_f64() * 1e3;
+                            let (ua, ub) = (ra.usage(), rb.usage());
+                            samples.push(format!("{ms:.3},{name},{i},{ua},{ub},{SOFT_A},{SOFT_B},{REGION}"));
+                        }
+                        if report && i % 10_000 == 0 {
+                            println!(
+                                "{:>12} {:>14.1} MiB {:>14.1} MiB",
+                                i,
+                                ra.usage() as f64 / MB as f64,
+                                rb.usage() as f64 / MB as f64
+                            );
+                        }
                     }
-                }
-            });
-        }
+                    samples
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
     });
     let (sa, sb) = (a.stat(), b.stat());
     println!(
@@ -86,4 +113,6 @@ fn main() {
         sb.soft_reclaim_passes,
         sb.soft_reclaim_bytes / MB
     );
+    let header = "ms,sampler,allocations,a_bytes,b_bytes,a_soft_bytes,b_soft_bytes,region_bytes";
+    results::write_csv("soft_limits.csv", header, &samples);
 }
