@@ -126,7 +126,10 @@ pub struct SourceStats {
 /// 4. it never allocates through the global allocator, never calls back into
 ///    the allocator that uses it, and never panics: it runs under the
 ///    allocator's locks and on allocation paths (no re-entrancy);
-/// 5. all methods may be called from several threads at once.
+/// 5. all methods may be called from several threads at once;
+/// 6. `claim_pages` returns `true` only if every page it was asked for was
+///    free in this source and now belongs to the caller, to be given back
+///    through `free_pages` in naturally aligned pieces like any run's.
 pub unsafe trait PageSource: Sync {
     /// A run of `2^order` pages, preferably on `node`; `None` when exhausted
     /// or when `order >= MAX_ORDER`.
@@ -152,6 +155,14 @@ pub unsafe trait PageSource: Sync {
     fn trim(&self) -> usize {
         0
     }
+
+    /// Takes the `pages` pages that start at `at` — the end of a live run of
+    /// this source — if all of them are free, so the run can grow in place
+    /// (`realloc` of a large object). Returns whether it took them; the
+    /// default never does.
+    fn claim_pages(&self, _at: NonNull<u8>, _pages: usize) -> bool {
+        false
+    }
 }
 
 // SAFETY: forwarding every method to `S` keeps each of S's guarantees.
@@ -173,6 +184,9 @@ unsafe impl<S: PageSource> PageSource for &S {
     }
     fn trim(&self) -> usize {
         (**self).trim()
+    }
+    fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
+        (**self).claim_pages(at, pages)
     }
 }
 

@@ -32,8 +32,8 @@ pub(crate) fn arena(len: usize) -> &'static mut [core::mem::MaybeUninit<u8>] {
     Box::leak(Box::new_uninit_slice(len))
 }
 
-/// `n` in normal runs, a hundredth of it (at least 1) under Miri, which
+/// `n` in normal runs, `n / div` (at least 1) under Miri, which
 /// interprets every instruction: how model tests shrink their op counts.
-pub(crate) const fn scaled(n: usize) -> usize {
-    if cfg!(miri) { if n / 100 > 0 { n / 100 } else { 1 } } else { n }
+pub(crate) const fn scaled(n: usize, div: usize) -> usize {
+    if cfg!(miri) { if n / div > 0 { n / div } else { 1 } } else { n }
 }

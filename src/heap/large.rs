@@ -136,8 +136,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Resizes the large object at `ptr` to `new_size` bytes without moving
-    /// it if that needs no more pages than it has; gives back the tail when
-    /// it needs fewer. Returns whether it did.
+    /// it: gives back the tail when it needs fewer pages, and takes the
+    /// pages right after it from the page source when it needs more and
+    /// they are free (charged to the object's group first). Returns whether
+    /// it did.
     ///
     /// # Safety
     ///
@@ -148,7 +150,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: a live header of ours.
         let pages = unsafe { (*h).pages };
         if new_pages > pages {
-            return false;
+            // SAFETY: a live header of ours; the object's group outlives it.
+            return unsafe { self.grow_large_in_place(ptr, h, pages, new_pages) };
         }
         if new_pages < pages {
             let tail = ptr.as_ptr().wrapping_add(new_pages * PAGE_SIZE);
@@ -160,6 +163,48 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 self.uncharge_large((*h).group, pages - new_pages);
             }
         }
+        true
+    }
+
+    /// Grows the large object at `ptr` (header `h`, `pages` pages) to
+    /// `new_pages` pages in place, if the page source has the pages after
+    /// it free and the object's group can be charged for them.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live large object of this `Kmem` with header `h`.
+    unsafe fn grow_large_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        h: *mut LargeHeader<R>,
+        pages: usize,
+        new_pages: usize,
+    ) -> bool {
+        let extra = new_pages - pages;
+        // SAFETY: a live header of ours.
+        let group = unsafe { (*h).group };
+        // SAFETY: a large object's group outlives it.
+        let counter = match unsafe { group.as_ref() } {
+            Some(g) => &g.counter,
+            None => &self.root.counter,
+        };
+        if counter.try_charge(extra).is_err() {
+            return false;
+        }
+        // SAFETY: the end of the object's pages, inside or just past its run.
+        let end = unsafe { NonNull::new_unchecked(ptr.as_ptr().wrapping_add(pages * PAGE_SIZE)) };
+        if !self.source.claim_pages(end, extra) {
+            counter.uncharge(extra);
+            return false;
+        }
+        // SAFETY: a live header of ours; the group outlives the object.
+        unsafe {
+            (*h).pages = new_pages;
+            if let Some(g) = group.as_ref() {
+                g.large_pages.add(extra);
+            }
+        }
+        self.large_pages.add(extra);
         true
     }
 }

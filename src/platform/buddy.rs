@@ -353,6 +353,71 @@ impl<const Z: usize> Buddy<Z> {
         unsafe { self.push(zi, block, order) };
     }
 
+    /// The free block that holds the page at `addr`, as (start, order).
+    fn free_block_at(&self, addr: usize) -> Option<(usize, u32)> {
+        (0..MAX_ORDER).find_map(|k| {
+            let b = addr & !((PAGE_SIZE << k) - 1);
+            let zi = self.zone_of(b)?;
+            // SAFETY: `b` is in zone `zi`.
+            (unsafe { *self.meta(zi, b) } == FREE | k as u8).then_some((b, k))
+        })
+    }
+
+    /// Takes the `pages` pages at `start` off the free lists so a run that
+    /// ends at `start` can grow in place: only if every one of them is free
+    /// (and, in an island, inside the island of the page before `start`);
+    /// the parts of the free blocks that stick out go back. Returns whether
+    /// it took them; on `false` nothing changed.
+    pub(crate) fn claim(&mut self, start: *mut u8, pages: usize) -> bool {
+        let lo = start.addr();
+        let Some(hi) = pages.checked_mul(PAGE_SIZE).and_then(|len| lo.checked_add(len)) else { return false };
+        if pages == 0 || lo < PAGE_SIZE {
+            return false;
+        }
+        let Some(z0) = self.zone_of(lo - PAGE_SIZE) else { return false };
+        if self.zones[z0].island && hi > self.zones[z0].end() {
+            return false;
+        }
+        // Check every page first, block by block.
+        let mut a = lo;
+        while a < hi {
+            match self.free_block_at(a) {
+                Some((b, k)) => a = b + (PAGE_SIZE << k),
+                None => return false,
+            }
+        }
+        let mut a = lo;
+        while a < hi {
+            let Some((b, k)) = self.free_block_at(a) else { break };
+            let Some(zi) = self.zone_of(b) else { break };
+            let end = b + (PAGE_SIZE << k);
+            let block = self.zones[zi].ptr(b);
+            // SAFETY: its meta byte says it heads a free block of order k.
+            unsafe { self.unlink(zi, block, k) };
+            // Give back what lies outside [lo, hi): free pages, unlisted now.
+            let release = |this: &mut Self, p: *mut u8, o: u32| {
+                // SAFETY: a piece of the block just unlinked, outside the
+                // claimed range: free, managed, on no list.
+                unsafe { this.release(p, o) }
+            };
+            if b < lo {
+                for_each_block(block, (lo - b) / PAGE_SIZE, |p, o| release(self, p, o));
+            }
+            if end > hi {
+                for_each_block(block.wrapping_add(hi - b), (end - hi) / PAGE_SIZE, |p, o| release(self, p, o));
+            }
+            let z = &mut self.zones[zi];
+            if z.island {
+                if z.used == 0 {
+                    self.empty_islands -= 1;
+                }
+                z.used += (end.min(hi) - b.max(lo)) / PAGE_SIZE;
+            }
+            a = end;
+        }
+        true
+    }
+
     #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Removes an island zone that is entirely free, returning its raw range
     /// so the caller can hand the memory back. `None` if `addr` is not in an

@@ -127,7 +127,8 @@ impl<R: RawMutex> OsPages<R> {
 // of live blocks and munmap accepts any page-aligned piece of a mapping;
 // (4) only the pool lock and mmap/munmap are used: no allocation, no
 // callback, no panic outside debug assertions; (5) the pool is behind a lock
-// and the counters are atomics.
+// and the counters are atomics; (6) `claim_pages` takes only pages the
+// pool's buddy lists as free (never part of a direct mapping).
 unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
     fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun> {
         if order >= MAX_ORDER {
@@ -168,6 +169,14 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
             // SAFETY: not pooled, so it is (a piece of) a direct mapping.
             unsafe { self.unmap(a, PAGE_SIZE << order) };
         }
+    }
+
+    fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
+        let taken = self.pool.lock().claim(at.as_ptr(), pages);
+        if taken {
+            self.in_use.add(pages);
+        }
+        taken
     }
 
     fn ownership(&self, addr: usize) -> Ownership {

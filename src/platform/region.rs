@@ -172,7 +172,8 @@ impl Span {
 // piece of a live block; (4) it takes only its own lock, allocates nothing,
 // and has no panicking path outside debug assertions; (5) each node's
 // buddy is behind a lock, and the span map is written before it is
-// published with Release.
+// published with Release; (6) `claim_pages` takes only pages the node's
+// buddy lists as free, and the buddy accepts their pieces back.
 unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZONES> {
     fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun> {
         if order >= super::MAX_ORDER {
@@ -208,6 +209,16 @@ unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZON
 
     fn ownership(&self, addr: usize) -> Ownership {
         if self.node_of(addr).is_some() { Ownership::Owned } else { Ownership::Foreign }
+    }
+
+    fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
+        // The run being grown ends at `at`: its node's buddy has the pages.
+        let Some(node) = at.as_ptr().addr().checked_sub(1).and_then(|a| self.node_of(a)) else { return false };
+        let taken = self.nodes[node].lock().claim(at.as_ptr(), pages);
+        if taken {
+            self.in_use.add(pages);
+        }
+        taken
     }
 
     fn stats(&self) -> SourceStats {

@@ -84,43 +84,63 @@ fn adjacent_regions_merge() {
     r.check();
 }
 
-/// Random alloc/free against a shadow map: alignment, no overlap, content.
+/// Random alloc/free/grow against a shadow map: alignment, no overlap,
+/// content. Runs grow in place by `claim_pages` and are freed piecewise.
 fn buddy_model<S: PageSource>(src: &S, ops: usize, max_order: u32, seed: u64) {
     let mut rng = Rng::new(seed);
-    // Keyed by address; the value keeps the pointer (with its provenance).
-    let mut live: BTreeMap<usize, (u32, u8, *mut u8)> = BTreeMap::new();
+    // Keyed by address: (pages, tag, pointer with its provenance).
+    let mut live: BTreeMap<usize, (usize, u8, *mut u8)> = BTreeMap::new();
+    let overlaps = |live: &BTreeMap<usize, (usize, u8, *mut u8)>, a: usize, len: usize| {
+        live.range(..a + len).next_back().is_some_and(|(&b, &(pages, _, _))| b + pages * PAGE_SIZE > a)
+    };
+    // Under Miri, check a sample of each run: its byte loop is slow.
+    let step = if cfg!(miri) { 509 } else { 1 };
+    let (mut grown, mut refused) = (0, 0);
     for i in 0..ops {
-        if live.is_empty() || rng.chance(55) {
+        let tag = (i % 251) as u8;
+        let roll = rng.below(100);
+        if live.is_empty() || roll < 50 {
             let order = rng.below(max_order as usize + 1) as u32;
             if let Some(run) = src.alloc_pages(order, rng.below(2)) {
                 let a = run.addr.as_ptr().addr();
                 let len = PAGE_SIZE << order;
                 assert_eq!(a % len, 0, "misaligned run");
-                if let Some((&b, &(o, _, _))) = live.range(..a + len).next_back() {
-                    assert!(b + (PAGE_SIZE << o) <= a || b >= a + len, "overlap");
-                }
-                let tag = (i % 251) as u8;
+                assert!(!overlaps(&live, a, len), "overlap");
                 // SAFETY: a fresh run of `len` bytes.
                 unsafe { core::ptr::write_bytes(run.addr.as_ptr(), tag, len) };
-                live.insert(a, (order, tag, run.addr.as_ptr()));
+                live.insert(a, (1 << order, tag, run.addr.as_ptr()));
+            }
+        } else if roll < 65 {
+            let k = *live.keys().nth(rng.below(live.len())).unwrap();
+            let (pages, t, p) = live[&k];
+            let extra = 1 + rng.below(8);
+            let end = p.wrapping_add(pages * PAGE_SIZE);
+            if src.claim_pages(core::ptr::NonNull::new(end).unwrap(), extra) {
+                grown += 1;
+                live.remove(&k);
+                assert!(!overlaps(&live, end.addr(), extra * PAGE_SIZE), "claimed pages in use");
+                // SAFETY: the claimed pages are ours now.
+                unsafe { core::ptr::write_bytes(end, t, extra * PAGE_SIZE) };
+                live.insert(k, (pages + extra, t, p));
+            } else {
+                refused += 1;
             }
         } else {
             let k = *live.keys().nth(rng.below(live.len())).unwrap();
-            let (order, tag, p) = live.remove(&k).unwrap();
-            // SAFETY: live run of `PAGE_SIZE << order` bytes.
-            let s = unsafe { core::slice::from_raw_parts(p, PAGE_SIZE << order) };
-            // Under Miri, check a sample: its byte loop is slow.
-            let step = if cfg!(miri) { 509 } else { 1 };
+            let (pages, tag, p) = live.remove(&k).unwrap();
+            // SAFETY: live run of `pages` pages.
+            let s = unsafe { core::slice::from_raw_parts(p, pages * PAGE_SIZE) };
             assert!(s.iter().step_by(step).all(|&b| b == tag), "run content clobbered");
-            // SAFETY: from `src`, freed once.
-            unsafe { src.free_pages(core::ptr::NonNull::new(p).unwrap(), order) };
+            // SAFETY: from `src`, freed once, in naturally aligned pieces.
+            for_each_block(p, pages, |q, o| unsafe { src.free_pages(core::ptr::NonNull::new(q).unwrap(), o) });
         }
     }
-    for (_, (order, _, p)) in live {
-        // SAFETY: from `src`, freed once.
-        unsafe { src.free_pages(core::ptr::NonNull::new(p).unwrap(), order) };
+    for (_, (pages, _, p)) in live {
+        // SAFETY: from `src`, freed once, in naturally aligned pieces.
+        for_each_block(p, pages, |q, o| unsafe { src.free_pages(core::ptr::NonNull::new(q).unwrap(), o) });
     }
     assert_eq!(src.stats().pages_in_use, 0);
+    assert!(grown > 0 && refused > 0, "grown {grown}, refused {refused}");
 }
 
 #[test]
@@ -128,7 +148,7 @@ fn region_model() {
     let r = leak(R::new());
     r.add(arena(3 << 20), 0).unwrap();
     r.add(arena(1 << 20), 1).unwrap();
-    buddy_model(r, scaled(20_000), 6, 1);
+    buddy_model(r, scaled(20_000, 100), 6, 1);
     r.check();
     let free: usize = (0..MAX_NODES).map(|n| r.free_pages_on(n)).sum();
     assert_eq!(free, r.stats().pages_reserved, "pages lost");
@@ -138,7 +158,7 @@ fn region_model() {
 #[test]
 fn os_pages_model_and_release() {
     let os = leak(OsPages::<DefaultRawMutex>::new());
-    buddy_model(os, scaled(5_000), 11, 2);
+    buddy_model(os, scaled(5_000, 100), 11, 2);
     // Everything is free; freed chunks stay mapped until a trim, which
     // keeps one spare chunk.
     assert!(os.stats().pages_reserved > 1024, "{:?}", os.stats());
