@@ -238,7 +238,9 @@ fn seed_table(title: &str, dir: &str, entries: &[u64], with_walk: bool) -> Vec<S
     }
     let base = median(times[0].clone());
     println!("{title}:\n");
-    println!("| mode | median ms | ratio to unaccounted | limit shrinks | seed 000 (sys time vs its unpatched kernel) |");
+    println!(
+        "| mode | median ms | ratio to unaccounted | limit shrinks | seed 000 (sys time vs its unpatched kernel) |"
+    );
     println!("|---|---|---|---|---|");
     let mut csv = Vec::with_capacity(modes.len());
     for (i, (name, _)) in modes.iter().enumerate() {
