@@ -166,7 +166,7 @@ fn model<S: PageSource>(kmem: &Kmem<S>, ops: usize, seed: u64, check: impl Fn())
 #[test]
 fn model_region_1m_ops() {
     let k = region_kmem(if cfg!(miri) { 32 << 20 } else { 256 << 20 });
-    let failures = model(k, scaled(1_000_000, 1000), 7, || {
+    let failures = model(k, scaled(1_000_000, 10_000), 7, || {
         k.check();
         k.source().check();
     });
@@ -180,7 +180,7 @@ fn model_region_1m_ops() {
 #[test]
 fn model_os_pages_1m_ops() {
     let k: &'static Kmem<crate::OsPages> = Box::leak(Box::new(Kmem::new(crate::OsPages::new())));
-    let failures = model(k, scaled(1_000_000, 1000), 11, || k.check());
+    let failures = model(k, scaled(1_000_000, 10_000), 11, || k.check());
     assert_eq!(failures, 0);
     assert_eq!(k.stats().bad_frees, 0);
     assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
@@ -190,8 +190,8 @@ fn model_os_pages_1m_ops() {
 #[test]
 fn small_region_model_runs_into_exhaustion_cleanly() {
     // 2 MiB: large requests fail often; nothing may be corrupted by that.
-    let k = region_kmem(2 << 20);
-    let failures = model(k, scaled(100_000, 200), 3, || {
+    let k = region_kmem(if cfg!(miri) { 512 << 10 } else { 2 << 20 });
+    let failures = model(k, scaled(100_000, 1000), 3, || {
         k.check();
         k.source().check();
     });

@@ -156,6 +156,7 @@ fn region_model() {
 
 #[cfg(feature = "std")]
 #[test]
+#[cfg_attr(miri, ignore = "Miri has no partial munmap or MAP_NORESERVE")]
 fn os_pages_model_and_release() {
     let os = leak(OsPages::<DefaultRawMutex>::new());
     buddy_model(os, scaled(5_000, 100), 11, 2);
