@@ -127,7 +127,26 @@
 //! exhausted page source give null from `GlobalAlloc`, `AllocError` from
 //! the `Allocator`, or an [`Error`] from typed APIs, and leave every live
 //! object intact. Debug builds check every free: a pointer that no cache
-//! owns is ignored and counted in [`KmemStats::bad_frees`].
+//! owns is ignored and counted in [`KmemStats::bad_frees`]. With feature
+//! `hardened`, double frees, foreign frees and corrupt free lists abort
+//! with a message instead.
+//!
+//! # Pointers and provenance
+//!
+//! No integer is ever cast to a pointer (Miri runs a subset of the tests
+//! with `-Zmiri-strict-provenance`). Addresses are computed as integers
+//! for lookups and alignment, and every pointer the allocator forms is
+//! derived with `with_addr`/`map_addr` from one that covers the memory: a
+//! buddy zone's base pointer (the memory handed to `Region::add`, or an
+//! OS mapping), a slab's base (the object it was found from, masked), or
+//! a large object's own pointer. A dead object's free-list link is stored
+//! as an address and rebuilt from its slab's pointer (XORed with a
+//! per-slab secret under `hardened`, and checked to be a slot of that
+//! slab before it is followed). Group tokens and [`GroupId`]s are
+//! pointers. Stacked Borrows rejects one pattern here, the step from a
+//! group's counter (its first field, `repr(C)`) back to the group
+//! (`Group::of_counter`), which Tree Borrows accepts; the Miri run uses
+//! Tree Borrows.
 
 #![no_std]
 // Loom builds compile only the layers below `heap`, so much of the crate
