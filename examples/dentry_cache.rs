@@ -423,7 +423,7 @@ struct WalkStats {
 struct Walk<'a> {
     /// `'static`: the dcache keeps its boxes across calls.
     cache: &'static Cache,
-    /// The group allocations are charged to (`None`: no group entered).
+    /// The group dentries are charged to, with `alloc_in` (`None`: none).
     group: Option<&'a Cgroup<'static, OsPages>>,
     dev: u64,
     bound: usize,
@@ -465,10 +465,7 @@ impl Walk<'_> {
         // Only the dentry is charged to the group, and the dcache lock is
         // not held: a charge over `max` runs the shrinker right here.
         let r = match self.group {
-            Some(g) => {
-                let _in = g.enter();
-                self.cache.alloc(d)
-            }
+            Some(g) => self.cache.alloc_in(g, d),
             None => self.cache.alloc(d),
         };
         let b = match r {

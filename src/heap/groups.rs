@@ -71,7 +71,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         Cgroup { kmem, group }
     }
 
-    fn g(&self) -> &'k Group<R> {
+    pub(crate) fn g(&self) -> &'k Group<R> {
         // SAFETY: the handle holds a reference, and groups are never freed
         // while referenced.
         unsafe { &*self.group.as_ptr() }

@@ -181,16 +181,40 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
         Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
     }
 
+    /// Moves `value` into a new object of this cache charged to `group`
+    /// (for an `ACCOUNT` cache; otherwise as [`KmemCache::alloc`]), from
+    /// any thread, without entering it: how a cache kept for one tenant
+    /// (a dentry LRU, a connection pool) charges it while its owner's own
+    /// allocations stay where they are. A removed group charges its
+    /// nearest live ancestor. Errors: as for `alloc`, and
+    /// [`Error::BadLayout`] for a group of another allocator.
+    pub fn alloc_in(&self, group: &super::Cgroup<'k, S, R, P>, value: T) -> Result<CacheBox<'_, T, S, R, P>, Error> {
+        if !core::ptr::eq(group.kmem(), self.kmem) {
+            return Err(Error::BadLayout);
+        }
+        let g = self.kmem.effective(group.g());
+        let p = self.alloc_object_for(g)?.cast::<T>();
+        // SAFETY: a fresh object of this cache, laid out for `T`.
+        unsafe { p.as_ptr().write(value) };
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+    }
+
     /// An object for the current group: a pointer (so the hit path returns
     /// in a register), with the error path out of line.
     #[inline(always)]
     fn alloc_object(&self) -> Result<NonNull<u8>, Error> {
+        self.alloc_object_for(self.kmem.current())
+    }
+
+    /// An object charged to `g` (null: root).
+    #[inline(always)]
+    fn alloc_object_for(&self, g: *const crate::cgroup::Group<R>) -> Result<NonNull<u8>, Error> {
         let k = self.kmem;
         let base = &self.desc.cache;
         let cache = if self.desc.acct_idx == NOT_ACCOUNTED {
             base
         } else {
-            match k.cache_for(k.current(), self.desc.acct_idx, base) {
+            match k.cache_for(g, self.desc.acct_idx, base) {
                 Some(c) => c,
                 None => return Err(Error::OutOfMemory),
             }
@@ -205,9 +229,19 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
         self.desc.name.as_str()
     }
 
-    /// The cache's counters.
+    /// The cache's counters: its own slabs plus, for an accounted cache,
+    /// the slabs of its child caches in every group.
     pub fn stats(&self) -> CacheStats {
-        self.desc.cache.cache.stats()
+        let mut sum = CacheStats::default();
+        self.for_each_part(|c| {
+            let s = c.cache.stats();
+            sum.active_objects += s.active_objects;
+            sum.total_objects += s.total_objects;
+            sum.slabs += s.slabs;
+            sum.empty_slabs += s.empty_slabs;
+            sum.pages += s.pages;
+        });
+        sum
     }
 
     /// Empties the cache's magazines and gives its empty slabs back;
@@ -215,21 +249,26 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     pub fn shrink(&self) -> usize {
         let k = self.kmem;
         let mut pages = 0;
-        let mut shrink = |c: &MagCache<R>| {
+        self.for_each_part(|c| {
             c.drain(k);
             pages += c.cache.shrink(&c.pages(k, None));
-        };
-        shrink(&self.desc.cache);
+        });
+        pages
+    }
+
+    /// Calls `f` on the cache itself and, if it is accounted, on its child
+    /// cache in every group that has one.
+    fn for_each_part(&self, mut f: impl FnMut(&MagCache<R>)) {
+        f(&self.desc.cache);
         if self.desc.acct_idx != NOT_ACCOUNTED {
-            k.for_each_group(|g| {
+            self.kmem.for_each_group(|g| {
                 g.for_each_cache(|i, c| {
                     if i == self.desc.acct_idx {
-                        shrink(c)
+                        f(c)
                     }
                 })
             });
         }
-        pages
     }
 }
 

@@ -86,8 +86,46 @@ fn child_charge_fails_at_parent_max_with_typed_error() {
     assert!(held.len() * 1000 > 32 << 10, "not long before it: {} objects", held.len());
     assert!(parent.stat().events_max >= 1 && parent.stat().events_oom >= 1);
     assert!(parent.failcnt() >= 1);
+    // The typed cache's counters include its child caches' slabs.
+    let st = cache.stats();
+    assert!(st.active_objects >= held.len() && st.pages * PAGE_SIZE <= 64 << 10, "{st:?}");
+    assert!(st.pages > 0 && st.total_objects >= st.active_objects, "{st:?}");
     drop(held);
     drop(_in);
+    drop(cache);
+    k.check_accounting();
+}
+
+#[test]
+fn typed_alloc_in_charges_the_given_group_without_entering_it() {
+    let k = kmem();
+    let a = k.root().create_child("alloc-in-a").unwrap();
+    let b = a.create_child("alloc-in-b").unwrap();
+    b.set_max(16 << 10).unwrap();
+    let cache = k.create_cache::<[u8; 512]>("alloc-in", CacheFlags::ACCOUNT).unwrap();
+    // The current group is the root; every object goes to `b`.
+    let mut held = Vec::new();
+    let err = loop {
+        match cache.alloc_in(&b, [3; 512]) {
+            Ok(x) => held.push(x),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::LimitExceeded { .. }), "{err:?}");
+    assert!(b.usage() > 0 && b.usage() <= 16 << 10);
+    assert_eq!(a.usage(), b.usage(), "the parent sees the child's charge");
+    assert_eq!(k.current_group().name(), "/");
+    // A group of another allocator is refused.
+    let other = kmem();
+    let stranger = other.root().create_child("stranger").unwrap();
+    assert_eq!(cache.alloc_in(&stranger, [0; 512]).err(), Some(Error::BadLayout));
+    // A removed group charges its nearest live ancestor.
+    drop(held);
+    b.remove().unwrap();
+    let x = cache.alloc_in(&b, [4; 512]).unwrap();
+    assert!(a.usage() > 0);
+    assert_eq!(x[511], 4);
+    drop(x);
     drop(cache);
     k.check_accounting();
 }
