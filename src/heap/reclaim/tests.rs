@@ -300,3 +300,32 @@ fn shrinker_registration_races_reclaim() {
     lru.free_all();
     k.unregister_shrinker(lru);
 }
+
+#[test]
+fn hard_limit_reclaim_takes_about_what_the_charge_needs() {
+    // A group at its max keeps allocating objects its shrinker can free:
+    // no allocation fails, and each refused charge evicts a small part of
+    // what the limit holds (reclaim has a goal), not most of it.
+    let k = kmem(24 * MB);
+    let lru = Lru::new(k);
+    let g = k.root().create_child("capped-lru").unwrap();
+    g.set_max(4 * MB).unwrap();
+    let _in = g.enter();
+    let held_at_limit = 4 * MB / 1024; // 1000-byte objects in 1 KiB slots
+    for _ in 0..held_at_limit {
+        assert!(lru.add());
+    }
+    let (events, scanned) = (g.stat().events_max, lru.scanned.load(O::Relaxed));
+    for _ in 0..3 * held_at_limit {
+        assert!(lru.add(), "allocation failed with reclaimable memory left");
+    }
+    let refused = g.stat().events_max - events;
+    let evicted = lru.scanned.load(O::Relaxed) - scanned;
+    assert!(refused > 0);
+    let per_charge = evicted / refused;
+    assert!(per_charge * 5 < held_at_limit, "each refused charge evicted {per_charge} of {held_at_limit} objects");
+    assert!(g.usage() <= 4 * MB);
+    drop(_in);
+    lru.free_all();
+    k.unregister_shrinker(lru);
+}
