@@ -175,6 +175,42 @@ fn canvas<'a>(path: &'a Path, size: (u32, u32), title: &str, subtitle: &str) -> 
     Ok((root, body))
 }
 
+/// The legend of `chart` at `pos`, in the house style.
+fn legend<'a>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, impl CoordTranslate>,
+    pos: SeriesLabelPosition,
+    shade: f64,
+) -> Res {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .label_font((SANS, 13))
+        .background_style(WHITE.mix(shade))
+        .border_style(BLACK.mix(0.4))
+        .draw()?;
+    Ok(())
+}
+
+/// `points` as a line with a dot on each, named `name` in the legend.
+fn line_with_dots<'a>(
+    chart: &mut ChartContext<
+        'a,
+        BitMapBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    name: &str,
+    color: RGBColor,
+    points: Vec<(f64, f64)>,
+) -> Res {
+    chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
+    chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?.label(name).legend(move |(x, y)| {
+        EmptyElement::at((x, y))
+            + PathElement::new(vec![(0, 0), (18, 0)], color.stroke_width(2))
+            + Circle::new((9, 0), 4, color.filled())
+    });
+    Ok(())
+}
+
 /// Label for the tick at `x` when it sits on a category index.
 fn category(names: &[String], x: f64) -> String {
     let i = x.round();
@@ -261,13 +297,7 @@ fn grouped_log_bars(
         }
     }
     if legend {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font((SANS, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
+        self::legend(&mut chart, SeriesLabelPosition::UpperLeft, 0.85)?;
     }
     Ok(())
 }
@@ -445,25 +475,10 @@ fn accounting(png: &Path) -> Result<String, String> {
             BLACK.mix(0.6).stroke_width(1),
         ))?;
         for (name, color, values) in &series {
-            let color = *color;
-            let points: Vec<(f64, f64)> =
-                values.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i as f64, v))).collect();
-            chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?.label(*name).legend(
-                move |(x, y)| {
-                    EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (18, 0)], color.stroke_width(2))
-                        + Circle::new((9, 0), 4, color.filled())
-                },
-            );
+            let points = values.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i as f64, v))).collect();
+            line_with_dots(&mut chart, name, *color, points)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font((SANS, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 0.85)?;
         // Right: the accounted fast path, ns per alloc+free.
         let xmax = pairs.iter().map(|p| p.1).fold(0f64, f64::max) * 1.45;
         let m = pairs.len();
@@ -587,22 +602,9 @@ fn dead(png: &Path) -> Result<String, String> {
             BLACK.mix(0.6).stroke_width(1),
         ))?;
         for (name, color, points) in [("kmemcg", KMEMCG, &ours), ("seed 001 (Linux slab, 24 CPUs)", GRAY, &theirs)] {
-            chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?.label(name).legend(
-                move |(x, y)| {
-                    EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (18, 0)], color.stroke_width(2))
-                        + Circle::new((9, 0), 4, color.filled())
-                },
-            );
+            line_with_dots(&mut chart, name, color, points.clone())?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((SANS, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 0.85)?;
         root.present()?;
         Ok(())
     };
@@ -680,13 +682,7 @@ fn soft_limits(png: &Path) -> Result<String, String> {
                 },
             );
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((SANS, 13))
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 0.9)?;
         root.present()?;
         Ok(())
     };
