@@ -30,11 +30,15 @@ fn run_case() {
     let Ok(case) = std::env::var("KMEMCG_HARDENED_CASE") else { return };
     let l = Layout::from_size_align(48, 8).unwrap();
     match case.as_str() {
+        // SAFETY: deliberate misuse, in a child process that hardened mode
+        // must stop before it corrupts anything.
         "double_free" => unsafe {
             let p = KMEM.alloc(l);
             KMEM.dealloc(p, l);
             KMEM.dealloc(p, l);
         },
+        // SAFETY: deliberate misuse, in a child process that hardened mode
+        // must stop before it corrupts anything.
         "double_free_later" => unsafe {
             // The object went to a magazine; the second free must still be
             // caught, with other objects allocated in between.
@@ -46,6 +50,8 @@ fn run_case() {
             KMEM.dealloc(p, l);
             let _ = r;
         },
+        // SAFETY: deliberate misuse, in a child process that hardened mode
+        // must stop before it corrupts anything.
         "foreign_free" => unsafe {
             let mut on_stack = [0u64; 6];
             KMEM.dealloc(on_stack.as_mut_ptr().cast(), l);
@@ -62,6 +68,8 @@ fn run_case() {
                 drop(twin);
             }
         }
+        // SAFETY: deliberate misuse, in a child process that hardened mode
+        // must stop before it corrupts anything.
         "forged_link" => unsafe {
             // Objects on slab free lists (every 8th kept live so the slabs
             // stay), then a write after free plants a pointer to a stack
@@ -84,6 +92,7 @@ fn run_case() {
                 assert_ne!(q.cast::<u64>(), target.as_mut_ptr(), "a forged link was followed");
             }
         },
+        // SAFETY: a valid layout, freed once.
         "clean" => unsafe {
             let p = KMEM.alloc(l);
             KMEM.dealloc(p, l);
