@@ -149,11 +149,16 @@ fn thousand_short_lived_threads_then_reap() {
         }
     }
     let before = k.source().stats().pages_in_use;
+    // Slots are per thread, not per allocator: a slot one of our threads
+    // left may already be held by a thread of another test running in
+    // parallel, which keeps its magazines of this `Kmem` through the first
+    // reap (it was used in this interval); the second reap drains it (idle
+    // for a whole interval), as a periodic reap would.
+    k.reap();
     k.reap();
     let after = k.source().stats().pages_in_use;
-    // Nothing is live: what remains are slabs of objects cached by slots of
-    // threads that are still alive (none of them allocated here).
-    assert!(after <= 8, "{after} pages still held after reap ({before} before)");
+    // Nothing is live: at most a few slabs remain.
+    assert!(after <= 8, "{after} pages still held after two reaps ({before} before)");
 }
 
 #[test]
