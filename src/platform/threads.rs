@@ -67,13 +67,13 @@ fn init() -> Option<libc::pthread_key_t> {
                 if KEY.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
                     continue;
                 }
-                // SAFETY: registering for private expedited membarrier has no
-                // effect on memory; failure just means "not available".
-                // (Miri has no membarrier: there, slot holders use fences.)
-                let asym = !cfg!(miri)
-                    && unsafe {
-                        libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0
-                    };
+                // Miri has no membarrier: there, slot holders use fences.
+                let register = || {
+                    // SAFETY: registering for private expedited membarrier
+                    // has no effect on memory; failure means "not available".
+                    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
+                };
+                let asym = !cfg!(miri) && register();
                 ASYM.store(if asym { 1 } else { 2 }, Ordering::Release);
                 let mut key: libc::pthread_key_t = 0;
                 // SAFETY: `key` is a valid out-pointer; the destructor is an
