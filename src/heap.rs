@@ -472,7 +472,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
                 let base = unsafe { self.classes.get_unchecked(c) };
-                let cache = self.cache_for(g, c, base)?;
+                let cache = if g.is_null() {
+                    base
+                } else {
+                    // SAFETY: callers pass a live group of this allocator.
+                    let child = unsafe { (*g).caches[c].load(Ordering::Acquire) };
+                    if child.is_null() {
+                        return self.alloc_in_new_child(g, c, base);
+                    }
+                    // SAFETY: published child caches live as long as their group.
+                    unsafe { &*child }
+                };
                 let p = match cache.alloc_fast(self) {
                     Some(p) => p,
                     None => self.alloc_slow_opt(cache)?,
@@ -482,6 +492,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             None => self.alloc_large(g, size, align),
         }
+    }
+
+    /// [`Kmem::alloc_in`] for group `g`'s first object of class `c`:
+    /// creates the child cache, then allocates. Out of line and called in
+    /// tail position, so the fast path needs no stack frame.
+    #[cold]
+    #[inline(never)]
+    fn alloc_in_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+        let cache = self.cache_for(g, c, base)?;
+        let p = self.alloc_from(cache).ok()?;
+        hardened_on_alloc(cache, p);
+        Some(p)
     }
 
     /// One object from `cache`: a magazine hit inline, everything else
@@ -629,18 +651,30 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     // in the base cache.
                     return unsafe { base.free(self, ptr) };
                 }
-                // SAFETY: per the contract `ptr` is a live object of class
-                // `c`, in a slab of the base cache or of a group's child
-                // cache, whose header names its `MagCache`.
-                unsafe {
-                    let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
-                    hardened_on_free(owner, ptr);
-                    owner.free(self, ptr);
-                    self.after_free(owner);
-                }
+                // SAFETY: forwarded.
+                unsafe { self.free_owned(base, ptr) }
             }
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
+        }
+    }
+
+    /// Frees an object of `base`'s class once groups exist: into whichever
+    /// cache (base or a group's child) owns its slab. Out of line, so the
+    /// group-free fast path around it stays a leaf.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `base`'s class, in a slab of `base` or of
+    /// one of its child caches.
+    #[inline(never)]
+    unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
+        // SAFETY: per the contract; a slab header names its `MagCache`.
+        unsafe {
+            let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
+            hardened_on_free(owner, ptr);
+            owner.free(self, ptr);
+            self.after_free(owner);
         }
     }
 

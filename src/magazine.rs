@@ -154,16 +154,28 @@ impl Slots {
     /// The holder's side: the caller's slot, or `None` for the shared path.
     #[inline(always)]
     fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        let slot = plat.enter()?;
+        self.handshake(plat, plat.enter()?)
+    }
+
+    /// [`Slots::hold`] for the fast paths: `None` also where the platform
+    /// would first have to claim a slot, which the slow path then does.
+    #[inline(always)]
+    fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
+        self.handshake(plat, plat.try_enter()?)
+    }
+
+    /// The holder's handshake on `slot`, which the caller entered.
+    #[inline(always)]
+    fn handshake<P: Platform>(&self, plat: &P, slot: usize) -> Option<usize> {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let s = unsafe { self.sync.get_unchecked(slot) };
         s.state.store(HELD, Ordering::Relaxed);
-        // Orders the store above before the load below (Dekker).
-        if plat.asymmetric() {
-            compiler_fence(Ordering::SeqCst);
-        } else {
+        // Orders the store above before the load below (Dekker): a
+        // compiler fence when the drainer's heavy barrier does the rest.
+        if !plat.asymmetric() {
             fence(Ordering::SeqCst);
         }
+        compiler_fence(Ordering::SeqCst);
         // Acquire: if a drain just finished, see what it did to the slot.
         if s.drain.load(Ordering::Acquire) {
             s.state.store(USED, Ordering::Release);
@@ -259,9 +271,59 @@ pub(crate) enum Acct {
 }
 
 /// One slot's magazines of one cache. Either pointer may be null.
+///
+/// The fast paths touch this struct and one round of `loaded`, nothing
+/// else: `loaded`'s fill level lives here, not in the magazine, while it
+/// is loaded, and `cap` is 0 when nothing is loaded, so a pop checks
+/// `count != 0` and a push `count < cap` without a null check.
+///
+/// Invariant: `loaded` null ⇒ `count == cap == 0`; else `cap` is the
+/// cache's rounds, `count <= cap`, `loaded.rounds[..count]` are free
+/// objects of the cache and `loaded.count` is stale. The slow paths call
+/// [`CpuMags::spill_count`] first and [`CpuMags::reload`] last, and in
+/// between work on the magazines' own counts.
+#[repr(C, align(32))]
 struct CpuMags {
+    count: usize,
+    cap: usize,
     loaded: *mut Magazine,
     previous: *mut Magazine,
+}
+
+impl CpuMags {
+    const EMPTY: CpuMags = CpuMags { count: 0, cap: 0, loaded: ptr::null_mut(), previous: ptr::null_mut() };
+
+    /// Writes `count` back into `loaded`, so the magazine's own count is
+    /// current for a slow path or a drainer.
+    ///
+    /// # Safety
+    ///
+    /// The invariant of the type holds; the caller owns the slot.
+    #[inline]
+    unsafe fn spill_count(&mut self) {
+        if !self.loaded.is_null() {
+            // SAFETY: a non-null `loaded` is a live magazine of the slot.
+            unsafe { (*self.loaded).count = self.count };
+        }
+    }
+
+    /// Takes `loaded`'s count back after a slow path changed magazines.
+    ///
+    /// # Safety
+    ///
+    /// `loaded` is null or a live magazine with a current count of at
+    /// most `rounds`, the cache's rounds per magazine.
+    #[inline]
+    unsafe fn reload(&mut self, rounds: usize) {
+        if self.loaded.is_null() {
+            self.count = 0;
+            self.cap = 0;
+        } else {
+            // SAFETY: per the contract.
+            self.count = unsafe { (*self.loaded).count };
+            self.cap = rounds;
+        }
+    }
 }
 
 /// One node's spare magazines of one cache.
@@ -394,7 +456,7 @@ impl<R: RawMutex> MagCache<R> {
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             used_slots: atomic_u64(0),
             released: atomic_bool(false),
-            cpus: [const { UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() }) }; MAX_CPUS],
+            cpus: [const { UnsafeCell::new(CpuMags::EMPTY) }; MAX_CPUS],
             depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
         }
     }
@@ -409,9 +471,7 @@ impl<R: RawMutex> MagCache<R> {
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             used_slots: atomic_u64(0),
             released: atomic_bool(false),
-            cpus: core::array::from_fn(|_| {
-                UnsafeCell::new(CpuMags { loaded: ptr::null_mut(), previous: ptr::null_mut() })
-            }),
+            cpus: core::array::from_fn(|_| UnsafeCell::new(CpuMags::EMPTY)),
             depots: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, Depot::new()))),
         }
     }
@@ -460,16 +520,17 @@ impl<R: RawMutex> MagCache<R> {
     /// A pop from the loaded magazine, or `None` for any other case.
     #[inline(always)]
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
-        let slot = cx.slots().hold(cx.plat())?;
+        let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let r = unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
-            // SAFETY: we hold the slot, so its magazines are ours; a
-            // non-null `loaded` is a live magazine of this cache.
+            // SAFETY: we hold the slot, so its magazines are ours; by the
+            // invariant of `CpuMags`, `count > 0` means `loaded` is a live
+            // magazine whose first `count` rounds are free objects.
             unsafe {
-                let l = (*m).loaded;
-                if !l.is_null() && (*l).count > 0 {
-                    (*l).count -= 1;
-                    Some(NonNull::new_unchecked(*(*l).rounds.get_unchecked((*l).count)))
+                let m = &mut *m;
+                if m.count != 0 {
+                    m.count -= 1;
+                    Some(NonNull::new_unchecked(*(*m.loaded).rounds.get_unchecked(m.count)))
                 } else {
                     None
                 }
@@ -496,14 +557,17 @@ impl<R: RawMutex> MagCache<R> {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe {
                 let m = &mut *m;
-                let l = m.loaded;
-                if !l.is_null() && (*l).count > 0 {
+                if m.count != 0 {
                     // Refilled since the fast path looked (by nobody but
                     // us, so only when a drain raced): just pop.
-                    Self::pop(m)
+                    m.count -= 1;
+                    Ok(NonNull::new_unchecked((*m.loaded).rounds[m.count]))
                 } else {
                     self.note_slot(slot);
-                    self.alloc_refill(cx, slot, m)
+                    m.spill_count();
+                    let r = self.alloc_refill(cx, slot, m);
+                    m.reload(self.rounds);
+                    r
                 }
             }
         });
@@ -511,7 +575,8 @@ impl<R: RawMutex> MagCache<R> {
         r
     }
 
-    /// Pops one round off `m.loaded`, which the caller made non-empty.
+    /// Pops one round off `m.loaded`, which the caller made non-empty (on
+    /// a slow path: the magazine's own count).
     ///
     /// # Safety
     ///
@@ -530,7 +595,8 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// # Safety
     ///
-    /// The caller holds `slot` and `m` is its magazines of this cache.
+    /// The caller holds `slot`, `m` is its magazines of this cache, and
+    /// the magazines' own counts are current (`spill_count`).
     #[cold]
     #[inline(never)]
     unsafe fn alloc_refill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags) -> Result<NonNull<u8>, GrowError> {
@@ -590,8 +656,56 @@ impl<R: RawMutex> MagCache<R> {
     /// # Safety
     ///
     /// `ptr` is a live object of this cache, allocated with `cx.src()`.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn free<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) {
+        // SAFETY: forwarded.
+        if !unsafe { self.free_fast(cx, ptr) } {
+            // SAFETY: forwarded.
+            unsafe { self.free_slow(cx, ptr) }
+        }
+    }
+
+    /// A push onto the loaded magazine; `false` for any other case, which
+    /// leaves everything as it was.
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::free`].
+    #[inline(always)]
+    unsafe fn free_fast<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) -> bool {
+        let Some(slot) = cx.slots().try_hold(cx.plat()) else { return false };
+        // SAFETY: `ptr` is a live object of this cache.
+        let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let hit = local
+            && unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+                // SAFETY: we hold the slot; by the invariant of `CpuMags`,
+                // `count < cap` means `loaded` is live with room at `count`
+                // (`cap` is its rounds, at most MAG_MAX).
+                unsafe {
+                    let m = &mut *m;
+                    if m.count < m.cap {
+                        *(*m.loaded).rounds.get_unchecked_mut(m.count) = ptr.as_ptr();
+                        m.count += 1;
+                        true
+                    } else {
+                        false
+                    }
+                }
+            });
+        cx.slots().unhold(cx.plat(), slot);
+        hit
+    }
+
+    /// Everything but a push onto the loaded magazine: spill to the
+    /// depot or slabs, a remote node's object, or no slot.
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::free`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_slow<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) {
         if let Some(slot) = cx.slots().hold(cx.plat()) {
             // SAFETY: `ptr` is a live object of this cache.
             let local =
@@ -599,17 +713,20 @@ impl<R: RawMutex> MagCache<R> {
             if local {
                 // SAFETY: the platform contract keeps slots below MAX_CPUS.
                 unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
-                    // SAFETY: we hold the slot; `loaded`, if set, is live.
+                    // SAFETY: we hold the slot; the invariant of `CpuMags`
+                    // holds between operations.
                     unsafe {
                         let m = &mut *m;
-                        let l = m.loaded;
-                        if !l.is_null() && (*l).count < self.rounds {
-                            // `count < rounds <= MAG_MAX`.
-                            *(*l).rounds.get_unchecked_mut((*l).count) = ptr.as_ptr();
-                            (*l).count += 1;
+                        if m.count < m.cap {
+                            // Emptied since the fast path looked (only when
+                            // a drain raced): just push.
+                            *(*m.loaded).rounds.get_unchecked_mut(m.count) = ptr.as_ptr();
+                            m.count += 1;
                         } else {
                             self.note_slot(slot);
+                            m.spill_count();
                             self.free_spill(cx, slot, m, ptr);
+                            m.reload(self.rounds);
                         }
                     }
                 });
@@ -627,10 +744,9 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// # Safety
     ///
-    /// The caller holds `slot`, `m` is its magazines of this cache, and
-    /// `ptr` is a live object of this cache.
-    #[cold]
-    #[inline(never)]
+    /// The caller holds `slot`, `m` is its magazines of this cache with
+    /// current counts (`spill_count`), and `ptr` is a live object of this
+    /// cache.
     unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags, ptr: NonNull<u8>) {
         let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
         if self.cache.is_dead() {
@@ -710,9 +826,10 @@ impl<R: RawMutex> MagCache<R> {
         self.cpus[slot].with_mut(|m| {
             // SAFETY: per the caller, the slot is ours.
             let m = unsafe { &mut *m };
+            // SAFETY: the invariant of `CpuMags` holds between operations.
+            unsafe { m.spill_count() };
             let t = (m.loaded, m.previous);
-            m.loaded = ptr::null_mut();
-            m.previous = ptr::null_mut();
+            *m = CpuMags::EMPTY;
             t
         })
     }

@@ -41,30 +41,39 @@ pub(crate) const GEOMETRIES: [Geometry; NCLASSES] = {
     out
 };
 
-/// `SMALL[(size + 3) >> 2]`: smallest class holding `size <= 1024`.
-const SMALL: [u8; 257] = {
-    let mut lut = [0u8; 257];
+/// The largest request the one-lookup path of [`class_of`] serves.
+const LUT_MAX: usize = 4096;
+
+/// `LUT[(size + 3) >> 2][(align > 4) as usize]`: the smallest class that
+/// holds `size <= LUT_MAX` bytes aligned to 4 (column 0) or 8 (column 1).
+/// Classes 12, 20 and 28 are only 4-aligned; every other class is at least
+/// 8-aligned. 2 KiB, so a request of any size up to a page costs one load
+/// and no branch on the size (as jemalloc's `sz_size2index_lookup`).
+const LUT: [[u8; 2]; LUT_MAX / 4 + 1] = {
+    let mut lut = [[0u8; 2]; LUT_MAX / 4 + 1];
     let mut i = 0;
-    while i < 257 {
-        lut[i] = first_class_at_least(i * 4) as u8;
+    while i < lut.len() {
+        lut[i] = [first_class_fitting(i * 4, 4) as u8, first_class_fitting(i * 4, 8) as u8];
         i += 1;
     }
     lut
 };
-/// `BIG[(size + 255) >> 8]`: smallest class holding `1024 < size <= 16384`.
-const BIG: [u8; 65] = {
-    let mut lut = [0u8; 65];
+/// `BIG[(size + 1023) >> 10]`: smallest class holding `LUT_MAX < size <= 16384`.
+const BIG: [u8; MAX_CLASS_SIZE / 1024 + 1] = {
+    let mut lut = [0u8; MAX_CLASS_SIZE / 1024 + 1];
     let mut i = 0;
-    while i < 65 {
-        lut[i] = first_class_at_least(i * 256) as u8;
+    while i < lut.len() {
+        lut[i] = first_class_fitting(i * 1024, 1) as u8;
         i += 1;
     }
     lut
 };
 
-const fn first_class_at_least(size: usize) -> usize {
+/// The smallest class of at least `size` bytes aligned to `align`; the
+/// tables above ask only for sizes and alignments some class serves.
+const fn first_class_fitting(size: usize, align: usize) -> usize {
     let mut c = 0;
-    while c < NCLASSES - 1 && CLASS_SIZES[c] < size {
+    while c < NCLASSES - 1 && (CLASS_SIZES[c] < size || GEOMETRIES[c].align < align) {
         c += 1;
     }
     c
@@ -73,17 +82,27 @@ const fn first_class_at_least(size: usize) -> usize {
 /// The class serving `size` bytes aligned to `align`, or `None` when the
 /// request belongs on the page path (too large, or aligned above a page).
 /// `size` must be non-zero and `align` a power of two.
-#[inline]
+#[inline(always)]
 pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
-    let idx = if size <= 1024 {
-        SMALL[(size + 3) >> 2] as usize
+    if size <= LUT_MAX && align <= 8 {
+        // SAFETY: `size <= LUT_MAX` keeps the row in bounds.
+        return Some(unsafe { LUT.get_unchecked((size + 3) >> 2) }[(align > 4) as usize] as usize);
+    }
+    class_of_large(size, align)
+}
+
+/// [`class_of`] for requests above [`LUT_MAX`] or aligned above 8.
+#[inline]
+fn class_of_large(size: usize, align: usize) -> Option<usize> {
+    let idx = if size <= LUT_MAX {
+        LUT[(size + 3) >> 2][1] as usize
     } else if size <= MAX_CLASS_SIZE {
-        BIG[(size + 255) >> 8] as usize
+        BIG[(size + 1023) >> 10] as usize
     } else {
         return None;
     };
     // SAFETY: both tables hold class indices below NCLASSES (built by
-    // `first_class_at_least`, which never returns more than NCLASSES - 1).
+    // `first_class_fitting`, which never returns more than NCLASSES - 1).
     let class_align = unsafe { GEOMETRIES.get_unchecked(idx) }.align;
     if align <= class_align { Some(idx) } else { class_for_align(idx, align) }
 }

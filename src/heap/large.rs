@@ -100,6 +100,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// # Safety
     ///
     /// `ptr` must be a live large object of this `Kmem`.
+    #[inline(never)]
     pub(crate) unsafe fn free_large(&self, ptr: NonNull<u8>) {
         let Some(h) = self.large_header(ptr) else {
             self.bad_frees.add(1);

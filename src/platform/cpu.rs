@@ -15,7 +15,7 @@ pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
 /// # Safety
 ///
 /// An implementation must guarantee that:
-/// 1. `enter` returns `None` or a slot below [`MAX_CPUS`] that no other
+/// 1. `enter` and `try_enter` return `None` or a slot below [`MAX_CPUS`] that no other
 ///    context holds until the caller's matching `exit`; the caller is not
 ///    re-entered in between (an interrupt handler that allocates must be
 ///    masked by `enter`, or get another slot);
@@ -42,6 +42,14 @@ pub unsafe trait Platform: Sync {
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
     fn enter(&self) -> Option<usize>;
+    /// [`Platform::enter`] for the allocator's fast paths: may return
+    /// `None` where `enter` would first do work (claim a slot), and the
+    /// caller then takes its slow path, which calls `enter`. A slot it
+    /// returns is held exactly as one from `enter`, until `exit`.
+    #[inline(always)]
+    fn try_enter(&self) -> Option<usize> {
+        self.enter()
+    }
     /// Ends the hold of `slot` taken by `enter`.
     fn exit(&self, slot: usize);
     /// The NUMA node of `slot`.

@@ -140,6 +140,14 @@ unsafe impl Platform for Threads {
         if slot != NONE { Some(slot) } else { self.claim() }
     }
 
+    /// The thread's slot once it has one; the claim is left to `enter`
+    /// on the slow path, so the fast paths make no call.
+    #[inline(always)]
+    fn try_enter(&self) -> Option<usize> {
+        let slot = SLOT.with(Cell::get);
+        if slot != NONE { Some(slot) } else { None }
+    }
+
     #[inline(always)]
     fn exit(&self, _slot: usize) {}
 
