@@ -859,9 +859,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.descriptors.check();
     }
 
-    /// Walks every slab list, free list and counter and checks the
+    /// Walks every slab list, free bitmap and counter and checks the
     /// invariants, panicking on the first violation: each cache's
-    /// `inuse + free + never-used == capacity` per slab and `active` per
+    /// `inuse + free == capacity` per slab and `active` per
     /// node; then, after emptying magazines and stocks (so it changes what
     /// is cached, never what is live), every group's usage equals the pages
     /// of the slabs it owns plus its large objects plus its children's

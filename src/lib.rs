@@ -128,8 +128,10 @@
 //! the `Allocator`, or an [`Error`] from typed APIs, and leave every live
 //! object intact. Debug builds check every free: a pointer that no cache
 //! owns is ignored and counted in [`KmemStats::bad_frees`]. With feature
-//! `hardened`, double frees, foreign frees and corrupt free lists abort
-//! with a message instead.
+//! `hardened`, double frees and foreign frees abort with a message
+//! instead. Slabs keep their free objects in a bitmap, not in links inside
+//! the objects, so a write after free cannot redirect an allocation in
+//! any build, and a double free that reaches a slab is refused there.
 //!
 //! # Pointers and provenance
 //!
@@ -139,10 +141,8 @@
 //! derived with `with_addr`/`map_addr` from one that covers the memory: a
 //! buddy zone's base pointer (the memory handed to `Region::add`, or an
 //! OS mapping), a slab's base (the object it was found from, masked), or
-//! a large object's own pointer. A dead object's free-list link is stored
-//! as an address and rebuilt from its slab's pointer (XORed with a
-//! per-slab secret under `hardened`, and checked to be a slot of that
-//! slab before it is followed). Group tokens and [`GroupId`]s are
+//! a large object's own pointer; a slab hands out objects as its base plus
+//! an index from its free bitmap. Group tokens and [`GroupId`]s are
 //! pointers. Stacked Borrows rejects one pattern here, the step from a
 //! group's counter (its first field, `repr(C)`) back to the group
 //! (`Group::of_counter`), which Tree Borrows accepts; the Miri run uses

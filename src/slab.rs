@@ -7,13 +7,20 @@
 //! a lock wider than one node of one cache, and each critical section is a
 //! single slab-list update.
 //!
-//! Objects that were never handed out are not threaded on a free list: a
-//! slab hands them out from a bump index first, so growing a slab touches
-//! only its header page.
+//! A slab tracks its free objects in a bitmap right after its header (one
+//! bit per object, set while the object is in the slab), not in a list
+//! threaded through the objects: taking and returning objects reads and
+//! writes the slab's first lines only, never the objects themselves. So a
+//! batch of frees long after the objects were used does not miss the
+//! cache once per object, growing a slab touches only its header page, a
+//! write after free cannot forge what the slab hands out next (there is no
+//! link in a free object to corrupt), and a double free that reaches the
+//! slab finds its bit already set and is refused. Objects go out lowest
+//! address first, from the first word with a free bit (`hint`).
 //!
 //! Accounting equation, per node, under its lock:
 //! `active == Σ inuse over all listed slabs`, and for every slab
-//! `inuse + free-list length + (capacity - bump) == capacity`.
+//! `inuse + free bits == capacity`.
 
 use core::ptr::{self, NonNull};
 
@@ -50,21 +57,19 @@ fn prefetch_write(p: *const u8) {
     let _ = p;
 }
 
-/// Bytes of the allocation bitmap after the header (feature `hardened`)
-/// of a slab of `bytes` holding `size`-byte objects: one bit per slot, in
-/// whole 8-byte words. Zero without the feature.
+/// Bytes of the bitmaps after the header of a slab of `bytes` holding
+/// `size`-byte objects: the free bitmap, and with feature `hardened` the
+/// allocation bitmap after it; each one bit per slot, in whole 8-byte
+/// words.
 const fn bitmap_bytes(bytes: usize, size: usize) -> usize {
-    if !cfg!(feature = "hardened") {
-        return 0;
-    }
-    (bytes / size).div_ceil(64) * 8
+    let words = (bytes / size).div_ceil(64);
+    if cfg!(feature = "hardened") { words * 16 } else { words * 8 }
 }
 
 /// How objects are laid out in a slab of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
-    /// Object stride in bytes (a multiple of `align`, at least a pointer;
-    /// free objects hold an unaligned link in their first word).
+    /// Object stride in bytes (a multiple of `align`, at least a pointer).
     pub(crate) size: usize,
     /// Object alignment; at most `PAGE_SIZE`.
     pub(crate) align: usize,
@@ -74,6 +79,10 @@ pub(crate) struct Geometry {
     pub(crate) capacity: usize,
     /// Offset of the first object from the slab start.
     pub(crate) first: usize,
+    /// `ceil(2^64 / size)`: [`Geometry::index_of`] divides by `size` with
+    /// one multiplication (Lemire, Kaser & Kurz, "Faster remainder by
+    /// direct computation", 2019), exact for offsets below 2^32.
+    pub(crate) recip: u64,
 }
 
 impl Geometry {
@@ -85,8 +94,8 @@ impl Geometry {
         if !align.is_power_of_two() || align > PAGE_SIZE {
             return None;
         }
-        // An object must hold the free-list link; the link is accessed
-        // unaligned, so small alignments (the 12-byte class) stay as asked.
+        // At least a word, the smallest class; small alignments (the
+        // 12-byte class) stay as asked.
         let min = core::mem::size_of::<usize>();
         let size = if size < min { min } else { size };
         let size = match size.checked_add(align - 1) {
@@ -102,7 +111,7 @@ impl Geometry {
             if bytes >= first + size {
                 let capacity = (bytes - first) / size;
                 let waste = bytes - capacity * size;
-                let g = Geometry { size, align, order, capacity, first };
+                let g = Geometry { size, align, order, capacity, first, recip: u64::MAX / size as u64 + 1 };
                 if waste * 8 < bytes {
                     return Some(g);
                 }
@@ -121,6 +130,21 @@ impl Geometry {
     #[inline]
     pub(crate) const fn slab_pages(&self) -> usize {
         1 << self.order
+    }
+
+    /// Words of a slab's free bitmap.
+    #[inline(always)]
+    pub(crate) const fn words(&self) -> usize {
+        self.capacity.div_ceil(64)
+    }
+
+    /// The index of the object at byte `off` from the first object, or
+    /// `None` if `off` is not a multiple of `size`. `off` must be below
+    /// 2^32 (slabs are at most 1 MiB).
+    #[inline(always)]
+    pub(crate) const fn index_of(&self, off: usize) -> Option<usize> {
+        let q = ((self.recip as u128 * off as u128) >> 64) as usize;
+        if q * self.size == off { Some(q) } else { None }
     }
 }
 
@@ -147,96 +171,23 @@ pub(crate) struct Slab {
     list: ListKind,
     /// Objects handed out and not returned.
     inuse: u32,
-    /// Objects at indices `>= bump` have never been handed out.
-    bump: u32,
+    /// No word of the free bitmap below this one has a set bit.
+    hint: u32,
     /// The cache that owns this slab.
     cache: *const (),
-    /// Returned objects, linked through their first word (see [`Link`]).
-    free: *mut u8,
-    /// The secret free-list links are encoded with (feature `hardened`;
-    /// 0 without it).
-    key: usize,
     next: *mut Slab,
     prev: *mut Slab,
 }
 
 static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
 
-/// The free-list link a dead object holds in its first (unaligned) word.
-///
-/// The word is an address, not a pointer: reading it back gives a pointer
-/// derived from the slab's own (so it keeps the provenance of the slab's
-/// memory, and a link can never lead outside its slab unnoticed). With
-/// feature `hardened` the address is stored XORed with a per-slab secret
-/// and the byte-swapped address of the word itself (as Linux's
-/// `CONFIG_SLAB_FREELIST_HARDENED` does), so a use-after-free write cannot
-/// plant a chosen pointer, and every decoded link is checked to be an
-/// object slot of its slab before it is followed: a corrupt link aborts
-/// with a message instead of handing out arbitrary memory.
-struct Link;
-
-impl Link {
-    /// Stores the link to `next` (null ends the list) in the dead object
-    /// `obj` of `slab`.
-    ///
-    /// # Safety
-    ///
-    /// `obj` is a dead object slot of `slab`, whose lists the caller owns
-    /// (it holds the node lock).
-    #[inline(always)]
-    unsafe fn write(slab: &Slab, obj: *mut u8, next: *mut u8) {
-        let word =
-            if cfg!(feature = "hardened") { next.addr() ^ slab.key ^ obj.addr().swap_bytes() } else { next.addr() };
-        // SAFETY: the object is dead and at least a word long.
-        unsafe { obj.cast::<usize>().write_unaligned(word) };
-    }
-
-    /// The link stored in the dead object `obj` of `slab`, whose header is
-    /// at `s` (the pointer the result is derived from).
-    ///
-    /// # Safety
-    ///
-    /// As for [`Link::write`]; `g` is the slab's geometry.
-    #[inline(always)]
-    unsafe fn read(slab: &Slab, s: *mut Slab, obj: *mut u8, g: &Geometry) -> *mut u8 {
-        // SAFETY: the object is dead and holds a link in its first word.
-        let word = unsafe { obj.cast::<usize>().read_unaligned() };
-        let addr = if cfg!(feature = "hardened") { word ^ slab.key ^ obj.addr().swap_bytes() } else { word };
-        if addr == 0 {
-            return ptr::null_mut();
-        }
-        let base = s.addr();
-        let valid = addr >= base + g.first
-            && (addr - base - g.first).is_multiple_of(g.size)
-            && (addr - base - g.first) / g.size < slab.bump as usize;
-        if !valid {
-            #[cfg(not(feature = "hardened"))]
-            debug_assert!(false, "corrupt slab free list in slab {s:p}");
-            crate::platform::hardened_abort("kmemcg: corrupt slab free list (a write after free or an overflow)");
-        }
-        s.cast::<u8>().with_addr(addr)
-    }
-}
-
-/// A per-slab secret for free-list links (feature `hardened`; 0 without
-/// it): the time stamp counter where there is one, the slab's address and
-/// a stack address, mixed (splitmix64). Not cryptographic: it only has to
-/// be unknown to a program that can write freed memory but not read it.
-fn link_key(s: *mut Slab) -> usize {
-    if !cfg!(feature = "hardened") {
-        return 0;
-    }
-    let local = 0u8;
-    let mut x = (s.addr() as u64) ^ ((&raw const local).addr() as u64).rotate_left(29);
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        // SAFETY: `rdtsc` has no preconditions on x86_64.
-        x ^= unsafe { core::arch::x86_64::_rdtsc() };
-    }
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (x ^ (x >> 31)) as usize
+/// The free bitmap of the slab at `s`: [`Geometry::words`] words right
+/// after the header, bit `i` of word `w` set while object `64 * w + i` is
+/// in the slab. Derived from `s`, outside the `Slab` struct, so it never
+/// overlaps a reference to the header.
+#[inline(always)]
+fn free_map(s: *mut Slab) -> *mut u64 {
+    s.cast::<u8>().wrapping_add(HEADER).cast()
 }
 
 /// An intrusive doubly linked list of slabs.
@@ -331,36 +282,76 @@ impl NodeSlabs {
     /// # Safety
     ///
     /// All listed slabs belong to a cache with geometry `g`.
+    #[inline]
     unsafe fn take(&mut self, g: &Geometry) -> Option<NonNull<u8>> {
-        let mut s = self.partial.head;
-        if s.is_null() {
-            s = self.empty.head;
+        let mut out = [ptr::null_mut(); 1];
+        // SAFETY: forwarded.
+        match unsafe { self.take_bulk(g, &mut out) } {
+            // SAFETY: slab objects are never null.
+            1 => Some(unsafe { NonNull::new_unchecked(out[0]) }),
+            _ => None,
+        }
+    }
+
+    /// Fills `out` with objects from partial (or else empty) slabs, as
+    /// many from each slab as it has, with one header update and at most
+    /// one list move per slab. Returns how many it took: fewer than asked
+    /// only when the node has no free object left.
+    ///
+    /// # Safety
+    ///
+    /// All listed slabs belong to a cache with geometry `g`.
+    unsafe fn take_bulk(&mut self, g: &Geometry, out: &mut [*mut u8]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let mut s = self.partial.head;
             if s.is_null() {
-                return None;
+                s = self.empty.head;
+                if s.is_null() {
+                    break;
+                }
+                // SAFETY: `s` heads the empty list.
+                unsafe { self.relist(s, ListKind::Partial) };
             }
-            // SAFETY: `s` heads the empty list.
-            unsafe { self.relist(s, ListKind::Partial) };
-        }
-        // SAFETY: `s` is a live slab of this node with a free object (it is
-        // partial or empty); its header is guarded by our lock.
-        unsafe {
-            let slab = &mut *s;
-            let obj = if !slab.free.is_null() {
-                let obj = slab.free;
-                slab.free = Link::read(slab, s, obj, g);
-                obj
-            } else {
-                let obj = (s as *mut u8).add(g.first + slab.bump as usize * g.size);
-                slab.bump += 1;
-                obj
-            };
-            slab.inuse += 1;
-            if slab.inuse as usize == g.capacity {
-                self.relist(s, ListKind::Full);
+            // SAFETY: `s` is a live slab of this node with a free object (it
+            // is partial or empty); its header is guarded by our lock.
+            unsafe {
+                let slab = &mut *s;
+                let want = (out.len() - n).min(g.capacity - slab.inuse as usize);
+                let map = free_map(s);
+                let mut w = slab.hint as usize;
+                let mut got = 0;
+                // `want` is at most the free bits, all at or after `hint`;
+                // `w < words` only guards the bitmap's end.
+                while got < want && w < g.words() {
+                    let mut bits = *map.add(w);
+                    while bits != 0 && got < want {
+                        let i = w * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        out[n + got] = (s as *mut u8).add(g.first + i * g.size);
+                        got += 1;
+                    }
+                    *map.add(w) = bits;
+                    if bits == 0 {
+                        w += 1;
+                    }
+                }
+                slab.hint = w as u32;
+                slab.inuse += got as u32;
+                if slab.inuse as usize == g.capacity {
+                    self.relist(s, ListKind::Full);
+                }
+                self.active += got;
+                n += got;
+                if got < want {
+                    // Fewer free bits than `inuse` promised: only a broken
+                    // invariant gets here; stop rather than spin.
+                    debug_assert!(false, "slab free bitmap disagrees with its count");
+                    break;
+                }
             }
-            self.active += 1;
-            Some(NonNull::new_unchecked(obj))
         }
+        n
     }
 
     /// Returns `obj` to slab `s`; yields a slab to give back to the page
@@ -369,16 +360,54 @@ impl NodeSlabs {
     /// # Safety
     ///
     /// `obj` is a live object of `s`, a slab of this node with geometry `g`.
+    #[inline]
     unsafe fn put(&mut self, s: *mut Slab, obj: *mut u8, g: &Geometry, reserve: usize) -> Option<*mut Slab> {
-        // SAFETY: per the contract; the object is dead, so its first word is
-        // ours to use as a link.
+        // SAFETY: forwarded.
+        unsafe { self.put_run(s, &[obj], g, reserve) }
+    }
+
+    /// Returns `objs`, all of slab `s`, chained in order onto its free
+    /// list with one header update and at most one list move; yields the
+    /// slab to give back to the page source when it empties and more
+    /// than `reserve` slabs are empty.
+    ///
+    /// # Safety
+    ///
+    /// `objs` are distinct live objects of `s`, a slab of this node with
+    /// geometry `g`; `objs` is not empty.
+    unsafe fn put_run(&mut self, s: *mut Slab, objs: &[*mut u8], g: &Geometry, reserve: usize) -> Option<*mut Slab> {
+        // SAFETY: per the contract; the objects are dead, so their first
+        // words are ours to use as links.
         unsafe {
             let slab = &mut *s;
-            Link::write(slab, obj, slab.free);
-            slab.free = obj;
+            let map = free_map(s);
+            let mut back = 0u32;
+            for &obj in objs {
+                let off = obj.addr().wrapping_sub(s.addr() + g.first);
+                let i = match g.index_of(off) {
+                    Some(i) if i < g.capacity => i,
+                    // Not an object slot of this slab: a contract breach
+                    // the layers above catch in hardened mode; leave the
+                    // slab as it is.
+                    _ => continue,
+                };
+                let (word, bit) = (map.add(i / 64), 1u64 << (i % 64));
+                if *word & bit != 0 {
+                    // Already free: a double free. Refusing it keeps the
+                    // slab's count and bitmap right.
+                    crate::platform::hardened_abort("kmemcg: double free");
+                    continue;
+                }
+                *word |= bit;
+                slab.hint = slab.hint.min((i / 64) as u32);
+                back += 1;
+            }
+            if back == 0 {
+                return None;
+            }
             let was_full = slab.inuse as usize == g.capacity;
-            slab.inuse -= 1;
-            self.active -= 1;
+            slab.inuse -= back;
+            self.active -= back as usize;
             if slab.inuse == 0 {
                 self.relist(s, ListKind::Empty);
                 if self.empty.len > reserve {
@@ -556,14 +585,8 @@ impl<R: RawMutex> Cache<R> {
         let mut n = 0;
         {
             let mut lists = self.nodes[node].lock();
-            while n < out.len() {
-                // SAFETY: every listed slab has this cache's geometry.
-                match unsafe { lists.take(&self.geo) } {
-                    Some(p) => out[n] = p.as_ptr(),
-                    None => break,
-                }
-                n += 1;
-            }
+            // SAFETY: every listed slab has this cache's geometry.
+            n += unsafe { lists.take_bulk(&self.geo, out) };
         }
         while n < out.len() {
             let run = match pg.grow(self.geo.order, node) {
@@ -575,14 +598,8 @@ impl<R: RawMutex> Cache<R> {
             let mut lists = self.nodes[run.node].lock();
             // SAFETY: `s` is a fresh header on no list, of this geometry.
             unsafe { lists.partial.push(s, ListKind::Partial) };
-            while n < out.len() {
-                // SAFETY: as above.
-                match unsafe { lists.take(&self.geo) } {
-                    Some(p) => out[n] = p.as_ptr(),
-                    None => break,
-                }
-                n += 1;
-            }
+            // SAFETY: as above.
+            n += unsafe { lists.take_bulk(&self.geo, &mut out[n..]) };
         }
         Ok(n)
     }
@@ -595,6 +612,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// Every pointer must be a distinct live object of this cache from `src`.
     pub(crate) unsafe fn free_bulk<S: PageSource>(&self, pg: &Pages<'_, S>, objs: &[*mut u8]) {
+        let slab_of = |p: *mut u8| slab_base(p, self.geo.order) as *mut Slab;
         let mut i = 0;
         while i < objs.len() {
             let mut release = [ptr::null_mut::<Slab>(); 8];
@@ -605,18 +623,25 @@ impl<R: RawMutex> Cache<R> {
                 let mut lists = self.nodes[node].lock();
                 // SAFETY: as above, and the slab's node matches the lock held.
                 while i < objs.len() && nrel < release.len() && unsafe { self.node_of(objs[i]) } == node {
-                    // The link write below misses the cache for an object
-                    // freed long after it was used: start the miss early.
-                    if let Some(&ahead) = objs.get(i + PREFETCH_AHEAD) {
-                        prefetch_write(ahead);
+                    // The run of objects in the same slab as `objs[i]`
+                    // (a magazine of objects freed in order is a few runs).
+                    // The link writes miss the cache for objects freed long
+                    // after they were used: the scan starts those misses
+                    // `PREFETCH_AHEAD` objects before the writes.
+                    let s = slab_of(objs[i]);
+                    let mut j = i;
+                    while j < objs.len() && slab_of(objs[j]) == s {
+                        if let Some(&ahead) = objs.get(j + PREFETCH_AHEAD) {
+                            prefetch_write(ahead);
+                        }
+                        j += 1;
                     }
-                    let s = slab_base(objs[i], self.geo.order) as *mut Slab;
-                    // SAFETY: a live object of slab `s` on this node.
-                    if let Some(r) = unsafe { lists.put(s, objs[i], &self.geo, self.reserve()) } {
+                    // SAFETY: distinct live objects of slab `s`, on this node.
+                    if let Some(r) = unsafe { lists.put_run(s, &objs[i..j], &self.geo, self.reserve()) } {
                         release[nrel] = r;
                         nrel += 1;
                     }
-                    i += 1;
+                    i = j;
                 }
             }
             for &s in &release[..nrel] {
@@ -676,25 +701,32 @@ impl<R: RawMutex> Cache<R> {
                 node: run.node as u8,
                 list: ListKind::Partial,
                 inuse: 0,
-                bump: 0,
+                hint: 0,
                 cache: self.id(),
-                free: ptr::null_mut(),
-                key: link_key(s),
                 next: ptr::null_mut(),
                 prev: ptr::null_mut(),
             });
         }
-        if cfg!(feature = "hardened") {
-            // SAFETY: the bitmap lies between the header and the first
-            // object, inside the fresh run.
-            unsafe {
-                (s as *mut u8).add(HEADER).write_bytes(0, bitmap_bytes(PAGE_SIZE << self.geo.order, self.geo.size))
-            };
+        let words = self.geo.words();
+        // SAFETY: the bitmaps lie between the header and the first object
+        // (`Geometry::new` reserved `bitmap_bytes` for them), inside the
+        // fresh run: every object free, and (hardened) none handed out.
+        unsafe {
+            let map = free_map(s);
+            for w in 0..words {
+                let left = self.geo.capacity - w * 64;
+                map.add(w).write(if left >= 64 { u64::MAX } else { (1u64 << left) - 1 });
+            }
+            if cfg!(feature = "hardened") {
+                map.add(words).write_bytes(0, words);
+            }
         }
         s
     }
 
-    /// The bitmap word and bit of object `ptr` (feature `hardened`).
+    /// The allocation-bitmap word and bit of object `ptr` (feature
+    /// `hardened`): the bitmap after the free bitmap, one bit per object,
+    /// set while a user holds it.
     ///
     /// # Safety
     ///
@@ -702,10 +734,10 @@ impl<R: RawMutex> Cache<R> {
     unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicU64, u64) {
         let base = slab_base(ptr, self.geo.order);
         let idx = (ptr.addr() - base.addr() - self.geo.first) / self.geo.size;
-        // SAFETY: the word lies in the bitmap after the header (one bit per
-        // slot of this slab size); `AtomicU64` has the layout of `u64`, and
-        // the bitmap is only accessed atomically.
-        let word = unsafe { &*base.wrapping_add(HEADER + (idx / 64) * 8).cast::<AtomicU64>() };
+        // SAFETY: the word lies in the allocation bitmap after the free
+        // bitmap (reserved by `Geometry::new`); `AtomicU64` has the layout
+        // of `u64`, and this bitmap is only accessed atomically.
+        let word = unsafe { &*base.wrapping_add(HEADER + (self.geo.words() + idx / 64) * 8).cast::<AtomicU64>() };
         (word, 1u64 << (idx % 64))
     }
 
@@ -876,19 +908,22 @@ impl<R: RawMutex> Cache<R> {
                     assert_eq!(slab.list, kind);
                     assert_eq!(slab.prev, prev);
                     assert_eq!(s as usize % (PAGE_SIZE << self.geo.order), 0);
+                    let map = free_map(s);
                     let mut free = 0;
-                    let mut f = slab.free;
-                    while !f.is_null() {
-                        let off = f as usize - s as usize;
-                        assert!(off >= self.geo.first && (off - self.geo.first).is_multiple_of(self.geo.size));
-                        assert!((off - self.geo.first) / self.geo.size < slab.bump as usize);
-                        free += 1;
-                        assert!(free <= self.geo.capacity, "free-list cycle");
-                        // SAFETY: free objects hold a link in their first word.
-                        f = unsafe { Link::read(slab, s, f, &self.geo) };
+                    for w in 0..self.geo.words() {
+                        // SAFETY: the free bitmap of a live slab, under our lock.
+                        let bits = unsafe { map.add(w).read() };
+                        let valid = if self.geo.capacity - w * 64 >= 64 {
+                            u64::MAX
+                        } else {
+                            (1u64 << (self.geo.capacity - w * 64)) - 1
+                        };
+                        assert_eq!(bits & !valid, 0, "free bit beyond the slab's capacity");
+                        assert!(w >= slab.hint as usize || bits == 0, "free bit below the hint");
+                        free += bits.count_ones() as usize;
                     }
                     let inuse = slab.inuse as usize;
-                    assert_eq!(inuse + free + (self.geo.capacity - slab.bump as usize), self.geo.capacity);
+                    assert_eq!(inuse + free, self.geo.capacity);
                     match kind {
                         ListKind::Full => assert_eq!(inuse, self.geo.capacity),
                         ListKind::Empty => assert_eq!(inuse, 0),
