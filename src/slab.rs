@@ -32,8 +32,13 @@ use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence};
 
-/// Bytes reserved for the header at the start of every slab.
+/// Bytes reserved for the header at the start of every slab: at least
+/// one cache line, which the free bitmap shares (from [`MAP_OFFSET`]) as
+/// far as it fits, so returning objects to a slab of up to 192 of them
+/// touches one line.
 pub(crate) const HEADER: usize = 64;
+/// Where the free bitmap starts: right after the `Slab` struct.
+const MAP_OFFSET: usize = core::mem::size_of::<Slab>().next_multiple_of(8);
 /// The largest slab: 2^8 pages (1 MiB).
 pub(crate) const MAX_SLAB_ORDER: u32 = 8;
 /// Marks a live slab header ("kmsb").
@@ -41,7 +46,8 @@ const SLAB_MAGIC: u32 = 0x6b6d_7362;
 /// Empty slabs each node keeps before giving slabs back to the page source.
 pub(crate) const EMPTY_RESERVE: usize = 1;
 
-/// How many objects ahead of the one being freed `free_bulk` prefetches.
+/// How many objects ahead of the one being freed `free_bulk` prefetches
+/// the slab header of.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Hints that the line holding `p` is about to be written. Only a hint:
@@ -107,7 +113,9 @@ impl Geometry {
         let mut order = 0;
         while order <= MAX_SLAB_ORDER {
             let bytes = PAGE_SIZE << order;
-            let first = (HEADER + bitmap_bytes(bytes, size) + align - 1) & !(align - 1);
+            let meta = MAP_OFFSET + bitmap_bytes(bytes, size);
+            let meta = if meta < HEADER { HEADER } else { meta };
+            let first = (meta + align - 1) & !(align - 1);
             if bytes >= first + size {
                 let capacity = (bytes - first) / size;
                 let waste = bytes - capacity * size;
@@ -182,12 +190,12 @@ pub(crate) struct Slab {
 static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
 
 /// The free bitmap of the slab at `s`: [`Geometry::words`] words right
-/// after the header, bit `i` of word `w` set while object `64 * w + i` is
+/// after the `Slab` struct (at [`MAP_OFFSET`]), bit `i` of word `w` set while object `64 * w + i` is
 /// in the slab. Derived from `s`, outside the `Slab` struct, so it never
 /// overlaps a reference to the header.
 #[inline(always)]
 fn free_map(s: *mut Slab) -> *mut u64 {
-    s.cast::<u8>().wrapping_add(HEADER).cast()
+    s.cast::<u8>().wrapping_add(MAP_OFFSET).cast()
 }
 
 /// An intrusive doubly linked list of slabs.
@@ -625,14 +633,14 @@ impl<R: RawMutex> Cache<R> {
                 while i < objs.len() && nrel < release.len() && unsafe { self.node_of(objs[i]) } == node {
                     // The run of objects in the same slab as `objs[i]`
                     // (a magazine of objects freed in order is a few runs).
-                    // The link writes miss the cache for objects freed long
-                    // after they were used: the scan starts those misses
-                    // `PREFETCH_AHEAD` objects before the writes.
+                    // Slab headers of objects freed long after they were
+                    // used miss the cache: the scan starts the miss of the
+                    // header `PREFETCH_AHEAD` objects ahead.
                     let s = slab_of(objs[i]);
                     let mut j = i;
                     while j < objs.len() && slab_of(objs[j]) == s {
                         if let Some(&ahead) = objs.get(j + PREFETCH_AHEAD) {
-                            prefetch_write(ahead);
+                            prefetch_write(slab_of(ahead).cast());
                         }
                         j += 1;
                     }
@@ -737,7 +745,7 @@ impl<R: RawMutex> Cache<R> {
         // SAFETY: the word lies in the allocation bitmap after the free
         // bitmap (reserved by `Geometry::new`); `AtomicU64` has the layout
         // of `u64`, and this bitmap is only accessed atomically.
-        let word = unsafe { &*base.wrapping_add(HEADER + (self.geo.words() + idx / 64) * 8).cast::<AtomicU64>() };
+        let word = unsafe { &*base.wrapping_add(MAP_OFFSET + (self.geo.words() + idx / 64) * 8).cast::<AtomicU64>() };
         (word, 1u64 << (idx % 64))
     }
 
