@@ -6,10 +6,13 @@
 //! `jemalloc`, `mimalloc`, `system`. Workloads: `pair` (64-byte
 //! alloc+free), `random` (the live set of 10k log-uniform 8..4096-byte
 //! slots; a step frees one and allocates one), `batch-alloc/N` and
-//! `batch-free/N` (1M objects of N bytes, one phase timed).
+//! `batch-free/N` (1M objects of N bytes, one phase timed), `xfree` (a
+//! producer thread allocates 64-byte blocks, a consumer thread frees
+//! them; ns per object).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kmemcg::{Kmem, OsPages};
@@ -107,9 +110,52 @@ fn batch(a: Alloc, size: usize, rounds: usize, time_alloc: bool) -> Duration {
     total
 }
 
+/// A single-producer single-consumer ring that never allocates.
+struct Ring {
+    slots: Vec<AtomicUsize>,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+}
+
+fn xfree(a: Alloc, objects: usize) -> Duration {
+    let ring = Ring {
+        slots: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
+        head: AtomicUsize::new(0),
+        tail: AtomicUsize::new(0),
+    };
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for _ in 0..objects {
+                let t = ring.tail.load(Ordering::Relaxed);
+                while ring.head.load(Ordering::Acquire) == t {
+                    std::hint::spin_loop();
+                }
+                let p = ring.slots[t % 4096].load(Ordering::Relaxed);
+                ring.tail.store(t + 1, Ordering::Release);
+                // SAFETY: each block is freed once with its layout.
+                unsafe { a.dealloc(p as *mut u8, layout) };
+            }
+        });
+        for _ in 0..objects {
+            // SAFETY: valid layout.
+            let p = unsafe { a.alloc(layout) } as usize;
+            let h = ring.head.load(Ordering::Relaxed);
+            while h - ring.tail.load(Ordering::Acquire) == 4096 {
+                std::hint::spin_loop();
+            }
+            ring.slots[h % 4096].store(p, Ordering::Relaxed);
+            ring.head.store(h + 1, Ordering::Release);
+        }
+    });
+    t.elapsed()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: profile <kmemcg|jemalloc|mimalloc|system> <pair|random|batch-alloc/N|batch-free/N> [steps]";
+    let usage =
+        "usage: profile <kmemcg|jemalloc|mimalloc|system> <pair|random|xfree|batch-alloc/N|batch-free/N> [steps]";
     let (Some(name), Some(work)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -128,6 +174,7 @@ fn main() {
     let per_step = match work.split_once('/') {
         None if work == "pair" => pair(a, steps).as_secs_f64() / steps as f64,
         None if work == "random" => random(a, steps).as_secs_f64() / steps as f64,
+        None if work == "xfree" => xfree(a, steps).as_secs_f64() / steps as f64,
         Some((phase, n)) if phase.starts_with("batch-") => {
             let Ok(size) = n.parse() else {
                 eprintln!("{usage}");

@@ -12,14 +12,14 @@ use lock_api::RawMutex;
 use crate::heap::Kmem;
 use crate::platform::{PageSource, Platform};
 
-// SAFETY: `alloc_raw` returns null or a block of at least `layout.size()`
+// SAFETY: `alloc_layout` returns null or a block of at least `layout.size()`
 // bytes aligned to `layout.align()` that overlaps no live block; `dealloc`
 // and `realloc` accept exactly what `alloc` returned with the same layout,
 // and realloc keeps the old block intact when it fails. Nothing unwinds.
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, P> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        self.alloc_raw(layout.size(), layout.align()).map_or(ptr::null_mut(), NonNull::as_ptr)
+        self.alloc_layout(layout).map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
     #[inline]
@@ -77,7 +77,7 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> Allocator for &Kmem<S, R, P
         if layout.size() == 0 {
             return Ok(dangling(layout));
         }
-        let p = self.alloc_raw(layout.size(), layout.align()).ok_or(AllocError)?;
+        let p = self.alloc_layout(layout).ok_or(AllocError)?;
         let len = Kmem::<S, R, P>::usable_size(layout.size(), layout.align());
         Ok(NonNull::slice_from_raw_parts(p, len))
     }

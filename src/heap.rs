@@ -462,10 +462,26 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.alloc_in(self.current(), size, align)
     }
 
+    /// [`Kmem::alloc_raw`] for a `Layout`, whose alignment is a power of
+    /// two: the `GlobalAlloc` and `Allocator` entry, inlined into them.
+    #[inline(always)]
+    pub(crate) fn alloc_layout(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
+        self.alloc_pow2(self.current(), layout.size(), layout.align())
+    }
+
     /// As `alloc_raw`, charging group `g` (null: root).
     #[inline]
     pub(crate) fn alloc_in(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
-        if size == 0 || !align.is_power_of_two() {
+        if !align.is_power_of_two() {
+            return None;
+        }
+        self.alloc_pow2(g, size, align)
+    }
+
+    /// [`Kmem::alloc_in`] for an `align` known to be a power of two.
+    #[inline(always)]
+    fn alloc_pow2(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        if size == 0 {
             return None;
         }
         match class_of(size, align) {
@@ -631,7 +647,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// `ptr` must have come from `alloc_raw`/`alloc_in` (or `realloc_raw`)
     /// of this `Kmem` with this `size` and `align`, and not been freed since.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn free_raw(&self, ptr: NonNull<u8>, size: usize, align: usize) {
         if size == 0 {
             return;
