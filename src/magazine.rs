@@ -294,6 +294,8 @@ struct CpuMags {
     previous: *mut Magazine,
 }
 
+static_assertions::const_assert_eq!(align_of::<CpuMags>(), 64);
+
 impl CpuMags {
     const EMPTY: CpuMags = CpuMags { count: 0, cap: 0, loaded: ptr::null_mut(), previous: ptr::null_mut() };
 

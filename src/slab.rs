@@ -621,6 +621,10 @@ impl<R: RawMutex> Cache<R> {
     /// Every pointer must be a distinct live object of this cache from `src`.
     pub(crate) unsafe fn free_bulk<S: PageSource>(&self, pg: &Pages<'_, S>, objs: &[*mut u8]) {
         let slab_of = |p: *mut u8| slab_base(p, self.geo.order) as *mut Slab;
+        // The first headers' misses start now, the rest in the scan below.
+        for &p in objs.iter().take(PREFETCH_AHEAD) {
+            prefetch_write(slab_of(p).cast());
+        }
         let mut i = 0;
         while i < objs.len() {
             let mut release = [ptr::null_mut::<Slab>(); 8];
