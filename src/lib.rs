@@ -33,16 +33,20 @@
 //!   go straight back, plus a header page naming the group charged.
 //! * **node**: a NUMA node; page sources tag runs with one, and caches keep
 //!   slab lists and depots per node.
-//! * **slab**: a run cut into equal objects, with a 64-byte header at its
-//!   start naming its cache; the slab of an object is found by masking its
-//!   address.
+//! * **slab**: a run cut into equal objects, with a header at its start
+//!   naming its cache and holding a bitmap of its free objects (in the
+//!   header's cache line for slabs of up to 192 objects); the slab of an
+//!   object is found by masking its address. Free objects hold nothing the
+//!   allocator reads.
 //! * **cache**: the slabs of one object size and alignment: a size class of
 //!   the general heap, or a named typed cache ([`Kmem::create_cache`]); an
 //!   accounted cache has a *child cache* per group that allocates from it.
 //! * **size class**: one of 43 object sizes from 8 B to 16 KiB, spaced so a
 //!   request wastes at most 25% of its class.
 //! * **magazine**: a small stack of free objects of one cache; each CPU
-//!   slot has a *loaded* and a *previous* one per cache (Bonwick).
+//!   slot has a *loaded* and a *previous* one per cache (Bonwick), in a
+//!   cache line of its own that also holds the loaded one's fill level, so
+//!   a hit touches that line and one round.
 //! * **depot**: per node and cache, the spare full and empty magazines.
 //! * **group**: a node of the cgroup tree ([`Cgroup`]); the root is the
 //!   whole allocator.

@@ -154,25 +154,29 @@ impl Slots {
     /// The holder's side: the caller's slot, or `None` for the shared path.
     #[inline(always)]
     fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        self.handshake(plat, plat.enter()?)
+        self.handshake(plat, plat.enter()?, false)
     }
 
     /// [`Slots::hold`] for the fast paths: `None` also where the platform
-    /// would first have to claim a slot, which the slow path then does.
+    /// would first have to claim a slot, which the slow path then does,
+    /// and on a platform that is not asymmetric. A slot from `try_enter`
+    /// comes with an asymmetric platform (contract point 3), so the
+    /// holder's fence is a compiler fence without asking.
     #[inline(always)]
     fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        self.handshake(plat, plat.try_enter()?)
+        self.handshake(plat, plat.try_enter()?, true)
     }
 
-    /// The holder's handshake on `slot`, which the caller entered.
+    /// The holder's handshake on `slot`, which the caller entered;
+    /// `asym`: the platform is known to be asymmetric.
     #[inline(always)]
-    fn handshake<P: Platform>(&self, plat: &P, slot: usize) -> Option<usize> {
+    fn handshake<P: Platform>(&self, plat: &P, slot: usize, asym: bool) -> Option<usize> {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let s = unsafe { self.sync.get_unchecked(slot) };
         s.state.store(HELD, Ordering::Relaxed);
         // Orders the store above before the load below (Dekker): a
         // compiler fence when the drainer's heavy barrier does the rest.
-        if !plat.asymmetric() {
+        if !asym && !plat.asymmetric() {
             fence(Ordering::SeqCst);
         }
         compiler_fence(Ordering::SeqCst);

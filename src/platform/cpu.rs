@@ -24,7 +24,8 @@ pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
 /// 3. if `asymmetric()` ever returns `true`, it returns `true` from before
 ///    the first slot is handed out, and `heavy_barrier` then acts as a full
 ///    memory barrier on every context that holds a slot (Linux `membarrier`
-///    semantics), so slot holders may use compiler fences only;
+///    semantics), so slot holders may use compiler fences only; `try_enter`
+///    returns a slot only once `asymmetric()` is true;
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
 ///    then no `enter` returns it until `unsteal(slot)`;
 /// 5. nothing here allocates, panics, or calls back into the allocator;
@@ -42,13 +43,16 @@ pub unsafe trait Platform: Sync {
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
     fn enter(&self) -> Option<usize>;
-    /// [`Platform::enter`] for the allocator's fast paths: may return
-    /// `None` where `enter` would first do work (claim a slot), and the
-    /// caller then takes its slow path, which calls `enter`. A slot it
-    /// returns is held exactly as one from `enter`, until `exit`.
+    /// [`Platform::enter`] for the allocator's fast paths, which order
+    /// their half of the slot handshake with a compiler fence only: it
+    /// returns a slot only while [`Platform::asymmetric`] is true (so a
+    /// drainer's heavy barrier completes the fence), and may return `None`
+    /// wherever `enter` would first do work (claim a slot); the caller then
+    /// takes its slow path, which calls `enter`. A slot it returns is held
+    /// exactly as one from `enter`, until `exit`.
     #[inline(always)]
     fn try_enter(&self) -> Option<usize> {
-        self.enter()
+        if self.asymmetric() { self.enter() } else { None }
     }
     /// Ends the hold of `slot` taken by `enter`.
     fn exit(&self, slot: usize);

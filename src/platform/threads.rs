@@ -21,6 +21,9 @@ const NONE: usize = usize::MAX;
 std::thread_local! {
     /// This thread's slot, or `NONE`. `Cell<usize>` has no destructor.
     static SLOT: Cell<usize> = const { Cell::new(NONE) };
+    /// The slot again, for `try_enter`: set only where membarrier is
+    /// available (`ASYM == 1`), so the fast paths need not ask.
+    static FAST: Cell<usize> = const { Cell::new(NONE) };
     /// This thread's current group token (0: the root).
     static GROUP: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
 }
@@ -52,6 +55,7 @@ extern "C" fn release_slot(value: *mut libc::c_void) {
     let slot = value as usize - 1;
     // The thread-local has no destructor, so it is still accessible here.
     let _ = SLOT.try_with(|s| s.set(NONE));
+    let _ = FAST.try_with(|s| s.set(NONE));
     // Publishes this thread's last writes to the slot's magazines to the
     // next claimer (pairs with the Acquire of the claiming CAS).
     CLAIMED[slot].store(false, Ordering::Release);
@@ -107,6 +111,9 @@ impl Threads {
                     return None;
                 }
                 let _ = SLOT.try_with(|s| s.set(slot));
+                if ASYM.load(Ordering::Relaxed) == 1 {
+                    let _ = FAST.try_with(|s| s.set(slot));
+                }
                 return Some(slot);
             }
         }
@@ -118,7 +125,8 @@ impl Threads {
 // released only by that thread's exit destructor (or by `unsteal` of a
 // drainer that stole an unclaimed one), so two threads never hold one slot;
 // Rust code does not re-enter a thread between enter and exit. (2) one node.
-// (3) ASYM is settled in `init`, before the first claim. (4) `steal` claims
+// (3) ASYM is settled in `init`, before the first claim, and `FAST` (what
+// `try_enter` reads) is set only when it is 1. (4) `steal` claims
 // by the same CAS. (5) TLS access, atomics, and two libc calls that do not
 // allocate (pthread_setspecific for keys below PTHREAD_KEYS_2NDLEVEL_SIZE).
 // (6) the group token lives in a per-thread cell.
@@ -140,11 +148,12 @@ unsafe impl Platform for Threads {
         if slot != NONE { Some(slot) } else { self.claim() }
     }
 
-    /// The thread's slot once it has one; the claim is left to `enter`
-    /// on the slow path, so the fast paths make no call.
+    /// The thread's slot once it has one and membarrier is available
+    /// (`FAST` is set only then); the claim is left to `enter` on the slow
+    /// path, so the fast paths make no call and read no global.
     #[inline(always)]
     fn try_enter(&self) -> Option<usize> {
-        let slot = SLOT.with(Cell::get);
+        let slot = FAST.with(Cell::get);
         if slot != NONE { Some(slot) } else { None }
     }
 

@@ -1,5 +1,12 @@
 //! Loom models of the magazine layer: the slot handshake, depot exchange,
 //! and remote-node frees racing refills.
+//!
+//! The model platform is not asymmetric, so `try_enter` hands out no slot
+//! and every operation runs the slow paths: the same handshake (with a
+//! full fence on the holder's side) around the same magazine pops and
+//! pushes as the fast paths. The fast paths differ only in that fence,
+//! a compiler fence made whole by the drainer's `membarrier`, which loom
+//! cannot model.
 
 use std::cell::Cell;
 use std::vec::Vec;
