@@ -30,8 +30,21 @@
 //! (Linux `membarrier`) the holder's fence is a compiler fence and the
 //! drainer's `heavy_barrier` makes it a full one on every CPU, so the fast
 //! path has no atomic read-modify-write and no hardware fence; otherwise
-//! both sides use `fence(SeqCst)`. A slot nobody holds is *stolen* through
-//! the platform instead. Loom checks the protocol with full fences on both
+//! both sides use `fence(SeqCst)`. The fast paths get their slot from
+//! [`Platform::try_enter`], which hands one out only on an asymmetric
+//! platform, so they use the compiler fence without asking; everything
+//! else enters through `enter` and asks. A slot nobody holds is *stolen*
+//! through the platform instead.
+//!
+//! # The fast paths
+//!
+//! A hit touches the slot's handshake line and the cache's `CpuMags` line
+//! for the slot (the loaded magazine, its fill level and capacity: one
+//! line per slot, since the holder writes it) and one round of the loaded
+//! magazine, with no call and no stack frame: a `GlobalAlloc` hit, the
+//! size-class lookup included, is 43 instructions to allocate and 47 to
+//! free under callgrind (jemalloc's: 33 and 36). Every other case (no slot yet, an empty or full magazine, a
+//! remote-node free, a drain racing) goes out of line. Loom checks the protocol with full fences on both
 //! sides (`src/tests/loom_magazine.rs`).
 //!
 //! Accounting equation per cache: objects out of the slabs = objects in
