@@ -294,16 +294,20 @@ pub(crate) enum Acct {
 /// is loaded, and `cap` is 0 when nothing is loaded, so a pop checks
 /// `count != 0` and a push `count < cap` without a null check.
 ///
-/// One cache line each: the fast paths write `count`, so two slots
-/// sharing a line would bounce it between their CPUs on every operation
-/// (seen as a 2x slower `xfree` with 32-byte entries).
+/// 32 bytes, two to a cache line, and the fast paths write `count`: two
+/// busy slots on one line would bounce it between their CPUs on every
+/// operation (seen as a 2x slower `xfree`). So slot `s` lives at
+/// [`cpu_index`]`(s)`, which puts slots 0..31 on 32 different lines and
+/// pairs each with a slot from 32..63. (One line per slot would double
+/// every cache's and child cache's size, and a group's child caches are
+/// many.)
 ///
 /// Invariant: `loaded` null ⇒ `count == cap == 0`; else `cap` is the
 /// cache's rounds, `count <= cap`, `loaded.rounds[..count]` are free
 /// objects of the cache and `loaded.count` is stale. The slow paths call
 /// [`CpuMags::spill_count`] first and [`CpuMags::reload`] last, and in
 /// between work on the magazines' own counts.
-#[repr(C, align(64))]
+#[repr(C, align(32))]
 struct CpuMags {
     count: usize,
     cap: usize,
@@ -311,7 +315,17 @@ struct CpuMags {
     previous: *mut Magazine,
 }
 
-static_assertions::const_assert_eq!(align_of::<CpuMags>(), 64);
+static_assertions::const_assert_eq!(size_of::<CpuMags>(), 32);
+
+/// Where slot `slot`'s `CpuMags` sit in a cache's array: the low slots
+/// spread over every other entry, so neighbours never share a line.
+#[inline(always)]
+const fn cpu_index(slot: usize) -> usize {
+    const HALF: usize = if MAX_CPUS > 1 { MAX_CPUS / 2 } else { 1 };
+    (slot % HALF) * 2 + slot / HALF
+}
+
+static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 
 impl CpuMags {
     const EMPTY: CpuMags = CpuMags { count: 0, cap: 0, loaded: ptr::null_mut(), previous: ptr::null_mut() };
@@ -545,7 +559,7 @@ impl<R: RawMutex> MagCache<R> {
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let r = unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+        let r = unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours; by the
             // invariant of `CpuMags`, `count > 0` means `loaded` is a live
             // magazine whose first `count` rounds are free objects.
@@ -576,7 +590,7 @@ impl<R: RawMutex> MagCache<R> {
             cx.slots().unhold(cx.plat(), slot);
             return self.cache.alloc(&self.pages(cx, None), 0);
         }
-        let r = self.cpus[slot].with_mut(|m| {
+        let r = self.cpus[cpu_index(slot)].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe {
                 let m = &mut *m;
@@ -701,7 +715,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let hit = local
-            && unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+            && unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
                 // SAFETY: we hold the slot; by the invariant of `CpuMags`,
                 // `count < cap` means `loaded` is live with room at `count`
                 // (`cap` is its rounds, at most MAG_MAX).
@@ -735,7 +749,7 @@ impl<R: RawMutex> MagCache<R> {
                 cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
                 // SAFETY: the platform contract keeps slots below MAX_CPUS.
-                unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+                unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
                     // SAFETY: we hold the slot; the invariant of `CpuMags`
                     // holds between operations.
                     unsafe {
@@ -846,7 +860,7 @@ impl<R: RawMutex> MagCache<R> {
     /// Takes both magazines of `slot`, leaving it empty. The caller has
     /// exclusive access through the handshake or a steal.
     fn take_slot(&self, slot: usize) -> (*mut Magazine, *mut Magazine) {
-        self.cpus[slot].with_mut(|m| {
+        self.cpus[cpu_index(slot)].with_mut(|m| {
             // SAFETY: per the caller, the slot is ours.
             let m = unsafe { &mut *m };
             // SAFETY: the invariant of `CpuMags` holds between operations.
@@ -977,4 +991,27 @@ fn drain_slots<E: Env<R>, R: RawMutex>(
         cx.slots().end_drain(cx.plat(), slot, stolen);
     }
     n
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// `cpu_index` is a permutation of the slots that keeps each of the
+    /// first half of the slots on a cache line of its own.
+    #[test]
+    fn cpu_index_spreads_neighbouring_slots() {
+        let mut seen = [false; MAX_CPUS];
+        for slot in 0..MAX_CPUS {
+            let i = cpu_index(slot);
+            assert!(i < MAX_CPUS && !seen[i], "slot {slot} -> {i}");
+            seen[i] = true;
+        }
+        let line = |slot: usize| cpu_index(slot) * size_of::<CpuMags>() / 64;
+        for a in 0..MAX_CPUS / 2 {
+            for b in 0..a {
+                assert_ne!(line(a), line(b), "slots {a} and {b} share a line");
+            }
+        }
+    }
 }

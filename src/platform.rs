@@ -144,6 +144,20 @@ pub unsafe trait PageSource: Sync {
     /// use those pages afterwards.
     unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32);
 
+    /// Gives back several runs of `2^order` pages at once (the empty slabs
+    /// of one magazine flush), so a source can take its lock once. The
+    /// default frees them one by one.
+    ///
+    /// # Safety
+    ///
+    /// Each of `runs` as for [`PageSource::free_pages`], all distinct.
+    unsafe fn free_pages_bulk(&self, runs: &[NonNull<u8>], order: u32) {
+        for &r in runs {
+            // SAFETY: per the contract, for each run.
+            unsafe { self.free_pages(r, order) };
+        }
+    }
+
     /// Whether `addr` lies in memory this source manages.
     fn ownership(&self, addr: usize) -> Ownership;
 
@@ -175,6 +189,11 @@ unsafe impl<S: PageSource> PageSource for &S {
     unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
         // SAFETY: the caller upholds `free_pages`'s contract for `S`.
         unsafe { (**self).free_pages(addr, order) }
+    }
+    #[inline]
+    unsafe fn free_pages_bulk(&self, runs: &[NonNull<u8>], order: u32) {
+        // SAFETY: the caller upholds `free_pages_bulk`'s contract for `S`.
+        unsafe { (**self).free_pages_bulk(runs, order) }
     }
     fn ownership(&self, addr: usize) -> Ownership {
         (**self).ownership(addr)

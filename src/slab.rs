@@ -484,6 +484,20 @@ impl<'a, S: PageSource> Pages<'a, S> {
             c.uncharge_stocked(self.slot, 1 << order);
         }
     }
+
+    /// [`Pages::release`] for several runs: one call into the source and
+    /// one uncharge.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Pages::release`], for each run.
+    unsafe fn release_bulk(&self, runs: &[NonNull<u8>], order: u32) {
+        // SAFETY: forwarded.
+        unsafe { self.src.free_pages_bulk(runs, order) };
+        if let Some(c) = self.counter {
+            c.uncharge_stocked(self.slot, runs.len() << order);
+        }
+    }
 }
 
 /// Counters of one cache, summed over nodes.
@@ -656,9 +670,20 @@ impl<R: RawMutex> Cache<R> {
                     i = j;
                 }
             }
-            for &s in &release[..nrel] {
-                // SAFETY: unlisted empty slabs of this cache.
-                unsafe { self.release_slab(pg, s) };
+            let mut runs = [NonNull::dangling(); 8];
+            for (run, &s) in runs.iter_mut().zip(&release[..nrel]) {
+                // SAFETY: unlisted empty slabs of this cache; clearing the
+                // magic makes a stale free of one of their objects
+                // detectable.
+                unsafe {
+                    (*s).magic = 0;
+                    *run = NonNull::new_unchecked(s as *mut u8);
+                }
+            }
+            if nrel > 0 {
+                self.nslabs.fetch_sub(nrel, Ordering::Relaxed);
+                // SAFETY: as above; the runs were charged by `grow`.
+                unsafe { pg.release_bulk(&runs[..nrel], self.geo.order) };
             }
         }
     }

@@ -171,6 +171,38 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         }
     }
 
+    unsafe fn free_pages_bulk(&self, runs: &[NonNull<u8>], order: u32) {
+        // Islands to unmap after the lock: at most one per run.
+        const BATCH: usize = 8;
+        for chunk in runs.chunks(BATCH) {
+            self.in_use.sub(chunk.len() << order);
+            let mut unmap = [(core::ptr::null_mut::<u8>(), 0usize); BATCH];
+            let mut n = 0;
+            {
+                let mut pool = self.pool.lock();
+                for &r in chunk {
+                    let a = r.as_ptr();
+                    // SAFETY: forwarded from the caller.
+                    let release = if unsafe { pool.free(a, order) } {
+                        if pool.empty_islands() > RETAINED_CHUNKS { pool.remove_empty_island(a.addr()) } else { None }
+                    } else {
+                        // Not pooled: (a piece of) a direct mapping.
+                        Some((a, PAGE_SIZE << order))
+                    };
+                    if let Some(u) = release {
+                        unmap[n] = u;
+                        n += 1;
+                    }
+                }
+            }
+            for &(raw, len) in &unmap[..n] {
+                // SAFETY: an unlinked, entirely free island, or a direct
+                // mapping the caller gave back.
+                unsafe { self.unmap(raw, len) };
+            }
+        }
+    }
+
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
         let taken = self.pool.lock().claim(at.as_ptr(), pages);
         if taken {
