@@ -62,6 +62,8 @@ fn run_case() {
             let b = c.alloc([1; 4]).unwrap();
             // Forge a second owner of the same object: a double free.
             let p: *const [u64; 4] = &*b;
+            // SAFETY: deliberate misuse, in a child process that hardened
+            // mode must stop before it corrupts anything.
             unsafe {
                 let twin: kmemcg::CacheBox<'_, [u64; 4], OsPages> = std::ptr::read(&b as *const _);
                 drop(b);
