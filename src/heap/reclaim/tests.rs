@@ -115,7 +115,12 @@ fn seed_002_hungry_groups_end_near_their_soft_limits() {
     }
     let (ua, ub) = (a.usage(), b.usage());
     std::println!("a {} MB (soft 6), b {} MB (soft 12)", ua / MB, ub / MB);
-    assert!(ua <= 10 * MB && ub <= 16 * MB, "a group stayed far above its soft limit: a {ua} b {ub}");
+    // Contention reclaim evens out the excesses: with 24 MB shared and
+    // soft limits of 6 and 12, a and b settle near 9 and 15 MB. The
+    // thread still allocating after the other has stopped reclaims from
+    // itself a batch at a time, so either ends up to about 1.5 MB off
+    // (a at 10.5 MB in 2% of runs); "far above" is more than that.
+    assert!(ua <= 11 * MB && ub <= 17 * MB, "a group stayed far above its soft limit: a {ua} b {ub}");
     assert!(ub > ua, "the larger soft limit kept more");
     assert!(a.stat().soft_reclaim_passes + b.stat().soft_reclaim_passes > 0);
     lru.free_all();
