@@ -398,13 +398,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return Some(base);
         }
         // SAFETY: callers pass a live group of this allocator.
-        let c = unsafe { (*g).caches[idx].load(Ordering::Acquire) };
-        if !c.is_null() {
-            // SAFETY: published child caches live as long as their group.
-            return Some(unsafe { &*c });
-        }
-        // SAFETY: as above.
-        self.make_child_cache(unsafe { &*g }, idx, base)
+        let g = unsafe { &*g };
+        Self::published_child(g, idx).or_else(|| self.make_child_cache(g, idx, base))
+    }
+
+    /// Group `g`'s child cache at accounting index `idx`, once published.
+    #[inline(always)]
+    fn published_child(g: &Group<R>, idx: usize) -> Option<&MagCache<R>> {
+        let c = g.caches[idx].load(Ordering::Acquire);
+        // SAFETY: published child caches live as long as their group.
+        (!c.is_null()).then(|| unsafe { &*c })
     }
 
     /// Creates group `g`'s child cache at `idx`, or returns the one another
@@ -492,12 +495,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     base
                 } else {
                     // SAFETY: callers pass a live group of this allocator.
-                    let child = unsafe { (*g).caches[c].load(Ordering::Acquire) };
-                    if child.is_null() {
-                        return self.alloc_in_new_child(g, c, base);
+                    match Self::published_child(unsafe { &*g }, c) {
+                        Some(child) => child,
+                        None => return self.alloc_in_new_child(g, c, base),
                     }
-                    // SAFETY: published child caches live as long as their group.
-                    unsafe { &*child }
                 };
                 let p = match cache.alloc_fast(self) {
                     Some(p) => p,

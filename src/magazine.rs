@@ -38,14 +38,15 @@
 //!
 //! # The fast paths
 //!
-//! A hit touches the slot's handshake line and the cache's `CpuMags` line
-//! for the slot (the loaded magazine, its fill level and capacity: one
-//! line per slot, since the holder writes it) and one round of the loaded
-//! magazine, with no call and no stack frame: a `GlobalAlloc` hit, the
-//! size-class lookup included, is 43 instructions to allocate and 47 to
-//! free under callgrind (jemalloc's: 33 and 36). Every other case (no slot yet, an empty or full magazine, a
-//! remote-node free, a drain racing) goes out of line. Loom checks the protocol with full fences on both
-//! sides (`src/tests/loom_magazine.rs`).
+//! A hit touches the slot's handshake line, the cache's `CpuMags` for the
+//! slot (the loaded magazine, its fill level and capacity; no other busy
+//! slot shares its line) and one round of the loaded magazine, with no
+//! call and no stack frame: a `GlobalAlloc` hit, the size-class lookup
+//! included, is 47 instructions to allocate and 51 to free under
+//! callgrind (jemalloc's: 33 and 36). Every other case (no slot yet, an
+//! empty or full magazine, a remote-node free, a drain racing) goes out
+//! of line. Loom checks the protocol with full fences on both sides
+//! (`src/tests/loom_magazine.rs`).
 //!
 //! Accounting equation per cache: objects out of the slabs = objects in
 //! loaded/previous magazines + objects in depot magazines + live objects.
@@ -330,6 +331,39 @@ static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 impl CpuMags {
     const EMPTY: CpuMags = CpuMags { count: 0, cap: 0, loaded: ptr::null_mut(), previous: ptr::null_mut() };
 
+    /// A round off the loaded magazine, if it has one.
+    ///
+    /// # Safety
+    ///
+    /// The invariant of the type holds; the caller owns the slot.
+    #[inline(always)]
+    unsafe fn pop(&mut self) -> Option<NonNull<u8>> {
+        if self.count == 0 {
+            return None;
+        }
+        self.count -= 1;
+        // SAFETY: `count > 0` means `loaded` is a live magazine whose first
+        // `count` rounds are free objects (the invariant).
+        unsafe { Some(NonNull::new_unchecked(*(*self.loaded).rounds.get_unchecked(self.count))) }
+    }
+
+    /// Pushes `p` onto the loaded magazine if it has room.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CpuMags::pop`].
+    #[inline(always)]
+    unsafe fn push(&mut self, p: NonNull<u8>) -> bool {
+        if self.count >= self.cap {
+            return false;
+        }
+        // SAFETY: `count < cap` means `loaded` is live with room at
+        // `count` (`cap` is its rounds, at most MAG_MAX).
+        unsafe { *(*self.loaded).rounds.get_unchecked_mut(self.count) = p.as_ptr() };
+        self.count += 1;
+        true
+    }
+
     /// Writes `count` back into `loaded`, so the magazine's own count is
     /// current for a slow path or a drainer.
     ///
@@ -560,18 +594,8 @@ impl<R: RawMutex> MagCache<R> {
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let r = unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
-            // SAFETY: we hold the slot, so its magazines are ours; by the
-            // invariant of `CpuMags`, `count > 0` means `loaded` is a live
-            // magazine whose first `count` rounds are free objects.
-            unsafe {
-                let m = &mut *m;
-                if m.count != 0 {
-                    m.count -= 1;
-                    Some(NonNull::new_unchecked(*(*m.loaded).rounds.get_unchecked(m.count)))
-                } else {
-                    None
-                }
-            }
+            // SAFETY: we hold the slot, so its magazines are ours.
+            unsafe { (*m).pop() }
         });
         cx.slots().unhold(cx.plat(), slot);
         r
@@ -594,11 +618,10 @@ impl<R: RawMutex> MagCache<R> {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe {
                 let m = &mut *m;
-                if m.count != 0 {
+                if let Some(p) = m.pop() {
                     // Refilled since the fast path looked (by nobody but
-                    // us, so only when a drain raced): just pop.
-                    m.count -= 1;
-                    Ok(NonNull::new_unchecked((*m.loaded).rounds[m.count]))
+                    // us, so only when a drain raced).
+                    Ok(p)
                 } else {
                     self.note_slot(slot);
                     m.spill_count();
@@ -716,19 +739,8 @@ impl<R: RawMutex> MagCache<R> {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let hit = local
             && unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
-                // SAFETY: we hold the slot; by the invariant of `CpuMags`,
-                // `count < cap` means `loaded` is live with room at `count`
-                // (`cap` is its rounds, at most MAG_MAX).
-                unsafe {
-                    let m = &mut *m;
-                    if m.count < m.cap {
-                        *(*m.loaded).rounds.get_unchecked_mut(m.count) = ptr.as_ptr();
-                        m.count += 1;
-                        true
-                    } else {
-                        false
-                    }
-                }
+                // SAFETY: we hold the slot, so its magazines are ours.
+                unsafe { (*m).push(ptr) }
             });
         cx.slots().unhold(cx.plat(), slot);
         hit
@@ -754,12 +766,9 @@ impl<R: RawMutex> MagCache<R> {
                     // holds between operations.
                     unsafe {
                         let m = &mut *m;
-                        if m.count < m.cap {
-                            // Emptied since the fast path looked (only when
-                            // a drain raced): just push.
-                            *(*m.loaded).rounds.get_unchecked_mut(m.count) = ptr.as_ptr();
-                            m.count += 1;
-                        } else {
+                        // A push succeeds here only when a drain emptied
+                        // the magazine since the fast path looked.
+                        if !m.push(ptr) {
                             self.note_slot(slot);
                             m.spill_count();
                             self.free_spill(cx, slot, m, ptr);

@@ -190,8 +190,8 @@ pub(crate) struct Slab {
 static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
 
 /// The free bitmap of the slab at `s`: [`Geometry::words`] words right
-/// after the `Slab` struct (at [`MAP_OFFSET`]), bit `i` of word `w` set while object `64 * w + i` is
-/// in the slab. Derived from `s`, outside the `Slab` struct, so it never
+/// after the `Slab` struct (at [`MAP_OFFSET`]), bit `i` of word `w` set
+/// while object `64 * w + i` is in the slab. Derived from `s`, outside the `Slab` struct, so it never
 /// overlaps a reference to the header.
 #[inline(always)]
 fn free_map(s: *mut Slab) -> *mut u64 {
@@ -471,26 +471,13 @@ impl<'a, S: PageSource> Pages<'a, S> {
         }
     }
 
-    /// Gives a slab's run back and uncharges it.
+    /// Gives runs back to the source and uncharges them: one call into the
+    /// source and one uncharge.
     ///
     /// # Safety
     ///
-    /// As for [`PageSource::free_pages`]; the run was charged by `grow`
-    /// with the same counter.
-    unsafe fn release(&self, addr: NonNull<u8>, order: u32) {
-        // SAFETY: forwarded.
-        unsafe { self.src.free_pages(addr, order) };
-        if let Some(c) = self.counter {
-            c.uncharge_stocked(self.slot, 1 << order);
-        }
-    }
-
-    /// [`Pages::release`] for several runs: one call into the source and
-    /// one uncharge.
-    ///
-    /// # Safety
-    ///
-    /// As for [`Pages::release`], for each run.
+    /// Each run as for [`PageSource::free_pages`], charged by `grow` with
+    /// the same counter.
     unsafe fn release_bulk(&self, runs: &[NonNull<u8>], order: u32) {
         // SAFETY: forwarded.
         unsafe { self.src.free_pages_bulk(runs, order) };
@@ -670,20 +657,9 @@ impl<R: RawMutex> Cache<R> {
                     i = j;
                 }
             }
-            let mut runs = [NonNull::dangling(); 8];
-            for (run, &s) in runs.iter_mut().zip(&release[..nrel]) {
-                // SAFETY: unlisted empty slabs of this cache; clearing the
-                // magic makes a stale free of one of their objects
-                // detectable.
-                unsafe {
-                    (*s).magic = 0;
-                    *run = NonNull::new_unchecked(s as *mut u8);
-                }
-            }
             if nrel > 0 {
-                self.nslabs.fetch_sub(nrel, Ordering::Relaxed);
-                // SAFETY: as above; the runs were charged by `grow`.
-                unsafe { pg.release_bulk(&runs[..nrel], self.geo.order) };
+                // SAFETY: unlisted empty slabs of this cache.
+                unsafe { self.release_slabs(pg, &release[..nrel]) };
             }
         }
     }
@@ -827,13 +803,31 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// `s` is an empty slab of this cache on no list.
     unsafe fn release_slab<S: PageSource>(&self, pg: &Pages<'_, S>, s: *mut Slab) {
-        // SAFETY: per the contract the header is ours; clearing the magic
-        // makes a stale free of one of its objects detectable.
-        unsafe {
-            (*s).magic = 0;
-            pg.release(NonNull::new_unchecked(s as *mut u8), self.geo.order);
+        // SAFETY: forwarded.
+        unsafe { self.release_slabs(pg, &[s]) }
+    }
+
+    /// Hands up to 8 unlisted empty slabs back to the page source in one
+    /// call.
+    ///
+    /// # Safety
+    ///
+    /// Each of `slabs` is an empty slab of this cache on no list, all
+    /// distinct.
+    unsafe fn release_slabs<S: PageSource>(&self, pg: &Pages<'_, S>, slabs: &[*mut Slab]) {
+        let mut runs = [NonNull::dangling(); 8];
+        for (run, &s) in runs.iter_mut().zip(slabs) {
+            // SAFETY: per the contract the header is ours; clearing the
+            // magic makes a stale free of one of its objects detectable.
+            unsafe {
+                (*s).magic = 0;
+                *run = NonNull::new_unchecked(s as *mut u8);
+            }
         }
-        self.nslabs.fetch_sub(1, Ordering::Relaxed);
+        let n = slabs.len().min(runs.len());
+        self.nslabs.fetch_sub(n, Ordering::Relaxed);
+        // SAFETY: empty slabs of ours, charged by `grow` when they grew.
+        unsafe { pg.release_bulk(&runs[..n], self.geo.order) };
     }
 
     /// Empty slabs kept per node: none once dead.

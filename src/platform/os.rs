@@ -152,23 +152,8 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
     }
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
-        let a = addr.as_ptr();
-        self.in_use.sub(1 << order);
-        let mut pool = self.pool.lock();
-        // SAFETY: forwarded from the caller.
-        if unsafe { pool.free(a, order) } {
-            let release =
-                if pool.empty_islands() > RETAINED_CHUNKS { pool.remove_empty_island(a.addr()) } else { None };
-            drop(pool);
-            if let Some((raw, len)) = release {
-                // SAFETY: the island was entirely free and is now unlinked.
-                unsafe { self.unmap(raw, len) };
-            }
-        } else {
-            drop(pool);
-            // SAFETY: not pooled, so it is (a piece of) a direct mapping.
-            unsafe { self.unmap(a, PAGE_SIZE << order) };
-        }
+        // SAFETY: forwarded.
+        unsafe { self.free_pages_bulk(&[addr], order) }
     }
 
     unsafe fn free_pages_bulk(&self, runs: &[NonNull<u8>], order: u32) {
