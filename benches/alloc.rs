@@ -15,9 +15,11 @@
 //!   (through a lock-free ring that does not allocate); time per object.
 //! * `realloc-grow`: 8 B grown to 1 MiB by doubling, then freed.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "common/workloads.rs"]
+mod workloads;
+
+use std::alloc::{Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -28,27 +30,16 @@ use mimalloc::MiMalloc;
 use talc::TalcLock;
 use talc::source::GlobalAllocSource;
 use tikv_jemallocator::Jemalloc;
+use workloads::{Alloc, Rng, batch_phase, pair, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 static TALC: TalcLock<spin::mutex::SpinMutex<()>, GlobalAllocSource<System>> =
     TalcLock::new(GlobalAllocSource::new(System));
 
-const BATCH: usize = 1_000_000;
 const SIZES: [usize; 5] = [64, 128, 256, 512, 1024];
-
-type Alloc = &'static (dyn GlobalAlloc + Sync);
 
 fn allocators() -> [(&'static str, Alloc); 5] {
     [("kmemcg", &KMEM), ("jemalloc", &Jemalloc), ("mimalloc", &MiMalloc), ("system", &System), ("talc", &TALC)]
-}
-
-fn pair(a: Alloc, layout: Layout) {
-    // SAFETY: valid layout; the block is freed at once.
-    unsafe {
-        let p = a.alloc(black_box(layout));
-        black_box(p);
-        a.dealloc(p, layout);
-    }
 }
 
 fn pair_64(c: &mut Criterion) {
@@ -58,32 +49,6 @@ fn pair_64(c: &mut Criterion) {
         g.bench_function(name, |b| b.iter(|| pair(a, layout)));
     }
     g.finish();
-}
-
-/// Times `iters` rounds of one phase of the batch workload.
-fn batch_phase(a: Alloc, size: usize, iters: u64, time_alloc: bool) -> Duration {
-    let layout = Layout::from_size_align(size, 8).unwrap();
-    let mut ptrs = Vec::with_capacity(BATCH);
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        let t = Instant::now();
-        for _ in 0..BATCH {
-            // SAFETY: valid layout.
-            ptrs.push(unsafe { a.alloc(layout) });
-        }
-        if time_alloc {
-            total += t.elapsed();
-        }
-        let t = Instant::now();
-        for p in ptrs.drain(..) {
-            // SAFETY: each block is freed once with its layout.
-            unsafe { a.dealloc(black_box(p), layout) };
-        }
-        if !time_alloc {
-            total += t.elapsed();
-        }
-    }
-    total
 }
 
 fn batch(c: &mut Criterion) {
@@ -98,17 +63,6 @@ fn batch(c: &mut Criterion) {
             }
         }
         g.finish();
-    }
-}
-
-/// xorshift64: a fixed, allocation-free sequence.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
     }
 }
 
@@ -189,64 +143,6 @@ fn threads_pair(c: &mut Criterion) {
         }
         g.finish();
     }
-}
-
-/// A single-producer single-consumer ring of pointers that never allocates
-/// after construction.
-struct Ring {
-    slots: Vec<AtomicUsize>,
-    head: AtomicUsize,
-    tail: AtomicUsize,
-}
-
-impl Ring {
-    fn push(&self, v: usize) {
-        let h = self.head.load(Ordering::Relaxed);
-        while h - self.tail.load(Ordering::Acquire) == self.slots.len() {
-            std::hint::spin_loop();
-        }
-        self.slots[h % self.slots.len()].store(v, Ordering::Relaxed);
-        self.head.store(h + 1, Ordering::Release);
-    }
-    fn pop(&self) -> usize {
-        let t = self.tail.load(Ordering::Relaxed);
-        while self.head.load(Ordering::Acquire) == t {
-            std::hint::spin_loop();
-        }
-        let v = self.slots[t % self.slots.len()].load(Ordering::Relaxed);
-        self.tail.store(t + 1, Ordering::Release);
-        v
-    }
-}
-
-fn xfree_run(a: Alloc, objects: u64) -> Duration {
-    let ring = Arc::new(Ring {
-        slots: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
-        head: AtomicUsize::new(0),
-        tail: AtomicUsize::new(0),
-    });
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let barrier = Arc::new(Barrier::new(2));
-    let consumer = {
-        let (ring, barrier) = (ring.clone(), barrier.clone());
-        thread::spawn(move || {
-            pair(a, layout);
-            barrier.wait();
-            for _ in 0..objects {
-                // SAFETY: each block is freed once with its layout.
-                unsafe { a.dealloc(ring.pop() as *mut u8, layout) };
-            }
-        })
-    };
-    pair(a, layout);
-    barrier.wait();
-    let t = Instant::now();
-    for _ in 0..objects {
-        // SAFETY: valid layout.
-        ring.push(unsafe { a.alloc(layout) } as usize);
-    }
-    consumer.join().unwrap();
-    t.elapsed()
 }
 
 fn xfree(c: &mut Criterion) {

@@ -8,19 +8,13 @@
 //! bytes, pages in use from the page source, pages mapped, and the ratio of
 //! bytes held to peak live bytes; then the slabs left per cache.
 
+#[path = "common/workloads.rs"]
+mod workloads;
+
 use std::alloc::{GlobalAlloc, Layout};
 
 use kmemcg::{Kmem, OsPages, PAGE_SIZE, PageSource};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use workloads::Rng;
 
 const LIVE: usize = 10_000;
 const STEPS: usize = 2_000_000;

@@ -10,29 +10,19 @@
 //! producer thread allocates 64-byte blocks, a consumer thread frees
 //! them; ns per object).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "../benches/common/workloads.rs"]
+mod workloads;
+
+use std::alloc::{Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kmemcg::{Kmem, OsPages};
 use mimalloc::MiMalloc;
 use tikv_jemallocator::Jemalloc;
+use workloads::{Alloc, BATCH, Rng, batch_phase, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
-
-type Alloc = &'static (dyn GlobalAlloc + Sync);
-
-/// xorshift64: the same fixed sequence as the bench.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 fn pair(a: Alloc, steps: usize) -> Duration {
     let layout = Layout::from_size_align(64, 8).unwrap();
@@ -84,74 +74,6 @@ fn random(a: Alloc, steps: usize) -> Duration {
     d
 }
 
-fn batch(a: Alloc, size: usize, rounds: usize, time_alloc: bool) -> Duration {
-    const BATCH: usize = 1_000_000;
-    let layout = Layout::from_size_align(size, 8).unwrap();
-    let mut ptrs = Vec::with_capacity(BATCH);
-    let mut total = Duration::ZERO;
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..BATCH {
-            // SAFETY: valid layout.
-            ptrs.push(unsafe { a.alloc(layout) });
-        }
-        if time_alloc {
-            total += t.elapsed();
-        }
-        let t = Instant::now();
-        for p in ptrs.drain(..) {
-            // SAFETY: each block is freed once with its layout.
-            unsafe { a.dealloc(black_box(p), layout) };
-        }
-        if !time_alloc {
-            total += t.elapsed();
-        }
-    }
-    total
-}
-
-/// A single-producer single-consumer ring that never allocates.
-struct Ring {
-    slots: Vec<AtomicUsize>,
-    head: AtomicUsize,
-    tail: AtomicUsize,
-}
-
-fn xfree(a: Alloc, objects: usize) -> Duration {
-    let ring = Ring {
-        slots: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
-        head: AtomicUsize::new(0),
-        tail: AtomicUsize::new(0),
-    };
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let t = Instant::now();
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            for _ in 0..objects {
-                let t = ring.tail.load(Ordering::Relaxed);
-                while ring.head.load(Ordering::Acquire) == t {
-                    std::hint::spin_loop();
-                }
-                let p = ring.slots[t % 4096].load(Ordering::Relaxed);
-                ring.tail.store(t + 1, Ordering::Release);
-                // SAFETY: each block is freed once with its layout.
-                unsafe { a.dealloc(p as *mut u8, layout) };
-            }
-        });
-        for _ in 0..objects {
-            // SAFETY: valid layout.
-            let p = unsafe { a.alloc(layout) } as usize;
-            let h = ring.head.load(Ordering::Relaxed);
-            while h - ring.tail.load(Ordering::Acquire) == 4096 {
-                std::hint::spin_loop();
-            }
-            ring.slots[h % 4096].store(p, Ordering::Relaxed);
-            ring.head.store(h + 1, Ordering::Release);
-        }
-    });
-    t.elapsed()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage =
@@ -174,14 +96,14 @@ fn main() {
     let per_step = match work.split_once('/') {
         None if work == "pair" => pair(a, steps).as_secs_f64() / steps as f64,
         None if work == "random" => random(a, steps).as_secs_f64() / steps as f64,
-        None if work == "xfree" => xfree(a, steps).as_secs_f64() / steps as f64,
+        None if work == "xfree" => xfree_run(a, steps as u64).as_secs_f64() / steps as f64,
         Some((phase, n)) if phase.starts_with("batch-") => {
             let Ok(size) = n.parse() else {
                 eprintln!("{usage}");
                 std::process::exit(2);
             };
-            let rounds = (steps / 1_000_000).max(1);
-            batch(a, size, rounds, phase == "batch-alloc").as_secs_f64() / (rounds * 1_000_000) as f64
+            let rounds = (steps / BATCH).max(1);
+            batch_phase(a, size, rounds as u64, phase == "batch-alloc").as_secs_f64() / (rounds * BATCH) as f64
         }
         _ => {
             eprintln!("{usage}");

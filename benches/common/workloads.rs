@@ -1,0 +1,122 @@
+//! Workloads shared by `benches/alloc.rs` and `examples/profile.rs`
+//! (included with `#[path]`; each includer uses part of it).
+
+#![allow(dead_code)]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// An allocator under test.
+pub type Alloc = &'static (dyn GlobalAlloc + Sync);
+
+/// Objects per `batch` phase.
+pub const BATCH: usize = 1_000_000;
+
+/// One 64-byte alloc+free pair.
+pub fn pair(a: Alloc, layout: Layout) {
+    // SAFETY: valid layout; the block is freed at once.
+    unsafe {
+        let p = a.alloc(black_box(layout));
+        black_box(p);
+        a.dealloc(p, layout);
+    }
+}
+
+/// Times `iters` rounds of one phase of the batch workload.
+pub fn batch_phase(a: Alloc, size: usize, iters: u64, time_alloc: bool) -> Duration {
+    let layout = Layout::from_size_align(size, 8).unwrap();
+    let mut ptrs = Vec::with_capacity(BATCH);
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            // SAFETY: valid layout.
+            ptrs.push(unsafe { a.alloc(layout) });
+        }
+        if time_alloc {
+            total += t.elapsed();
+        }
+        let t = Instant::now();
+        for p in ptrs.drain(..) {
+            // SAFETY: each block is freed once with its layout.
+            unsafe { a.dealloc(black_box(p), layout) };
+        }
+        if !time_alloc {
+            total += t.elapsed();
+        }
+    }
+    total
+}
+
+/// xorshift64: a fixed, allocation-free sequence.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A single-producer single-consumer ring of pointers that never allocates
+/// after construction.
+pub struct Ring {
+    slots: Vec<AtomicUsize>,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+}
+
+impl Ring {
+    fn push(&self, v: usize) {
+        let h = self.head.load(Ordering::Relaxed);
+        while h - self.tail.load(Ordering::Acquire) == self.slots.len() {
+            std::hint::spin_loop();
+        }
+        self.slots[h % self.slots.len()].store(v, Ordering::Relaxed);
+        self.head.store(h + 1, Ordering::Release);
+    }
+    fn pop(&self) -> usize {
+        let t = self.tail.load(Ordering::Relaxed);
+        while self.head.load(Ordering::Acquire) == t {
+            std::hint::spin_loop();
+        }
+        let v = self.slots[t % self.slots.len()].load(Ordering::Relaxed);
+        self.tail.store(t + 1, Ordering::Release);
+        v
+    }
+}
+
+pub fn xfree_run(a: Alloc, objects: u64) -> Duration {
+    let ring = Arc::new(Ring {
+        slots: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
+        head: AtomicUsize::new(0),
+        tail: AtomicUsize::new(0),
+    });
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let barrier = Arc::new(Barrier::new(2));
+    let consumer = {
+        let (ring, barrier) = (ring.clone(), barrier.clone());
+        thread::spawn(move || {
+            pair(a, layout);
+            barrier.wait();
+            for _ in 0..objects {
+                // SAFETY: each block is freed once with its layout.
+                unsafe { a.dealloc(ring.pop() as *mut u8, layout) };
+            }
+        })
+    };
+    pair(a, layout);
+    barrier.wait();
+    let t = Instant::now();
+    for _ in 0..objects {
+        // SAFETY: valid layout.
+        ring.push(unsafe { a.alloc(layout) } as usize);
+    }
+    consumer.join().unwrap();
+    t.elapsed()
+}
