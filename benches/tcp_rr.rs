@@ -39,7 +39,7 @@ fn round(tcp: Option<Arc<Pressure<'static, OsPages>>>) -> f64 {
             }
             s.write_all(&b).unwrap();
             if let Some(t) = &tcp {
-                t.uncharge(1);
+                t.uncharge(1).unwrap();
             }
         }
     });

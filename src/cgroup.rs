@@ -33,19 +33,73 @@ pub(crate) const OFFLINE: u8 = 1;
 /// Accounting indices: 43 size classes and 21 accounted typed caches.
 pub(crate) const MAX_ACCOUNTED: usize = 64;
 
+/// The start of every group, whatever its lock type: what a platform's
+/// current-group token points to.
+///
+/// A token is shared by every allocator on the platform (with `std`, one
+/// per thread for all of them), so code of one allocator may hold a token
+/// of another's group, made with another lock type. It reads only this
+/// head, which is the first field of a `repr(C)` `Group<R>` and the same
+/// for every `R`.
+///
+/// **Tokens hold references.** A platform's current-group slot owns one
+/// reference on the group its token names (none for the root, whose token
+/// is null): [`crate::heap`]'s `Cgroup::enter` takes a reference and swaps
+/// the token in; the guard keeps the token it swapped out (and so that
+/// reference); dropping the guard swaps that token back and releases
+/// whatever token it swapped out, through `release`. Each swap moves
+/// references, never copies them, so in any drop order (or after
+/// `mem::forget` of a guard) the current group of every context is
+/// referenced and cannot be freed; a forgotten guard only pins its group.
+#[repr(C)]
+pub(crate) struct TokenHead {
+    /// The `Kmem` that made the group (null for a root): a token of
+    /// another allocator is never charged here.
+    pub(crate) owner: *const (),
+    /// Drops one reference on the group this head starts (the
+    /// monomorphised `Kmem::release_token` of its allocator).
+    pub(crate) release: unsafe fn(NonNull<TokenHead>),
+}
+
+/// The low bit of a current-group token: set while its context runs
+/// shrinkers, so an allocation a shrinker makes skips reclaim instead of
+/// re-entering it. A tagged token names the same group, with the same
+/// reference, as the untagged one (groups are aligned to at least 8).
+pub(crate) const RECLAIMING: usize = 1;
+
+/// `token` without the [`RECLAIMING`] tag.
+#[inline(always)]
+pub(crate) fn untag(token: *const ()) -> *const () {
+    token.map_addr(|a| a & !RECLAIMING)
+}
+
+/// Releases the reference a current-group token holds; null (the root)
+/// holds none.
+///
+/// # Safety
+///
+/// `token` is null or points to the [`TokenHead`] of a live group, and the
+/// caller owns one of its references, which this gives up.
+pub(crate) unsafe fn release_token(token: *const ()) {
+    if let Some(t) = NonNull::new(untag(token).cast_mut().cast::<TokenHead>()) {
+        // SAFETY: a live group's head (caller contract); `release` is its
+        // allocator's, for the reference the caller hands over.
+        unsafe { (t.as_ref().release)(t) }
+    }
+}
+
 /// One group of the tree.
 ///
-/// `repr(C)` with the counter first, so the counter that refused a charge
-/// leads back to its group ([`Group::of_counter`]).
+/// `repr(C)` with the token head first (see [`TokenHead`]); the counter
+/// that refused a charge leads back to its group ([`Group::of_counter`]).
 #[repr(C)]
 pub(crate) struct Group<R: RawMutex> {
+    /// Who made this group, and how a token drops a reference on it.
+    pub(crate) head: TokenHead,
     /// Pages charged to this group and its descendants.
     pub(crate) counter: PageCounter,
     /// The parent, or null for the root. Fixed; the parent outlives us.
     pub(crate) parent: *const Group<R>,
-    /// Address of the `Kmem` that made this group (0 for a root), so a
-    /// group token from another allocator is never used here.
-    pub(crate) owner: usize,
     pub(crate) name: Name,
     /// References: one while the group is online, and one per handle,
     /// guard, allocator handle, child group, child cache and large object.
@@ -62,6 +116,11 @@ pub(crate) struct Group<R: RawMutex> {
     pub(crate) next_all: AtomicPtr<Group<R>>,
     /// Link on the zombie stack, written before the push.
     pub(crate) next_zombie: *mut Group<R>,
+    /// The last contention-reclaim episode that reclaimed this group (0:
+    /// none): how an episode reaches every group once, however many there
+    /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
+    /// visit, within the episode's step bound.
+    pub(crate) visited: AtomicUsize,
     /// Child caches by accounting index; null until first use.
     pub(crate) caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
     /// Pages of large (page-run) objects charged to this group itself.
@@ -80,6 +139,10 @@ pub(crate) struct Group<R: RawMutex> {
     /// Named pressure resources (see `counter::pressure`).
     pub(crate) pressures: [PressureSlot; MAX_PRESSURES],
 }
+
+/// `TokenHead::release` of a root group: never called (a root's token is
+/// null), and a root is never freed anyway.
+fn release_root(_: NonNull<TokenHead>) {}
 
 /// Named pressure resources a group can hold.
 pub(crate) const MAX_PRESSURES: usize = 4;
@@ -135,9 +198,9 @@ impl<R: RawMutex> Group<R> {
     #[cfg(not(loom))]
     pub(crate) const fn new_root(name: Name) -> Self {
         Group {
+            head: TokenHead { owner: ptr::null(), release: release_root },
             counter: PageCounter::new_root(),
             parent: ptr::null(),
-            owner: 0,
             name,
             refs: atomic_usize(1),
             state: atomic_u8(ONLINE),
@@ -145,6 +208,7 @@ impl<R: RawMutex> Group<R> {
             next_sibling: atomic_null(),
             next_all: atomic_null(),
             next_zombie: ptr::null_mut(),
+            visited: atomic_usize(0),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
             ev_max: Stat::new(),
@@ -163,12 +227,12 @@ impl<R: RawMutex> Group<R> {
     ///
     /// `parent` must outlive the new group.
     #[cfg(not(loom))]
-    pub(crate) unsafe fn new_child(parent: &Group<R>, owner: usize, name: Name, next_all: *mut Group<R>) -> Self {
+    pub(crate) unsafe fn new_child(parent: &Group<R>, head: TokenHead, name: Name, next_all: *mut Group<R>) -> Self {
         Group {
+            head,
             // SAFETY: forwarded: the parent (and so its counter) outlives us.
             counter: unsafe { PageCounter::with_parent(&parent.counter) },
             parent,
-            owner,
             name,
             refs: atomic_usize(1),
             state: atomic_u8(ONLINE),
@@ -176,6 +240,7 @@ impl<R: RawMutex> Group<R> {
             next_sibling: atomic_null(),
             next_all: AtomicPtr::new(next_all),
             next_zombie: ptr::null_mut(),
+            visited: atomic_usize(0),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
             ev_max: Stat::new(),
@@ -194,8 +259,29 @@ impl<R: RawMutex> Group<R> {
     ///
     /// `c` must be the `counter` field of a live `Group<R>`.
     pub(crate) unsafe fn of_counter<'a>(c: *const PageCounter) -> &'a Group<R> {
-        // SAFETY: `repr(C)` puts the counter at offset 0 of its group.
-        unsafe { &*(c as *const Group<R>) }
+        // SAFETY: `c` is the `counter` field of a live group (caller
+        // contract), at this fixed offset of the `repr(C)` struct.
+        unsafe { &*c.byte_sub(core::mem::offset_of!(Group<R>, counter)).cast::<Group<R>>() }
+    }
+
+    /// The group a token names, if `kmem` made it.
+    ///
+    /// # Safety
+    ///
+    /// `token` is null or points to the head of a live group (of any
+    /// allocator), and if `kmem` made it, that group is a `Group<R>`.
+    #[inline]
+    pub(crate) unsafe fn of_token<'a>(token: *const (), kmem: *const ()) -> Option<&'a Group<R>> {
+        let token = untag(token);
+        let head = token.cast::<TokenHead>();
+        // SAFETY: a live group's head (caller contract); only the head is
+        // read before the owner check.
+        if head.is_null() || unsafe { (*head).owner } != kmem {
+            return None;
+        }
+        // SAFETY: made by `kmem`, so a `Group<R>` (caller contract), which
+        // starts with its head.
+        Some(unsafe { &*token.cast::<Group<R>>() })
     }
 
     /// Whether `remove` has run.
@@ -291,7 +377,10 @@ impl<R: RawMutex> Group<R> {
     pub(crate) fn for_each_cache(&self, mut f: impl FnMut(usize, &MagCache<R>)) {
         for (i, c) in self.caches.iter().enumerate() {
             if let Some(c) = NonNull::new(c.load(Ordering::Acquire)) {
-                // SAFETY: published child caches live as long as the group.
+                // SAFETY: published child caches live as long as the group,
+                // or until their typed cache is destroyed and no iteration
+                // (read guard) or tree-lock holder runs: callers hold one
+                // of those, or the typed cache's handle.
                 f(i, unsafe { c.as_ref() });
             }
         }

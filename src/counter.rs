@@ -14,7 +14,8 @@
 //! | --- | --- | --- | --- |
 //! | `usage` | charge/uncharge (`fetch_add`/`fetch_sub`) | `Relaxed`, then `fence(SeqCst)` in `try_charge` | the fence in `set_max`: a charger that read the old `max` has its add seen by `set_max`'s re-read of `usage`, which then retries (Dekker) |
 //! | `max` | `set_max` (`swap`) | `Relaxed`, then `fence(SeqCst)` | the fence in `try_charge` |
-//! | `high`, `soft`, `low` | setters | `Relaxed` | readers act on a recent value; none guards memory |
+//! | `high`, `soft`, `low` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
+//! | `setting` | limit setters (a spin lock: `Acquire` CAS, `Release` store) | `Acquire`/`Release` | the previous setter's writes to `max` (and its rollback) |
 //! | `watermark` | charges (`fetch_max`) | `Relaxed` | statistic; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
 //! | `failcnt` | failed charges | `Relaxed` | statistic |
 //! | `stock[slot]` | stock take/refill/drain (`compare_exchange`/`swap`) | `Relaxed` | nothing: the pages are charged either way; RMWs make every page counted exactly once |
@@ -36,7 +37,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::platform::MAX_CPUS;
-use crate::sync::{AtomicUsize, Ordering, atomic_usize, fence};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, spin_hint};
 
 /// Pages a stock refill charges beyond the request.
 pub const STOCK_BATCH: usize = 8;
@@ -59,6 +60,12 @@ pub struct PageCounter {
     low: AtomicUsize,
     /// Charges refused at this level.
     failcnt: AtomicUsize,
+    /// Set while a limit setter runs: setters take turns (Linux requires
+    /// callers of `page_counter_set_max` to serialise; here the counter
+    /// does it), so `set_max`'s rollback can never overwrite a limit
+    /// another setter wrote. Held only across a few atomics, never while
+    /// calling out, so a shrinker that sets a limit cannot deadlock.
+    setting: AtomicBool,
     /// The parent, or null at the root. Fixed at creation; the owner keeps
     /// the parent alive for as long as this counter exists.
     parent: *const PageCounter,
@@ -114,6 +121,7 @@ impl PageCounter {
             soft: atomic_usize(usize::MAX),
             low: atomic_usize(0),
             failcnt: atomic_usize(0),
+            setting: atomic_bool(false),
             parent,
             stock: [const { atomic_usize(0) }; MAX_CPUS],
         }
@@ -134,6 +142,7 @@ impl PageCounter {
             soft: atomic_usize(usize::MAX),
             low: atomic_usize(0),
             failcnt: atomic_usize(0),
+            setting: atomic_bool(false),
             parent,
             stock: core::array::from_fn(|_| atomic_usize(0)),
         }
@@ -183,15 +192,27 @@ impl PageCounter {
 
     /// Sets `high` (pages).
     pub fn set_high(&self, pages: usize) {
+        let _turn = self.setter_turn();
         self.high.store(pages, Ordering::Relaxed);
     }
     /// Sets the soft limit (pages).
     pub fn set_soft(&self, pages: usize) {
+        let _turn = self.setter_turn();
         self.soft.store(pages, Ordering::Relaxed);
     }
     /// Sets `low` (pages).
     pub fn set_low(&self, pages: usize) {
+        let _turn = self.setter_turn();
         self.low.store(pages, Ordering::Relaxed);
+    }
+
+    /// Waits for the other limit setters of this counter to finish; the
+    /// turn ends when the returned value drops.
+    fn setter_turn(&self) -> SetterTurn<'_> {
+        while self.setting.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spin_hint();
+        }
+        SetterTurn(&self.setting)
     }
 
     #[inline]
@@ -249,8 +270,12 @@ impl PageCounter {
     }
 
     /// Sets the hard limit. Refuses, returning the usage, if the usage is
-    /// above `pages`; the caller may reclaim and try again.
+    /// above `pages`; the caller may reclaim and try again. Concurrent
+    /// setters take turns: each call either leaves its own value in place
+    /// (`Ok`) or changes nothing (`Err`), and the limit is always the value
+    /// of the last call that returned `Ok` (or the initial one).
     pub fn set_max(&self, pages: usize) -> Result<(), usize> {
+        let _turn = self.setter_turn();
         loop {
             let usage = self.usage();
             if usage > pages {
@@ -332,6 +357,16 @@ impl PageCounter {
     /// Pages held in stocks (charged, backing nothing).
     pub fn stocked(&self) -> usize {
         self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// A limit setter's turn on a counter; see `PageCounter::setting`.
+struct SetterTurn<'a>(&'a AtomicBool);
+
+impl Drop for SetterTurn<'_> {
+    fn drop(&mut self) {
+        // Release: the next setter sees this one's writes (and rollback).
+        self.0.store(false, Ordering::Release);
     }
 }
 

@@ -16,7 +16,8 @@ pub enum Error {
     /// A name was longer than [`NAME_MAX`] bytes.
     NameTooLong,
     /// A name held whitespace or a control character (names are columns
-    /// in reports).
+    /// in reports), or a group name held `/` or was `.` or `..` (group
+    /// names are path components in reports).
     NameInvalid,
     /// A live cache, or a sibling group, already has this name.
     NameTaken,
@@ -53,6 +54,12 @@ pub enum Error {
     },
     /// The group already holds the most named pressure resources (4).
     TooManyResources,
+    /// An uncharge of more than the resource holds (bytes); nothing was
+    /// uncharged.
+    UnchargeAboveUsage {
+        /// What the resource holds, in bytes.
+        usage: usize,
+    },
 }
 
 /// A group's name, as carried by errors and reports.
@@ -88,7 +95,9 @@ impl fmt::Display for Error {
             Error::BadLayout => f.write_str("layout not cacheable: aligned above a page or larger than a slab"),
             Error::NameEmpty => f.write_str("name is empty"),
             Error::NameTooLong => write!(f, "name longer than {NAME_MAX} bytes"),
-            Error::NameInvalid => f.write_str("name holds whitespace or a control character"),
+            Error::NameInvalid => {
+                f.write_str("name holds whitespace or a control character, or a group name holds '/' or is '.' or '..'")
+            }
             Error::NameTaken => f.write_str("a live cache or a sibling group already has this name"),
             Error::LimitExceeded { group, max } => {
                 write!(f, "charge refused: group {group} is at its limit of {max} bytes")
@@ -106,6 +115,9 @@ impl fmt::Display for Error {
                 write!(f, "a threshold is above the parent's max of {parent_max} bytes")
             }
             Error::TooManyResources => f.write_str("the group holds the most pressure resources it can"),
+            Error::UnchargeAboveUsage { usage } => {
+                write!(f, "uncharge of more than the resource's usage of {usage} bytes")
+            }
         }
     }
 }
@@ -142,6 +154,17 @@ impl Name {
         let mut bytes = [0; NAME_MAX];
         bytes[..s.len()].copy_from_slice(s.as_bytes());
         Ok(Name { bytes, len: s.len() as u8 })
+    }
+
+    /// Checks and copies `s` as a group name: as [`Name::new`], and not
+    /// `.` or `..` and without `/`, so a group path in a report reads
+    /// unambiguously.
+    pub(crate) fn new_group(s: &str) -> Result<Name, Error> {
+        let name = Name::new(s)?;
+        if s == "." || s == ".." || s.contains('/') {
+            return Err(Error::NameInvalid);
+        }
+        Ok(name)
     }
 
     /// `s` as a name, in a `const` context; `None` if empty or too long.

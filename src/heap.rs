@@ -24,7 +24,7 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
-use crate::cgroup::Group;
+use crate::cgroup::{Group, MAX_ACCOUNTED, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName, Name};
 use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots, drain_many};
@@ -88,31 +88,84 @@ pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = Defa
     zombies: AtomicPtr<Group<R>>,
     /// Self-hosted metadata: descriptors of typed caches.
     descriptors: Cache<R>,
-    /// Typed caches, newest first; descriptors are never unlinked (a
-    /// destroyed cache is marked dead and reused by a later cache of the
-    /// same name, type layout and flags). Pushed with `Release` under
-    /// `registry_lock`, read with `Acquire` without it.
+    /// Typed caches, newest first. Pushed with `Release` and unlinked
+    /// under `registry_lock`; read with `Acquire` without it, under a read
+    /// guard: a destroyed cache's descriptor is unlinked and freed once no
+    /// iteration is in progress (see `Limbo`), like a group.
     registry: AtomicPtr<CacheDesc<R>>,
     /// Serialises cache creation and destruction (never taken on an
-    /// allocation path).
-    registry_lock: Mutex<R, ()>,
-    /// The next accounting index for an accounted typed cache.
-    next_acct: AtomicUsize,
+    /// allocation path); holds the free accounting indices.
+    registry_lock: Mutex<R, AcctIndices>,
     /// Registered shrinkers (copied out before they are called).
     shrinkers: Mutex<R, [Option<&'static dyn Shrinker>; reclaim::MAX_SHRINKERS]>,
     /// Root usage (pages) above which allocations trigger soft-limit
     /// reclaim; `usize::MAX`: only when the page source is exhausted.
     contention_mark: AtomicUsize,
+    /// Contention-reclaim episodes started (see `reclaim::Episode`).
+    episodes: AtomicUsize,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
 }
 
-/// Groups unlinked from `all_groups` and waiting for no iteration to be in
-/// progress before they are freed; linked through `next_zombie`.
+/// What waits for no iteration to be in progress before it is freed:
+/// groups unlinked from `all_groups` (linked through `next_zombie`), child
+/// caches taken out of their group when their typed cache was destroyed
+/// (through `MagCache::retired_next`), and destroyed caches' descriptors
+/// unlinked from the registry (through `CacheDesc::retired_next`).
 pub(crate) struct Limbo<R: RawMutex> {
     head: *mut Group<R>,
+    caches: *mut MagCache<R>,
+    descs: *mut CacheDesc<R>,
 }
+
+impl<R: RawMutex> Limbo<R> {
+    const fn new() -> Self {
+        Limbo { head: core::ptr::null_mut(), caches: core::ptr::null_mut(), descs: core::ptr::null_mut() }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head.is_null() && self.caches.is_null() && self.descs.is_null()
+    }
+
+    /// Queues a child cache taken out of its group.
+    pub(crate) fn retire_cache(&mut self, c: &MagCache<R>) {
+        c.retired_next.store(self.caches, Ordering::Relaxed);
+        self.caches = c as *const MagCache<R> as *mut MagCache<R>;
+    }
+
+    /// Queues a descriptor unlinked from the registry.
+    pub(crate) fn retire_desc(&mut self, d: &CacheDesc<R>) {
+        d.retired_next.store(self.descs, Ordering::Relaxed);
+        self.descs = d as *const CacheDesc<R> as *mut CacheDesc<R>;
+    }
+}
+
+/// The accounting indices of typed caches (`NCLASSES..MAX_ACCOUNTED`)
+/// that no live cache holds: bit `i` stands for index `NCLASSES + i`.
+/// A destroyed accounted cache gives its index back.
+pub(crate) struct AcctIndices(u64);
+
+impl AcctIndices {
+    const ALL: AcctIndices = AcctIndices((1u64 << (MAX_ACCOUNTED - NCLASSES)) - 1);
+
+    /// Takes the lowest free index.
+    pub(crate) fn take(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let i = self.0.trailing_zeros() as usize;
+        self.0 &= !(1 << i);
+        Some(NCLASSES + i)
+    }
+
+    /// Gives index `idx` back.
+    pub(crate) fn give(&mut self, idx: usize) {
+        self.0 |= 1 << (idx - NCLASSES);
+    }
+}
+
+static_assertions::const_assert!(MAX_ACCOUNTED - NCLASSES <= 64);
 
 // SAFETY: the groups in limbo are owned by the list, which is only reached
 // under the tree lock.
@@ -185,15 +238,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             groups: Cache::new(Group::<R>::GEOMETRY),
             child_caches: Cache::new(MagCache::<R>::GEOMETRY),
             all_groups: atomic_null(),
-            tree_lock: Mutex::const_new(R::INIT, Limbo { head: core::ptr::null_mut() }),
+            tree_lock: Mutex::const_new(R::INIT, Limbo::new()),
             readers: atomic_usize(0),
             zombies: atomic_null(),
             descriptors: Cache::new(CacheDesc::<R>::GEOMETRY),
             registry: atomic_null(),
-            registry_lock: Mutex::const_new(R::INIT, ()),
-            next_acct: atomic_usize(NCLASSES),
+            registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
             shrinkers: Mutex::const_new(R::INIT, [None; reclaim::MAX_SHRINKERS]),
             contention_mark: atomic_usize(usize::MAX),
+            episodes: atomic_usize(0),
             large_allocs: Stat::new(),
             large_pages: Stat::new(),
             bad_frees: Stat::new(),
@@ -226,10 +279,34 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.all_groups.load(Ordering::Relaxed).is_null()
     }
 
-    /// This allocator's identity, recorded in its groups.
+    /// This allocator's identity, recorded in its groups' token heads.
     #[inline]
-    fn id(&self) -> usize {
-        self as *const Self as usize
+    fn id(&self) -> *const () {
+        (self as *const Self).cast()
+    }
+
+    /// `TokenHead::release` of this allocator's groups: drops the
+    /// reference a current-group token held.
+    ///
+    /// # Safety
+    ///
+    /// `head` starts a live group of the `Kmem` its `owner` names, which is
+    /// a `Kmem<S, R, P>` still at that address, and the caller gives up
+    /// one reference on it.
+    unsafe fn release_token(head: NonNull<TokenHead>) {
+        // SAFETY: caller contract: a live group of this type, made by the
+        // allocator its head names, which is still in place (groups
+        // already require that: their counters' parent is its root's).
+        unsafe {
+            let g = head.cast::<Group<R>>().as_ref();
+            let k = &*g.head.owner.cast::<Self>();
+            k.put_group(g);
+        }
+    }
+
+    /// The token head of a new group of this allocator.
+    pub(crate) fn token_head(&self) -> TokenHead {
+        TokenHead { owner: self.id(), release: Self::release_token }
     }
 
     /// The identity of the calling context's current group, for shrinkers
@@ -249,17 +326,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return core::ptr::null();
         }
         let token = self.platform.current_group();
-        if token.is_null() {
-            return core::ptr::null();
+        // SAFETY: a non-null token names a group that the context's slot
+        // holds a reference on (see `TokenHead`), so it is live; one this
+        // allocator made is a `Group<R>`.
+        match unsafe { Group::<R>::of_token(token, self.id()) } {
+            Some(g) => self.effective(g),
+            None => core::ptr::null(),
         }
-        let g = token.cast::<Group<R>>();
-        // SAFETY: a non-null token was set by a `CgroupGuard`, which holds a
-        // reference on its group until it restores the previous token.
-        if unsafe { (*g).owner } != self.id() {
-            return core::ptr::null();
-        }
-        // SAFETY: as above.
-        self.effective(unsafe { &*g })
     }
 
     /// The group to charge for `g`: itself while online, else its nearest
@@ -315,9 +388,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             // Pairs with the fence in `read_guard`.
             crate::sync::fence(Ordering::SeqCst);
-            if limbo.head.is_null() || self.readers.load(Ordering::Relaxed) != 0 {
+            if limbo.is_empty() || self.readers.load(Ordering::Relaxed) != 0 {
                 return;
             }
+            self.free_retired(limbo);
             let mut l = core::mem::replace(&mut limbo.head, core::ptr::null_mut());
             while let Some(g) = NonNull::new(l) {
                 // SAFETY: unlinked, unreferenced, and no iteration can reach
@@ -329,6 +403,33 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             if self.zombies.load(Ordering::Relaxed).is_null() {
                 return;
+            }
+        }
+    }
+
+    /// Frees the child caches and descriptors waiting in `limbo`: no
+    /// iteration is in progress, so nothing can reach them.
+    fn free_retired(&self, limbo: &mut Limbo<R>) {
+        let plain = Pages::plain(&self.source);
+        let mut c = core::mem::replace(&mut limbo.caches, core::ptr::null_mut());
+        while let Some(cache) = NonNull::new(c) {
+            // SAFETY: taken out of its group (so unreachable now that no
+            // iteration runs), empty, and an object of `child_caches`.
+            unsafe {
+                c = cache.as_ref().retired_next.load(Ordering::Relaxed);
+                cache.as_ptr().drop_in_place();
+                self.child_caches.free(&plain, cache.cast());
+            }
+        }
+        let mut d = core::mem::replace(&mut limbo.descs, core::ptr::null_mut());
+        while let Some(desc) = NonNull::new(d) {
+            // SAFETY: unlinked from the registry (so unreachable now that no
+            // iteration runs), its cache empty, and an object of
+            // `descriptors`.
+            unsafe {
+                d = desc.as_ref().retired_next.load(Ordering::Relaxed);
+                desc.as_ptr().drop_in_place();
+                self.descriptors.free(&plain, desc.cast());
             }
         }
     }
@@ -406,7 +507,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     fn published_child(g: &Group<R>, idx: usize) -> Option<&MagCache<R>> {
         let c = g.caches[idx].load(Ordering::Acquire);
-        // SAFETY: published child caches live as long as their group.
+        // SAFETY: a published child cache lives as long as its group, or
+        // until its typed cache is destroyed, which needs the `KmemCache`
+        // the caller allocates or frees through (or an iteration's read
+        // guard, which holds its freeing off).
         (!c.is_null()).then(|| unsafe { &*c })
     }
 
@@ -447,7 +551,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // Other threads may take what each step frees before we retry, so
         // metadata (which everything else waits on) gets a few rounds.
         for _ in 0..8 {
-            let mut done = reclaim::Visited::new();
+            let mut done = self.episode();
             while self.contention_step(&mut done) {
                 if let Ok(p) = cache.alloc(&pages, self.node()) {
                     return Some(p);
@@ -568,7 +672,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let GrowError::Limit(k) = e else {
             // The page source is exhausted: reclaim step by step, soft
             // limits first, until the request can be met.
-            let mut done = reclaim::Visited::new();
+            let mut done = self.episode();
             while self.contention_step(&mut done) {
                 if let Ok(p) = cache.alloc(self) {
                     return Ok(p);
@@ -792,12 +896,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// caches.
     fn for_each_base_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
         self.classes.iter().for_each(&mut f);
+        self.for_each_desc(|d| f(&d.cache));
+    }
+
+    /// Calls `f` on every typed cache's descriptor in the registry, newest
+    /// first.
+    pub(crate) fn for_each_desc(&self, mut f: impl FnMut(&CacheDesc<R>)) {
+        let _read = self.read_guard();
         let mut d = self.registry.load(Ordering::Acquire);
         while let Some(desc) = NonNull::new(d) {
-            // SAFETY: descriptors are never freed once published.
+            // SAFETY: the read guard keeps every descriptor reachable from
+            // the registry alive, unlinked or not.
             let desc = unsafe { desc.as_ref() };
-            f(&desc.cache);
-            d = desc.next;
+            f(desc);
+            d = desc.next.load(Ordering::Acquire);
         }
     }
 

@@ -61,8 +61,8 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicU8, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_u8, atomic_u64, compiler_fence, fence,
-    spin_hint,
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u8, atomic_u64,
+    compiler_fence, fence, spin_hint,
 };
 
 static_assertions::const_assert!(MAX_CPUS <= 64);
@@ -498,6 +498,9 @@ pub(crate) struct MagCache<R: RawMutex> {
     used_slots: AtomicU64,
     /// Set by the one caller that saw this dead cache empty.
     released: AtomicBool,
+    /// A link for the owner's list of caches waiting to be freed (unused
+    /// by this layer).
+    pub(crate) retired_next: AtomicPtr<MagCache<R>>,
     cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
     depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
 }
@@ -527,6 +530,7 @@ impl<R: RawMutex> MagCache<R> {
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             used_slots: atomic_u64(0),
             released: atomic_bool(false),
+            retired_next: atomic_null(),
             cpus: [const { UnsafeCell::new(CpuMags::EMPTY) }; MAX_CPUS],
             depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
         }
@@ -542,6 +546,7 @@ impl<R: RawMutex> MagCache<R> {
             depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
             used_slots: atomic_u64(0),
             released: atomic_bool(false),
+            retired_next: atomic_null(),
             cpus: core::array::from_fn(|_| UnsafeCell::new(CpuMags::EMPTY)),
             depots: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, Depot::new()))),
         }

@@ -1,6 +1,7 @@
 //! Pressure resources: random thresholds, charges and uncharges across a
 //! small tree; a refused charge charges nothing, no level passes its max,
-//! and everything uncharged leaves zero.
+//! and everything uncharged leaves zero; an uncharge of more than a
+//! resource holds is refused and changes nothing.
 
 #![no_main]
 
@@ -12,9 +13,24 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Tune { g: u8, min: u16, pressure: u16, max: u16 },
-    Charge { g: u8, bytes: u16 },
-    Uncharge { idx: u8 },
+    Tune {
+        g: u8,
+        min: u16,
+        pressure: u16,
+        max: u16,
+    },
+    Charge {
+        g: u8,
+        bytes: u16,
+    },
+    Uncharge {
+        idx: u8,
+    },
+    /// More than the resource holds: refused, nothing changes.
+    OverUncharge {
+        g: u8,
+        extra: u16,
+    },
 }
 
 fuzz_target!(|ops: Vec<Op>| {
@@ -49,13 +65,19 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Uncharge { idx } if !held.is_empty() => {
                 let (i, b) = held.swap_remove(idx as usize % held.len());
-                res[i].uncharge(b);
+                res[i].uncharge(b).unwrap();
+            }
+            Op::OverUncharge { g, extra } => {
+                let i = g as usize % 2;
+                let before = (res[i].usage(), hp.usage());
+                assert!(res[i].uncharge(before.0 + 1 + extra as usize).is_err(), "over-uncharge accepted");
+                assert_eq!((res[i].usage(), hp.usage()), before, "refused uncharge changed usage");
             }
             _ => {}
         }
     }
     for (i, b) in held {
-        res[i].uncharge(b);
+        res[i].uncharge(b).unwrap();
     }
     assert_eq!(hp.usage(), 0);
     assert!(res.iter().all(|r| r.usage() == 0));

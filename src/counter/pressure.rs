@@ -155,8 +155,6 @@ impl PressureCounter {
         if !t.is_ordered() {
             return Err(self.usage());
         }
-        self.min.store(t.min, Ordering::Relaxed);
-        self.pressure.store(t.pressure, Ordering::Relaxed);
         loop {
             let usage = self.usage();
             if usage > t.max {
@@ -166,10 +164,14 @@ impl PressureCounter {
             // Pairs with the fence in `charge` (Dekker, as `set_max`).
             fence(Ordering::SeqCst);
             if self.usage() <= t.max {
-                return Ok(());
+                break;
             }
             self.max.store(old, Ordering::Relaxed);
         }
+        // Only once `max` is in: a refused re-tune changes nothing.
+        self.min.store(t.min, Ordering::Relaxed);
+        self.pressure.store(t.pressure, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Charges `bytes` here and at every ancestor; refused and rolled back
@@ -212,17 +214,38 @@ impl PressureCounter {
     }
 
     /// Takes `bytes` off this level and every ancestor; a level that falls
-    /// below its `min` leaves pressure.
-    pub fn uncharge(&self, bytes: usize) {
-        let mut c = Some(self);
-        while let Some(k) = c {
-            let old = k.usage.fetch_sub(bytes, Ordering::Relaxed);
-            debug_assert!(old >= bytes, "pressure counter underflow");
-            let new = old - bytes;
-            if (new < k.min.load(Ordering::Relaxed) || new == 0) && k.under.load(Ordering::Relaxed) {
-                k.under.store(false, Ordering::Relaxed);
+    /// below its `min` leaves pressure. More than this level holds is
+    /// refused with its usage, and nothing changes.
+    pub fn uncharge(&self, bytes: usize) -> Result<(), usize> {
+        // This level first, by compare-and-swap: more than it holds is
+        // refused and changes nothing. Every ancestor holds at least what
+        // this level holds, so the `fetch_sub`s above cannot go below
+        // zero (a charge in flight between two levels can make one
+        // transiently short, never lastingly).
+        let mut old = self.usage.load(Ordering::Relaxed);
+        loop {
+            if old < bytes {
+                return Err(old);
             }
+            match self.usage.compare_exchange_weak(old, old - bytes, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
+        }
+        self.leave_pressure(old - bytes);
+        let mut c = self.parent();
+        while let Some(k) = c {
+            let new = k.usage.fetch_sub(bytes, Ordering::Relaxed).wrapping_sub(bytes);
+            k.leave_pressure(new);
             c = k.parent();
+        }
+        Ok(())
+    }
+
+    /// Leaves pressure once usage `new` is below `min` (or zero).
+    fn leave_pressure(&self, new: usize) {
+        if (new < self.min.load(Ordering::Relaxed) || new == 0) && self.under.load(Ordering::Relaxed) {
+            self.under.store(false, Ordering::Relaxed);
         }
     }
 

@@ -113,11 +113,12 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         self.g().parent().map(|p| Cgroup::new_ref(self.kmem, NonNull::from(p)))
     }
 
-    /// Creates a child group. Names are 1 to [`crate::NAME_MAX`] bytes and
-    /// unique among siblings. A child may have a limit above its parent's
+    /// Creates a child group. Names are 1 to [`crate::NAME_MAX`] bytes,
+    /// without whitespace, control characters or `/`, not `.` or `..`
+    /// ([`Error::NameInvalid`]), and unique among siblings. A child may have a limit above its parent's
     /// (as in Linux): the parent's still binds.
     pub fn create_child(&self, name: &str) -> Result<Cgroup<'k, S, R, P>, Error> {
-        let name = Name::new(name)?;
+        let name = Name::new_group(name)?;
         let k = self.kmem;
         let parent = self.g();
         let mut tree = k.tree_lock.lock();
@@ -141,7 +142,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         // SAFETY: a fresh object of the group cache, sized and aligned for a
         // `Group`; the parent outlives it (it holds a reference on it).
         unsafe {
-            g.as_ptr().write(Group::new_child(parent, k.id(), name, k.all_groups.load(Ordering::Relaxed)));
+            g.as_ptr().write(Group::new_child(parent, k.token_head(), name, k.all_groups.load(Ordering::Relaxed)));
             let gr = g.as_ref();
             gr.next_sibling.store(parent.first_child.load(Ordering::Relaxed), Ordering::Relaxed);
             // Publish the initialised group (pairs with Acquire in walks).
@@ -289,11 +290,27 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
     /// the platform without) until the guard drops. Guards nest: dropping
     /// one restores the group that was current before it, so entering a
     /// group from inside another is allowed and undone in order.
+    ///
+    /// Guards dropped out of order, or forgotten, are sound: the current
+    /// group is then whichever group the last dropped guard restored, and
+    /// it is kept alive for as long as it is current (the thread's current
+    /// group holds a reference: see below). A removed group that stays
+    /// current takes no charges (its nearest online ancestor does) and its
+    /// memory is reclaimed once the thread enters another group and leaves
+    /// it. Concretely, `let a = ga.enter(); let b = gb.enter(); drop(a);
+    /// drop(b);` leaves `ga` current.
     pub fn enter(&self) -> CgroupGuard<'k, S, R, P> {
         let g = self.g();
-        g.get();
-        let prev = self.kmem.platform.set_current_group(self.kmem.token(g));
-        CgroupGuard { kmem: self.kmem, group: self.group, prev }
+        let token = self.kmem.token(g);
+        if !token.is_null() {
+            // The reference the current-group slot owns while `g` is current.
+            g.get();
+        }
+        // A shrinker that enters a group stays marked as reclaiming.
+        let tag = self.kmem.platform.current_group().addr() & crate::cgroup::RECLAIMING;
+        // The swapped-out token's reference passes to the guard.
+        let prev = self.kmem.platform.set_current_group(token.map_addr(|a| a | tag));
+        CgroupGuard { kmem: self.kmem, prev }
     }
 
     /// An [`Allocator`] that charges this group, from any thread.
@@ -339,6 +356,9 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             }
             st.large = to_bytes(k.large_pages.get());
         } else {
+            // Child caches of a destroyed typed cache are freed once no
+            // iteration runs: hold one off while reading them.
+            let _read = k.read_guard();
             g.for_each_cache(|i, cache| {
                 let s = cache.cache.stats();
                 add(k.acct_name(i), s.active_objects, s.pages);
@@ -380,15 +400,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return class_name(i);
         }
         let mut found = Name::UNKNOWN;
-        let mut d = self.registry.load(Ordering::Acquire);
-        while let Some(p) = NonNull::new(d) {
-            // SAFETY: descriptors are never freed once published.
-            let desc = unsafe { p.as_ref() };
-            if desc.acct_idx == i {
-                found = desc.name;
+        self.for_each_desc(|d| {
+            if d.acct_idx == i {
+                found = d.name;
             }
-            d = desc.next;
-        }
+        });
         found
     }
 }
@@ -412,17 +428,24 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Debug for Cgroup<'_, S, R, P>
 }
 
 /// Keeps a group current until dropped; see [`Cgroup::enter`].
+///
+/// Invariant: `prev` is the token that was current when the guard was
+/// made, and the guard owns the reference that token holds (see
+/// `cgroup::TokenHead`); dropping the guard makes it current again,
+/// handing that reference to the platform's slot, and releases the
+/// reference of the token it replaces, whichever group (or allocator)
+/// that names.
 pub struct CgroupGuard<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     kmem: &'k Kmem<S, R, P>,
-    group: NonNull<Group<R>>,
     prev: *const (),
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> {
     fn drop(&mut self) {
-        self.kmem.platform.set_current_group(self.prev);
-        // SAFETY: the guard held a reference on the group.
-        self.kmem.put_group(unsafe { self.group.as_ref() });
+        let out = self.kmem.platform.set_current_group(self.prev);
+        // SAFETY: the slot owned a reference on the token it held (see
+        // `TokenHead`); having swapped it out, it is ours to release.
+        unsafe { crate::cgroup::release_token(out) };
     }
 }
 

@@ -45,7 +45,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let mut run = alloc_exact(&self.source, lead + pages, align, self.node());
         if run.is_none() {
             // The page source is exhausted: contention reclaim, step by step.
-            let mut done = super::reclaim::Visited::new();
+            let mut done = self.episode();
             while run.is_none() && self.contention_step(&mut done) {
                 run = alloc_exact(&self.source, lead + pages, align, self.node());
             }

@@ -115,10 +115,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Pressure<'_, S, R, P> {
         self.counter().charge(bytes)
     }
 
-    /// Gives back `bytes` charged before.
+    /// Gives back `bytes` charged before. More than this group's resource
+    /// holds is refused with [`Error::UnchargeAboveUsage`] and changes
+    /// nothing.
     #[inline]
-    pub fn uncharge(&self, bytes: usize) {
-        self.counter().uncharge(bytes)
+    pub fn uncharge(&self, bytes: usize) -> Result<(), Error> {
+        self.counter().uncharge(bytes).map_err(|usage| Error::UnchargeAboveUsage { usage })
     }
 
     /// Bytes charged here and in descendants.

@@ -24,7 +24,7 @@
 use lock_api::RawMutex;
 
 use super::Kmem;
-use crate::cgroup::Group;
+use crate::cgroup::{Group, RECLAIMING, untag};
 use crate::error::Error;
 use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
@@ -36,29 +36,26 @@ pub(crate) const MAX_SHRINKERS: usize = 16;
 pub(crate) const RECLAIM_PASSES: usize = 4;
 /// The share of what they hold that shrinkers are asked for, pass by pass.
 const SHARES: [usize; RECLAIM_PASSES] = [64, 16, 4, 1];
-/// The most groups one contention reclaim visits.
-pub(crate) const SOFT_VISITS: usize = 16;
-
-/// Groups a contention reclaim already visited (compared by address; never
-/// dereferenced).
-pub(crate) struct Visited<R: RawMutex> {
-    groups: [*const Group<R>; SOFT_VISITS],
-    n: usize,
+/// One contention-reclaim episode: the groups it reclaimed carry its id
+/// in `Group::visited`, so each is reclaimed once per episode however many
+/// groups there are. Episodes of other threads may overwrite a mark; the
+/// step bound ([`Episode::may_step`]) keeps an episode finite even then.
+pub(crate) struct Episode {
+    /// Unique among this allocator's episodes (never 0).
+    id: usize,
+    /// Groups reclaimed so far.
+    steps: usize,
+    /// Whether the root's own caches were reclaimed.
     root: bool,
 }
 
-impl<R: RawMutex> Visited<R> {
-    pub(crate) fn new() -> Self {
-        Visited { groups: [core::ptr::null(); SOFT_VISITS], n: 0, root: false }
-    }
-    fn contains(&self, g: &Group<R>) -> bool {
-        self.n >= SOFT_VISITS || self.groups[..self.n].contains(&(g as *const Group<R>))
-    }
-    fn push(&mut self, g: &Group<R>) {
-        if self.n < SOFT_VISITS {
-            self.groups[self.n] = g;
-            self.n += 1;
-        }
+impl Episode {
+    /// Whether another group may be reclaimed, given that the last scan
+    /// found `groups` online groups: at most twice the groups there are,
+    /// plus one (each group once, and once more for each mark a concurrent
+    /// episode overwrote).
+    fn may_step(&self, groups: usize) -> bool {
+        self.steps <= groups.saturating_mul(2).saturating_add(1)
     }
 }
 
@@ -180,6 +177,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Reclaims `g`'s subtree in passes until about `want` pages came
     /// back (see the module docs); returns the pages uncharged.
     pub(crate) fn reclaim(&self, g: &Group<R>, want: usize) -> usize {
+        if self.reclaiming() {
+            return 0;
+        }
         // Progress is what the counter shows: pages drained from caches
         // that other charges refill at once are no progress.
         let start = g.counter.usage();
@@ -219,22 +219,49 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// Calls every shrinker for `g` on every node, without locks held;
     /// returns the objects they freed and the objects they held in scope.
+    /// What a shrinker reports is clamped (a `scan` frees at most what it
+    /// was asked for; sums saturate), so a shrinker that lies cannot make
+    /// reclaim overflow or loop. While they run, the context's current
+    /// group token carries the [`RECLAIMING`] tag: an allocation a shrinker
+    /// makes charges as usual but skips reclaim ([`Kmem::reclaiming`]).
     fn run_shrinkers(&self, g: &Group<R>, share: usize) -> (usize, usize) {
         let list = *self.shrinkers.lock();
-        let (mut freed, mut held) = (0, 0);
+        let (mut freed, mut held) = (0usize, 0usize);
+        if list.iter().all(Option::is_none) {
+            return (0, 0);
+        }
+        // The tagged token names the same group with the same reference,
+        // so the platform slot's reference is untouched.
+        let token = self.platform.current_group();
+        self.platform.set_current_group(token.map_addr(|a| a | RECLAIMING));
         for s in list.iter().flatten() {
             for node in 0..self.platform.nodes().max(1) {
                 let sc = ShrinkControl { target: self.group_id(g), node, within: within::<R> };
                 // A share per pass (at least one), as Linux scans at a
                 // priority rather than emptying a cache at once.
                 let n = s.count(&sc);
-                held += n;
+                held = held.saturating_add(n);
                 if n > 0 {
-                    freed += s.scan(&sc, n / share + 1);
+                    let nr = (n / share).saturating_add(1);
+                    freed = freed.saturating_add(s.scan(&sc, nr).min(nr));
                 }
             }
         }
+        // Clear the tag of whatever is current now: the token set above,
+        // or (if a shrinker dropped guards out of order) the group it left
+        // current, which keeps its reference either way.
+        let now = self.platform.current_group();
+        if now.addr() & RECLAIMING != 0 {
+            self.platform.set_current_group(untag(now));
+        }
         (freed, held)
+    }
+
+    /// Whether the calling context is running shrinkers (an allocation
+    /// from inside one): reclaim is then skipped, never re-entered.
+    #[inline]
+    pub(crate) fn reclaiming(&self) -> bool {
+        self.platform.current_group().addr() & RECLAIMING != 0
     }
 
     /// After a magazine refill from `cache`: an allocating task whose group
@@ -269,22 +296,41 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// pages, or nothing more can be freed.
     #[cold]
     pub(crate) fn contention_reclaim(&self, mark: usize) {
-        let mut done = Visited::new();
-        while self.root.counter.usage() > mark && self.contention_step(&mut done) {}
+        let mut episode = self.episode();
+        while self.root.counter.usage() > mark && self.contention_step(&mut episode) {}
+    }
+
+    /// A new contention-reclaim episode.
+    pub(crate) fn episode(&self) -> Episode {
+        // `Relaxed`: only uniqueness matters (an RMW gives it). Skips 0,
+        // the mark of a group no episode reclaimed, after a wrap.
+        let mut id = 0;
+        while id == 0 {
+            id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        }
+        Episode { id, steps: 0, root: false }
     }
 
     /// One step of contention reclaim: reclaims the group with the largest
     /// excess over its soft limit, or if none is over, the largest group
-    /// not protected by `low`, or finally the root's own caches; groups in
-    /// `done` are skipped and the one reclaimed is added. `false` when
-    /// nothing was left to try.
-    pub(crate) fn contention_step(&self, done: &mut Visited<R>) -> bool {
+    /// not protected by `low`, or finally the root's own caches; groups
+    /// this episode reclaimed are skipped and the one reclaimed is marked.
+    /// `false` when nothing was left to try, or from inside a shrinker.
+    pub(crate) fn contention_step(&self, episode: &mut Episode) -> bool {
+        if self.reclaiming() {
+            return false;
+        }
         for soft in [true, false] {
             // The candidate is referenced, so it outlives the iteration.
             let mut best: *const Group<R> = core::ptr::null();
             let mut best_score = 0;
+            let mut online = 0usize;
             self.for_each_group(|g| {
-                if g.is_offline() || done.contains(g) {
+                if g.is_offline() {
+                    return;
+                }
+                online += 1;
+                if g.visited.load(Ordering::Relaxed) == episode.id {
                     return;
                 }
                 let (u, s, low) = (g.counter.usage(), g.counter.soft(), g.counter.low());
@@ -308,6 +354,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             });
             // SAFETY: referenced above.
             if let Some(b) = unsafe { best.as_ref() } {
+                if !episode.may_step(online) {
+                    self.put_group(b);
+                    break;
+                }
                 // Contention reclaim takes a little at a time (1/16 of what
                 // the shrinkers hold, one pass) and lets the caller retry,
                 // so groups settle near their soft limits instead of
@@ -317,15 +367,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     b.ev_soft.add(1);
                     b.soft_pages.add(pages);
                 }
-                done.push(b);
+                b.visited.store(episode.id, Ordering::Relaxed);
+                episode.steps += 1;
                 self.put_group(b);
                 return true;
             }
         }
-        if done.root {
+        if episode.root {
             return false;
         }
-        done.root = true;
+        episode.root = true;
         self.reclaim_caches_root_only();
         true
     }

@@ -5,7 +5,6 @@
 //! allocate from this very allocator.
 
 use core::fmt;
-use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
@@ -148,19 +147,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Display for SlabInfo<'_, S, R
         row(f, format_args!("kmem_magazine"), Row::of_plain(&k.magazines), "-")?;
         row(f, format_args!("kmem_cgroup"), Row::of_plain(&k.groups), "-")?;
         row(f, format_args!("kmem_child_cache"), Row::of_plain(&k.child_caches), "-")?;
-        let mut d = k.registry.load(Ordering::Acquire);
-        while let Some(p) = NonNull::new(d) {
-            // SAFETY: published descriptors are never freed.
-            let desc = unsafe { p.as_ref() };
-            if desc.live.load(Ordering::Relaxed) {
-                row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache), "/")?;
+        let mut res = Ok(());
+        k.for_each_desc(|desc| {
+            if res.is_ok() && desc.live.load(Ordering::Relaxed) {
+                res = row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache), "/");
             }
-            d = desc.next;
-        }
+        });
+        res?;
         // One row per (cache, group) for every group's child caches. The
         // read guard (taken by `for_each_group`) only delays the freeing of
         // removed groups, so writing to an allocating sink is fine.
-        let mut res = Ok(());
         k.for_each_group(|g| {
             g.for_each_cache(|i, c| {
                 if res.is_ok() {

@@ -9,12 +9,11 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Kmem;
-use crate::cgroup::MAX_ACCOUNTED;
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::{CacheStats, Geometry, Pages};
-use crate::sync::{AtomicBool, Ordering, atomic_bool};
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, atomic_bool, atomic_null};
 
 /// Options of a typed cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,19 +46,24 @@ impl BitOr for CacheFlags {
 /// A typed cache's descriptor, kept in the allocator's own `descriptors`
 /// cache (self-hosting) and linked into its registry.
 ///
-/// `cache`'s geometry, `name`, `flags` and `next` are fixed once the
-/// descriptor is published, so lock-free readers of the registry may read
-/// them; `live` is flipped under the registry lock.
+/// Everything but the atomics is fixed once the descriptor is published,
+/// so lock-free readers of the registry (under a read guard) may read it.
+/// When its `KmemCache` is dropped, the descriptor is unlinked and freed
+/// once no iteration is in progress, and its accounting index is given
+/// back, unless objects of it were leaked (`mem::forget` of a box): then
+/// it stays, dead, with its index, since slabs still name it.
 pub(crate) struct CacheDesc<R: RawMutex> {
     pub(crate) cache: MagCache<R>,
     pub(crate) name: Name,
-    pub(crate) flags: CacheFlags,
     /// Set while a `KmemCache` handle owns the descriptor.
     pub(crate) live: AtomicBool,
     /// Accounting index (groups' `caches` slot), or `NOT_ACCOUNTED`.
     pub(crate) acct_idx: usize,
-    /// The next older descriptor.
-    pub(crate) next: *mut CacheDesc<R>,
+    /// The next older descriptor; changed under the registry lock
+    /// (`Release`), read by iterations (`Acquire`).
+    pub(crate) next: AtomicPtr<CacheDesc<R>>,
+    /// Link in the tree lock's list of descriptors waiting to be freed.
+    pub(crate) retired_next: AtomicPtr<CacheDesc<R>>,
 }
 
 /// `CacheDesc::acct_idx` of a cache created without `ACCOUNT`.
@@ -77,17 +81,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Creates a named cache of `T` objects (Linux `kmem_cache_create`).
     ///
     /// Names are unique among live caches and appear in [`Kmem::slabinfo`].
-    /// Destroying the handle gives the cache's slabs back; the descriptor
-    /// is kept and reused by the next cache of the same name, layout and
-    /// flags, so create/destroy cycles do not grow memory.
+    /// Dropping the handle gives the cache's slabs back and frees its
+    /// descriptor (and, for an accounted cache, its child cache in every
+    /// group, and its accounting index), so create/destroy cycles neither
+    /// grow memory nor run out of indices.
     ///
     /// With [`CacheFlags::ACCOUNT`], allocations charge the calling
     /// context's current group.
     ///
     /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
-    /// [`Error::NameTaken`], [`Error::BadLayout`] (aligned above a page or
-    /// larger than 1 MiB), [`Error::TooManyAccountedCaches`] (21 accounted
-    /// typed caches at most), [`Error::OutOfMemory`] for the descriptor.
+    /// [`Error::NameInvalid`], [`Error::NameTaken`], [`Error::BadLayout`]
+    /// (aligned above a page or larger than 1 MiB),
+    /// [`Error::TooManyAccountedCaches`] (at most 21 accounted typed caches
+    /// live at once; a dropped one gives its index back),
+    /// [`Error::OutOfMemory`] for the descriptor.
     pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, S, R, P>, Error> {
         let name = Name::new(name)?;
         let mut align = align_of::<T>();
@@ -95,62 +102,114 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             align = align.max(64);
         }
         let geo = Geometry::new(size_of::<T>(), align).ok_or(Error::BadLayout)?;
-        let _registry = self.registry_lock.lock();
-        let mut reuse = None;
-        let mut d = self.registry.load(Ordering::Acquire);
-        while let Some(p) = NonNull::new(d) {
-            // SAFETY: published descriptors are never freed.
-            let desc = unsafe { p.as_ref() };
-            if desc.name == name {
-                if desc.live.load(Ordering::Relaxed) {
-                    return Err(Error::NameTaken);
-                }
-                if *desc.cache.cache.geometry() == geo && desc.flags == flags {
-                    reuse = Some(desc);
-                }
-            }
-            d = desc.next;
+        let mut indices = self.registry_lock.lock();
+        let mut taken = false;
+        self.for_each_desc(|d| taken |= d.name == name && d.live.load(Ordering::Relaxed));
+        if taken {
+            return Err(Error::NameTaken);
         }
-        let desc = match reuse {
-            Some(desc) => desc,
-            None => {
-                let accounted = flags.contains(CacheFlags::ACCOUNT);
-                let acct_idx = if accounted {
-                    let i = self.next_acct.load(Ordering::Relaxed);
-                    if i >= MAX_ACCOUNTED {
-                        return Err(Error::TooManyAccountedCaches);
-                    }
-                    i
-                } else {
-                    NOT_ACCOUNTED
-                };
-                let mem =
-                    self.descriptors.alloc(&Pages::plain(&self.source), self.node()).map_err(|_| Error::OutOfMemory)?;
-                if accounted {
-                    self.next_acct.store(acct_idx + 1, Ordering::Relaxed);
-                }
-                let p = mem.cast::<CacheDesc<R>>();
-                // SAFETY: `mem` is a fresh object of the descriptor cache,
-                // sized and aligned for `CacheDesc<R>`.
-                unsafe {
-                    p.as_ptr().write(CacheDesc {
-                        cache: MagCache::new(geo, if accounted { Acct::Root } else { Acct::None }),
-                        name,
-                        flags,
-                        live: atomic_bool(false),
-                        acct_idx,
-                        next: self.registry.load(Ordering::Relaxed),
-                    });
-                }
-                // Publishes the initialised descriptor to lock-free readers
-                // (pairs with their Acquire loads of `registry`).
-                self.registry.store(p.as_ptr(), Ordering::Release);
-                // SAFETY: just initialised and never freed.
-                unsafe { &*p.as_ptr() }
+        let accounted = flags.contains(CacheFlags::ACCOUNT);
+        let acct_idx = if accounted { indices.take().ok_or(Error::TooManyAccountedCaches)? } else { NOT_ACCOUNTED };
+        let Ok(mem) = self.descriptors.alloc(&Pages::plain(&self.source), self.node()) else {
+            if accounted {
+                indices.give(acct_idx);
             }
+            return Err(Error::OutOfMemory);
         };
-        desc.live.store(true, Ordering::Relaxed);
+        let p = mem.cast::<CacheDesc<R>>();
+        // SAFETY: `mem` is a fresh object of the descriptor cache, sized and
+        // aligned for `CacheDesc<R>`.
+        unsafe {
+            p.as_ptr().write(CacheDesc {
+                cache: MagCache::new(geo, if accounted { Acct::Root } else { Acct::None }),
+                name,
+                live: atomic_bool(true),
+                acct_idx,
+                next: AtomicPtr::new(self.registry.load(Ordering::Relaxed)),
+                retired_next: atomic_null(),
+            });
+        }
+        // Publishes the initialised descriptor to lock-free readers (pairs
+        // with their Acquire loads of `registry`).
+        self.registry.store(p.as_ptr(), Ordering::Release);
+        // SAFETY: just initialised; freed only after the handle is dropped.
+        let desc = unsafe { &*p.as_ptr() };
         Ok(KmemCache { kmem: self, desc, _type: PhantomData })
+    }
+
+    /// Destroys the cache of `desc`, whose handle is being dropped and
+    /// whose objects are all freed (or leaked): see [`CacheDesc`].
+    fn destroy_cache(&self, desc: &CacheDesc<R>) {
+        let mut indices = self.registry_lock.lock();
+        desc.live.store(false, Ordering::Relaxed);
+        let idx = desc.acct_idx;
+        let mut tree = self.tree_lock.lock();
+        // Empty the cache (and its child caches) of cached objects and
+        // slabs; a slab left means a leaked object still names the cache.
+        let mut leaked = false;
+        self.for_each_cache_part(desc, |c| {
+            c.drain(self);
+            c.cache.shrink(&c.pages(self, None));
+            leaked |= c.cache.nslabs() != 0;
+        });
+        if leaked {
+            return;
+        }
+        if idx != NOT_ACCOUNTED {
+            self.for_each_group(|g| {
+                let c = g.caches[idx].swap(core::ptr::null_mut(), Ordering::AcqRel);
+                if let Some(c) = NonNull::new(c) {
+                    // SAFETY: a published child cache; taken out of its
+                    // group here, it is freed only once no iteration runs.
+                    let c = unsafe { c.as_ref() };
+                    c.cache.mark_dead();
+                    if c.take_empty_dead() {
+                        // The reference it held on its group.
+                        self.put_group(g);
+                    }
+                    tree.retire_cache(c);
+                }
+            });
+            indices.give(idx);
+        }
+        self.unlink_desc(desc);
+        tree.retire_desc(desc);
+        self.reclaim_groups(&mut tree);
+    }
+
+    /// Unlinks `desc` from the registry (registry lock held).
+    fn unlink_desc(&self, desc: &CacheDesc<R>) {
+        let me = desc as *const CacheDesc<R> as *mut CacheDesc<R>;
+        let next = desc.next.load(Ordering::Relaxed);
+        if self.registry.load(Ordering::Relaxed) == me {
+            self.registry.store(next, Ordering::Release);
+            return;
+        }
+        let mut cur = self.registry.load(Ordering::Relaxed);
+        while let Some(c) = NonNull::new(cur) {
+            // SAFETY: linked descriptors are live; links change only under
+            // the registry lock, which we hold.
+            let c = unsafe { c.as_ref() };
+            let n = c.next.load(Ordering::Relaxed);
+            if n == me {
+                c.next.store(next, Ordering::Release);
+                return;
+            }
+            cur = n;
+        }
+    }
+
+    /// Calls `f` on the cache of `desc` and, if it is accounted, on its
+    /// child cache in every group that has one.
+    fn for_each_cache_part(&self, desc: &CacheDesc<R>, mut f: impl FnMut(&MagCache<R>)) {
+        f(&desc.cache);
+        if desc.acct_idx != NOT_ACCOUNTED {
+            self.for_each_group(|g| {
+                if let Some(c) = Self::published_child(g, desc.acct_idx) {
+                    f(c)
+                }
+            });
+        }
     }
 }
 
@@ -258,25 +317,14 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
 
     /// Calls `f` on the cache itself and, if it is accounted, on its child
     /// cache in every group that has one.
-    fn for_each_part(&self, mut f: impl FnMut(&MagCache<R>)) {
-        f(&self.desc.cache);
-        if self.desc.acct_idx != NOT_ACCOUNTED {
-            self.kmem.for_each_group(|g| {
-                g.for_each_cache(|i, c| {
-                    if i == self.desc.acct_idx {
-                        f(c)
-                    }
-                })
-            });
-        }
+    fn for_each_part(&self, f: impl FnMut(&MagCache<R>)) {
+        self.kmem.for_each_cache_part(self.desc, f);
     }
 }
 
 impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for KmemCache<'_, T, S, R, P> {
     fn drop(&mut self) {
-        let _registry = self.kmem.registry_lock.lock();
-        self.shrink();
-        self.desc.live.store(false, Ordering::Relaxed);
+        self.kmem.destroy_cache(self.desc);
     }
 }
 

@@ -69,6 +69,44 @@ fn loom_try_charge_races_set_max() {
     });
 }
 
+/// Issue 13, item 2: two `set_max` calls racing a charge. Before setters
+/// took turns, the call that failed restored the max it had read before
+/// the other call wrote its own, so `max()` ended at neither value and a
+/// limit that returned `Ok` was lost. Now every call either leaves its
+/// value (`Ok`) or changes nothing (`Err`), and the final max is the value
+/// of the last `Ok`.
+#[test]
+fn loom_two_set_max_race_a_charge() {
+    loom::model(|| {
+        let t = tree(usize::MAX);
+        t.child.try_charge(2).unwrap();
+        let charger = {
+            let t = t.clone();
+            thread::spawn(move || t.child.try_charge(1).is_ok())
+        };
+        let tight = {
+            let t = t.clone();
+            thread::spawn(move || t.child.set_max(2).is_ok())
+        };
+        let loose = t.child.set_max(5).is_ok();
+        let tight = tight.join().unwrap();
+        let charged = charger.join().unwrap();
+        assert!(loose, "usage never exceeds 3, so max 5 always fits");
+        let max = t.child.max();
+        assert!(max == 2 || max == 5, "max ended at neither value: {max}");
+        if max == 2 {
+            assert!(tight, "the tight limit stands but its call failed");
+        }
+        if tight && max == 2 {
+            assert!(t.child.usage() <= 2, "a charge passed a limit that returned Ok");
+            assert!(!charged, "the 3rd page fit under max 2");
+        }
+        assert!(t.child.usage() <= max);
+        t.child.uncharge(2 + charged as usize);
+        assert_eq!(t.root.usage(), 0);
+    });
+}
+
 #[test]
 fn loom_stock_refill_races_drain() {
     loom::model(|| {
@@ -162,7 +200,7 @@ fn loom_pressure_charge_races_threshold_change() {
             assert!(st == PressureState::Refused || c.usage() <= 1, "a charge slipped under a lowered max");
         }
         if st != PressureState::Refused {
-            c.uncharge(2);
+            c.uncharge(2).unwrap();
         }
         assert_eq!(c.usage(), 0);
     });

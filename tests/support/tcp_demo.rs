@@ -67,17 +67,17 @@ fn serve(mut s: TcpStream, t: Arc<Tenant>) {
                 PressureState::Normal => buf.resize(buf.len() * 2, 0),
                 PressureState::UnderPressure => {
                     // Do not grow; give back what is above the minimum.
-                    t.tcp.uncharge(grow);
+                    t.tcp.uncharge(grow).expect("charged before");
                     let extra = buf.len() - MIN_BUF;
                     buf.truncate(MIN_BUF);
                     buf.shrink_to_fit();
-                    t.tcp.uncharge(extra);
+                    t.tcp.uncharge(extra).expect("charged before");
                 }
                 PressureState::Refused => thread::sleep(Duration::from_millis(1)),
             }
         }
     }
-    t.tcp.uncharge(buf.len());
+    t.tcp.uncharge(buf.len()).expect("charged before");
 }
 
 /// Runs the server and the client for `run`; returns when every

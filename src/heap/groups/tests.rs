@@ -10,7 +10,7 @@ use crate::heap::CacheFlags;
 use crate::heap::classes::class_of;
 #[cfg(not(miri))]
 use crate::platform::OsPages;
-use crate::testutil::Rng;
+use crate::testutil::{Rng, scaled};
 
 #[cfg(not(miri))]
 type K = Kmem<OsPages>;
@@ -543,4 +543,212 @@ fn zombie_groups_leave_nothing_behind() {
         "pages not back to the baseline: {} > {baseline}",
         k.stats().source.pages_in_use
     );
+}
+
+/// Issue 13, item 7: group names are path components in reports, so `/`,
+/// `.` and `..` are refused (a child named `/` read like the root).
+#[test]
+fn group_names_that_read_as_paths_are_refused() {
+    let k = kmem();
+    for bad in ["/", ".", "..", "a/b", "/a", "a/"] {
+        assert_eq!(k.root().create_child(bad).err(), Some(Error::NameInvalid), "{bad:?}");
+    }
+    for good in ["a.b", "...", ".a", "a..b"] {
+        k.root().create_child(good).unwrap().remove().unwrap();
+    }
+}
+
+/// Issue 13, item 1: guards dropped out of order used to leave the thread's
+/// current group at `a` with no reference held, so after `a` was removed
+/// and freed, its memory was reused by a new group that the thread's
+/// allocations were then charged to (a use-after-free from safe code).
+/// Now the current group is referenced for as long as it is current.
+#[test]
+fn guards_dropped_out_of_order_keep_the_current_group_alive() {
+    let k = kmem();
+    thread::scope(|s| {
+        s.spawn(|| {
+            let a = k.root().create_child("a").unwrap();
+            let b = k.root().create_child("b").unwrap();
+            let ga = a.enter();
+            let gb = b.enter();
+            drop(ga);
+            drop(gb);
+            assert_eq!(k.current_group().name(), "a", "the last dropped guard restored a");
+            a.remove().unwrap();
+            drop(a);
+            b.remove().unwrap();
+            drop(b);
+            k.shrink();
+            // New groups may reuse freed group memory; `a`'s is not freed.
+            let fresh: Vec<_> = (0..32).map(|i| k.root().create_child(&std::format!("c{i}")).unwrap()).collect();
+            let layout = Layout::from_size_align(4000, 8).unwrap();
+            // SAFETY: valid layout.
+            let p = unsafe { k.alloc(layout) };
+            assert!(!p.is_null());
+            for c in &fresh {
+                assert_eq!(
+                    c.usage(),
+                    0,
+                    "{} was charged for an allocation of a thread that never entered it",
+                    c.name()
+                );
+            }
+            assert_eq!(k.current_group().name(), "/", "a removed current group charges its online ancestor");
+            // SAFETY: allocated above with this layout.
+            unsafe { k.dealloc(p, layout) };
+            for c in fresh {
+                c.remove().unwrap();
+            }
+        });
+    });
+    k.check_accounting();
+}
+
+/// Forgotten guards pin their group; nothing dangles.
+#[test]
+fn forgotten_guards_pin_their_group() {
+    let k = kmem();
+    thread::scope(|s| {
+        s.spawn(|| {
+            let a = k.root().create_child("a").unwrap();
+            core::mem::forget(a.enter());
+            a.remove().unwrap();
+            drop(a);
+            k.shrink();
+            let fresh = k.root().create_child("fresh").unwrap();
+            let layout = Layout::from_size_align(64, 8).unwrap();
+            // SAFETY: valid layout.
+            let p = unsafe { k.alloc(layout) };
+            assert_eq!(fresh.usage(), 0);
+            // SAFETY: allocated above with this layout.
+            unsafe { k.dealloc(p, layout) };
+            // Guards made after a forgotten one still nest.
+            {
+                let _in = fresh.enter();
+                assert_eq!(k.current_group().name(), "fresh");
+            }
+            assert_eq!(k.current_group().name(), "/");
+            fresh.remove().unwrap();
+        });
+    });
+    k.check_accounting();
+}
+
+/// Guards of two allocators interleaved out of order: each release goes to
+/// the allocator that made the group.
+#[test]
+fn guards_of_two_allocators_dropped_out_of_order() {
+    let k1 = kmem();
+    let k2 = kmem();
+    thread::scope(|s| {
+        s.spawn(|| {
+            let a = k1.root().create_child("a").unwrap();
+            let b = k2.root().create_child("b").unwrap();
+            let ga = a.enter();
+            let gb = b.enter();
+            assert_eq!(k1.current_group().name(), "/", "another allocator's token is not k1's group");
+            assert_eq!(k2.current_group().name(), "b");
+            drop(ga);
+            assert_eq!(k2.current_group().name(), "/");
+            drop(gb);
+            assert_eq!(k1.current_group().name(), "a");
+            // Out of order again: `a`'s reference is released to k1, `b`
+            // (k2's) stays current.
+            let gb = b.enter();
+            let groot = k1.root().enter();
+            drop(gb);
+            drop(groot);
+            assert_eq!(k1.current_group().name(), "/");
+            assert_eq!(k2.current_group().name(), "b");
+            a.remove().unwrap();
+            b.remove().unwrap();
+        });
+    });
+    k1.check_accounting();
+    k2.check_accounting();
+}
+
+/// Issue 13, item 4: only 21 accounted typed caches could ever be created
+/// per allocator, even after the earlier ones were dropped, and dropped
+/// descriptors (3.6 KiB each) were never freed. Now a dropped cache gives
+/// back its accounting index, its child caches and its descriptor.
+#[test]
+fn dropped_typed_caches_give_back_their_index_and_memory() {
+    let k = kmem();
+    let groups: Vec<_> = (0..3).map(|i| k.root().create_child(&std::format!("g{i}")).unwrap()).collect();
+    let cycle = |i: usize| {
+        let c = k.create_cache::<[u64; 8]>(&std::format!("short-lived-{i}"), CacheFlags::ACCOUNT).unwrap();
+        for g in &groups {
+            let b = c.alloc_in(g, [i as u64; 8]).unwrap();
+            assert_eq!(b[7], i as u64);
+        }
+        assert!(groups.iter().all(|g| g.usage() > 0));
+    };
+    for i in 0..50 {
+        cycle(i);
+    }
+    k.shrink();
+    let pages_after_50 = k.source().stats().pages_in_use;
+    let (descs, children) = (k.descriptors.stats().active_objects, k.child_caches.stats().active_objects);
+    for i in 50..scaled(2000, 100) {
+        cycle(i);
+    }
+    k.shrink();
+    assert_eq!(k.descriptors.stats().active_objects, descs, "descriptors of dropped caches were kept");
+    assert_eq!(k.child_caches.stats().active_objects, children, "child caches of dropped caches were kept");
+    assert!(
+        k.source().stats().pages_in_use <= pages_after_50,
+        "memory grew with dropped caches: {} pages after 50 cycles, {} after 2000",
+        pages_after_50,
+        k.source().stats().pages_in_use
+    );
+    // Still 21 at once, with the typed error past that.
+    let live: Vec<_> =
+        (0..21).map(|i| k.create_cache::<u64>(&std::format!("live-{i}"), CacheFlags::ACCOUNT).unwrap()).collect();
+    assert_eq!(k.create_cache::<u64>("one-more", CacheFlags::ACCOUNT).err(), Some(Error::TooManyAccountedCaches));
+    assert!(k.create_cache::<u64>("not-accounted", CacheFlags::NONE).is_ok());
+    drop(live);
+    assert!(k.create_cache::<u64>("one-more", CacheFlags::ACCOUNT).is_ok());
+    for g in &groups {
+        assert_eq!(g.usage(), 0, "{}", g.name());
+    }
+    drop(groups);
+    k.check_accounting();
+}
+
+/// A cache whose box was forgotten keeps its index and descriptor (slabs
+/// still name it); nothing dangles, and the others recycle as usual.
+#[test]
+fn a_typed_cache_with_a_leaked_object_stays_dead() {
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    {
+        let c = k.create_cache::<u64>("leaky", CacheFlags::ACCOUNT).unwrap();
+        core::mem::forget(c.alloc_in(&g, 1).unwrap());
+    }
+    assert!(g.usage() > 0, "the leaked object stays charged");
+    assert!(k.create_cache::<u64>("leaky", CacheFlags::ACCOUNT).is_ok(), "the name is free again");
+    for i in 0..30 {
+        let c = k.create_cache::<u64>(&std::format!("c{i}"), CacheFlags::ACCOUNT).unwrap();
+        drop(c.alloc_in(&g, 2).unwrap());
+    }
+    // The leaked object's child cache still reports it, charged to g.
+    let info = k.slabinfo().to_string();
+    let row = info.lines().find(|l| l.starts_with("leaky ") && l.ends_with(" g")).expect("a row for the leak");
+    assert_eq!(row.split_whitespace().nth(1), Some("1"), "{row}");
+    k.check();
+}
+
+/// Creating a cache costs the same however many were dropped before
+/// (it walked every dead descriptor).
+#[test]
+fn create_cache_does_not_walk_dropped_caches() {
+    let k = kmem();
+    for i in 0..scaled(5000, 500) {
+        drop(k.create_cache::<u64>(&std::format!("c{i}"), CacheFlags::NONE).unwrap());
+    }
+    let mut n = 0;
+    k.for_each_desc(|_| n += 1);
+    assert_eq!(n, 0, "dropped descriptors stay in the registry");
 }

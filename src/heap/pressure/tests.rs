@@ -33,7 +33,7 @@ fn thresholds_are_validated_against_order_and_the_parent() {
     assert_eq!(c2.charge(100), PressureState::Normal);
     assert_eq!(c.usage(), 100);
     assert_eq!(child.pressure("tcp", t(10, 20, 30)).err(), Some(Error::LimitBelowUsage { usage: 100 }));
-    c.uncharge(100);
+    c.uncharge(100).unwrap();
     for name in ["a", "b", "c"] {
         child.pressure(name, Thresholds::UNLIMITED).unwrap();
     }
@@ -50,10 +50,10 @@ fn state_transitions_at_each_boundary() {
     assert_eq!(p.charge(100), PressureState::Normal, "exactly at `pressure` is not above it");
     assert_eq!(p.charge(1), PressureState::UnderPressure);
     assert_eq!(p.entered(), 1);
-    p.uncharge(50);
+    p.uncharge(50).unwrap();
     assert_eq!(p.state(), PressureState::UnderPressure, "stays under pressure until below min");
     assert_eq!(p.charge(0), PressureState::UnderPressure);
-    p.uncharge(52);
+    p.uncharge(52).unwrap();
     assert_eq!(p.usage(), 99);
     assert_eq!(p.state(), PressureState::Normal, "below min leaves pressure");
     assert_eq!(p.charge(201), PressureState::UnderPressure);
@@ -62,7 +62,7 @@ fn state_transitions_at_each_boundary() {
     assert_eq!(p.charge(1), PressureState::Refused);
     assert_eq!(p.usage(), 300, "a refused charge charges nothing");
     assert_eq!(p.refused(), 1);
-    p.uncharge(300);
+    p.uncharge(300).unwrap();
     let st = g.stat().to_string();
     assert!(st.contains("pressure tcp usage 0 min 100 pressure 200 max 300"), "{st}");
 }
@@ -82,8 +82,8 @@ fn charges_propagate_and_the_parent_max_binds() {
     assert_eq!((pb.usage(), pp.usage()), (0, 600));
     assert_eq!(pp.refused(), 1);
     assert_eq!(pb.charge(400), PressureState::UnderPressure);
-    pa.uncharge(600);
-    pb.uncharge(400);
+    pa.uncharge(600).unwrap();
+    pb.uncharge(400).unwrap();
     assert_eq!(pp.usage(), 0);
     assert!(pp.peak() <= 1 << 16, "the peak of accepted charges passed max");
     assert_eq!(pp.state(), PressureState::Normal);
@@ -103,14 +103,14 @@ fn concurrent_charge_and_uncharge_leave_zero() {
                 let mut held = 0;
                 for i in 0..50_000 {
                     if i % 3 == 2 {
-                        r.uncharge(held);
+                        r.uncharge(held).unwrap();
                         held = 0;
                     } else if r.charge(64 + i % 200) != PressureState::Refused {
                         held += 64 + i % 200;
                     }
                     assert!(r.usage() <= (1 << 15) + 4 * 264, "max overshot beyond in-flight charges");
                 }
-                r.uncharge(held);
+                r.uncharge(held).unwrap();
             })
         })
         .collect();
@@ -119,4 +119,39 @@ fn concurrent_charge_and_uncharge_leave_zero() {
     }
     assert_eq!(pp.usage(), 0);
     assert_eq!(pp.state(), PressureState::Normal);
+}
+
+/// Issue 13, item 7: an uncharge of more than a resource holds used to
+/// panic in debug builds and wrap usage to 2^64 - n in release, after which
+/// every charge was refused.
+#[test]
+fn uncharge_above_usage_is_refused_and_changes_nothing() {
+    let k = kmem();
+    let parent = k.root().create_child("p").unwrap();
+    let child = parent.create_child("c").unwrap();
+    let pp = parent.pressure("tcp", t(0, 1000, 2000)).unwrap();
+    let pc = child.pressure("tcp", t(0, 1000, 2000)).unwrap();
+    assert_eq!(pp.charge(30), PressureState::Normal);
+    assert_eq!(pc.charge(10), PressureState::Normal);
+    assert_eq!(pc.uncharge(40).err(), Some(Error::UnchargeAboveUsage { usage: 10 }));
+    assert_eq!((pc.usage(), pp.usage()), (10, 40), "a refused uncharge changes no level");
+    assert_eq!(pc.charge(1), PressureState::Normal, "charges still work");
+    pc.uncharge(11).unwrap();
+    assert_eq!(pc.uncharge(1).err(), Some(Error::UnchargeAboveUsage { usage: 0 }));
+    assert_eq!(pp.uncharge(usize::MAX).err(), Some(Error::UnchargeAboveUsage { usage: 30 }));
+    pp.uncharge(30).unwrap();
+    assert_eq!((pc.usage(), pp.usage()), (0, 0));
+}
+
+/// A refused re-tune (max below usage) leaves all three thresholds as
+/// they were (it used to write `min` and `pressure` before the check).
+#[test]
+fn refused_retune_changes_no_threshold() {
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    let p = g.pressure("tcp", t(100, 200, 300)).unwrap();
+    assert_eq!(p.charge(250), PressureState::UnderPressure);
+    assert_eq!(g.pressure("tcp", t(1, 2, 3)).err(), Some(Error::LimitBelowUsage { usage: 250 }));
+    assert_eq!(p.thresholds(), t(100, 200, 300));
+    p.uncharge(250).unwrap();
 }

@@ -27,14 +27,20 @@ const OBJ: usize = 1000;
 /// by its shrinker, within the scope reclaim asks for.
 struct Lru {
     kmem: &'static K,
+    /// Bytes per object.
+    size: usize,
     entries: Mutex<VecDeque<(GroupId, usize)>>,
     scanned: AtomicUsize,
 }
 
 impl Lru {
     fn new(kmem: &'static K) -> &'static Lru {
+        Self::with_size(kmem, OBJ)
+    }
+
+    fn with_size(kmem: &'static K, size: usize) -> &'static Lru {
         let lru: &'static Lru =
-            Box::leak(Box::new(Lru { kmem, entries: Mutex::new(VecDeque::new()), scanned: AtomicUsize::new(0) }));
+            Box::leak(Box::new(Lru { kmem, size, entries: Mutex::new(VecDeque::new()), scanned: AtomicUsize::new(0) }));
         kmem.register_shrinker(lru).unwrap();
         lru
     }
@@ -42,7 +48,7 @@ impl Lru {
     /// One object for the current group; `false` if even reclaim could
     /// not make room.
     fn add(&self) -> bool {
-        let l = Layout::from_size_align(OBJ, 8).unwrap();
+        let l = Layout::from_size_align(self.size, 8).unwrap();
         // SAFETY: valid layout.
         let p = unsafe { self.kmem.alloc(l) };
         if p.is_null() {
@@ -57,7 +63,7 @@ impl Lru {
         let all: Vec<_> = self.entries.lock().unwrap().drain(..).collect();
         for (_, p) in all {
             // SAFETY: live, freed once.
-            unsafe { self.kmem.dealloc(p as *mut u8, Layout::from_size_align(OBJ, 8).unwrap()) };
+            unsafe { self.kmem.dealloc(p as *mut u8, Layout::from_size_align(self.size, 8).unwrap()) };
         }
     }
 }
@@ -82,7 +88,7 @@ impl Shrinker for Lru {
         };
         for &p in &victims {
             // SAFETY: taken off the LRU, so freed once.
-            unsafe { self.kmem.dealloc(p as *mut u8, Layout::from_size_align(OBJ, 8).unwrap()) };
+            unsafe { self.kmem.dealloc(p as *mut u8, Layout::from_size_align(self.size, 8).unwrap()) };
         }
         self.scanned.fetch_add(victims.len(), O::Relaxed);
         victims.len()
@@ -333,4 +339,56 @@ fn hard_limit_reclaim_takes_about_what_the_charge_needs() {
     drop(_in);
     lru.free_all();
     k.unregister_shrinker(lru);
+}
+
+/// Issue 13, item 3: contention reclaim used to mark every group visited
+/// once 16 had been visited in an episode, so with 16 or more large groups
+/// that nothing could shrink, an allocation failed (and kept failing on
+/// retry) while a shrinker still held objects in smaller groups. Every
+/// group is reached before reclaim gives up.
+#[test]
+fn contention_reclaim_reaches_every_group() {
+    let k = kmem(16 * MB);
+    let lru = Lru::with_size(k, 32 << 10);
+    let pin = Layout::from_size_align(4000, 8).unwrap();
+    let mut pinned = Vec::new();
+    // 24 large groups pinned by objects no shrinker knows of.
+    let big: Vec<_> = (0..24).map(|i| k.root().create_child(&std::format!("big{i}")).unwrap()).collect();
+    for g in &big {
+        let _in = g.enter();
+        for _ in 0..80 {
+            // SAFETY: valid layout.
+            let p = unsafe { k.alloc(pin) };
+            assert!(!p.is_null());
+            pinned.push(p);
+        }
+    }
+    // 80 small groups whose two objects each a shrinker can free.
+    let small: Vec<_> = (0..80).map(|i| k.root().create_child(&std::format!("small{i}")).unwrap()).collect();
+    for g in &small {
+        let _in = g.enter();
+        assert!(lru.add() && lru.add());
+    }
+    assert!(big.iter().all(|b| small.iter().all(|s| b.usage() > s.usage())));
+    // The root fills what is left; when it fails, the shrinker must have
+    // been emptied first.
+    loop {
+        // SAFETY: valid layout.
+        let p = unsafe { k.alloc(pin) };
+        if p.is_null() {
+            break;
+        }
+        pinned.push(p);
+    }
+    let left = lru.entries.lock().unwrap().len();
+    assert_eq!(left, 0, "the allocation failed while the shrinker held {left} objects");
+    for p in pinned {
+        // SAFETY: freed once.
+        unsafe { k.dealloc(p, pin) };
+    }
+    lru.free_all();
+    k.unregister_shrinker(lru);
+    drop((big, small));
+    k.shrink();
+    assert_eq!(k.root().usage(), 0);
 }

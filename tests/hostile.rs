@@ -1,0 +1,155 @@
+//! Callbacks that misbehave: shrinkers that allocate in the group being
+//! reclaimed, shrinkers whose counts lie, shrinkers that change limits or
+//! enter groups. Before the fixes of issue 13 (item 6) the first recursed
+//! through reclaim until the stack overflowed and the second panicked
+//! inside the allocator in debug builds (`attempt to add with overflow`),
+//! so each case runs in a child process (this test binary, re-run with an
+//! environment variable) and the parent checks that it exited cleanly.
+
+use std::alloc::Layout;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use allocator_api2::alloc::Allocator;
+use kmemcg::{Cgroup, Kmem, OsPages, ShrinkControl, Shrinker};
+
+type K = Kmem<OsPages>;
+
+fn kmem() -> &'static K {
+    Box::leak(Box::new(Kmem::new(OsPages::new())))
+}
+
+/// Runs `case` in a child; returns (success, stderr).
+fn child(case: &str) -> (bool, String) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
+        .env("KMEMCG_HOSTILE_CASE", case)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+const OBJ: Layout = match Layout::from_size_align(64 << 10, 8) {
+    Ok(l) => l,
+    Err(_) => panic!(),
+};
+
+/// A shrinker that, asked to scan, allocates in the group it was built
+/// for (which is at its max) and frees nothing.
+struct Greedy {
+    kmem: &'static K,
+    group: std::sync::OnceLock<Cgroup<'static, OsPages>>,
+    scans: AtomicUsize,
+    nested_ok: AtomicUsize,
+}
+
+impl Shrinker for Greedy {
+    fn count(&self, _: &ShrinkControl) -> usize {
+        1
+    }
+    fn scan(&self, _: &ShrinkControl, _: usize) -> usize {
+        self.scans.fetch_add(1, Ordering::Relaxed);
+        if let Some(g) = self.group.get() {
+            // Through the group's allocator and by entering it: both charge
+            // the group at its max, both would reclaim.
+            if let Ok(p) = g.allocator().allocate(OBJ) {
+                self.nested_ok.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: just allocated with this layout.
+                unsafe { g.allocator().deallocate(p.cast(), OBJ) };
+            }
+            let _in = g.enter();
+            if let Ok(p) = (&self.kmem).allocate(OBJ) {
+                self.nested_ok.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: just allocated with this layout.
+                unsafe { (&self.kmem).deallocate(p.cast(), OBJ) };
+            }
+            // Changing the limit from inside reclaim must not deadlock or
+            // recurse either.
+            let _ = g.set_max(g.max());
+        }
+        0
+    }
+}
+
+/// A shrinker whose `count` says it holds everything and whose `scan`
+/// claims to have freed more than it was asked.
+struct Liar;
+
+impl Shrinker for Liar {
+    fn count(&self, _: &ShrinkControl) -> usize {
+        usize::MAX
+    }
+    fn scan(&self, _: &ShrinkControl, _: usize) -> usize {
+        usize::MAX
+    }
+}
+
+/// The child's side: does what `KMEMCG_HOSTILE_CASE` says, and panics if
+/// something is wrong.
+#[test]
+fn run_case() {
+    let Ok(case) = std::env::var("KMEMCG_HOSTILE_CASE") else { return };
+    let k = kmem();
+    let g = k.root().create_child("capped").unwrap();
+    g.set_max(1 << 20).unwrap();
+    match case.as_str() {
+        "reentrant_shrinker" => {
+            let greedy: &'static Greedy = Box::leak(Box::new(Greedy {
+                kmem: k,
+                group: std::sync::OnceLock::new(),
+                scans: AtomicUsize::new(0),
+                nested_ok: AtomicUsize::new(0),
+            }));
+            let _ = greedy.group.set(g.clone());
+            k.register_shrinker(greedy).unwrap();
+            let a = g.allocator();
+            let mut held = Vec::new();
+            // Fill the group to its max: the last allocations reclaim, call
+            // the shrinker, whose own allocation must fail instead of
+            // reclaiming again.
+            while let Ok(p) = a.allocate(OBJ) {
+                held.push(p);
+                assert!(held.len() < 64, "the max did not hold");
+            }
+            assert!(greedy.scans.load(Ordering::Relaxed) > 0, "reclaim never called the shrinker");
+            assert_eq!(greedy.nested_ok.load(Ordering::Relaxed), 0, "a nested allocation passed the max");
+            for p in held {
+                // SAFETY: allocated above with this layout.
+                unsafe { a.deallocate(p.cast(), OBJ) };
+            }
+            k.unregister_shrinker(greedy);
+            // Reclaim works again after the shrinker returned.
+            assert!(a.allocate(OBJ).is_ok());
+        }
+        "lying_shrinker" => {
+            k.register_shrinker(&Liar).unwrap();
+            let a = g.allocator();
+            let mut held = Vec::new();
+            while let Ok(p) = a.allocate(OBJ) {
+                held.push(p);
+                assert!(held.len() < 64, "the max did not hold");
+            }
+            assert!(g.stat().events_oom > 0);
+            for p in held {
+                // SAFETY: allocated above with this layout.
+                unsafe { a.deallocate(p.cast(), OBJ) };
+            }
+            k.unregister_shrinker(&Liar);
+        }
+        other => panic!("unknown case {other}"),
+    }
+    println!("case {case} done");
+}
+
+#[test]
+fn a_shrinker_that_allocates_in_the_group_at_its_max_does_not_recurse() {
+    let (ok, err) = child("reentrant_shrinker");
+    assert!(ok, "child failed: {err}");
+}
+
+#[test]
+fn a_shrinker_whose_counts_lie_does_not_break_reclaim() {
+    let (ok, err) = child("lying_shrinker");
+    assert!(ok, "child failed: {err}");
+}
