@@ -30,8 +30,14 @@ pub(crate) const ONLINE: u8 = 0;
 /// `Group::state` after `remove`: no new charges, caches dead.
 pub(crate) const OFFLINE: u8 = 1;
 
-/// Accounting indices: 43 size classes and 21 accounted typed caches.
-pub(crate) const MAX_ACCOUNTED: usize = 64;
+/// Accounted typed caches (`CacheFlags::ACCOUNT`) that can be live at once
+/// in one allocator; one more gives [`crate::Error::TooManyAccountedCaches`].
+/// A dropped cache gives its index back.
+pub const MAX_ACCOUNTED_CACHES: usize = 21;
+
+/// Accounting indices: 43 size classes and [`MAX_ACCOUNTED_CACHES`]
+/// accounted typed caches (the heap asserts the split).
+pub(crate) const MAX_ACCOUNTED: usize = 43 + MAX_ACCOUNTED_CACHES;
 
 /// The start of every group, whatever its lock type: what a platform's
 /// current-group token points to.
@@ -144,8 +150,9 @@ pub(crate) struct Group<R: RawMutex> {
 /// null), and a root is never freed anyway.
 fn release_root(_: NonNull<TokenHead>) {}
 
-/// Named pressure resources a group can hold.
-pub(crate) const MAX_PRESSURES: usize = 4;
+/// Named pressure resources one group can hold; a fifth name gives
+/// [`crate::Error::TooManyResources`]. Resources live as long as their group.
+pub const MAX_PRESSURES: usize = 4;
 
 /// `PressureSlot::state`: unused.
 pub(crate) const SLOT_EMPTY: u8 = 0;

@@ -34,7 +34,8 @@ pub enum Error {
         /// The usage that stays above the limit, in bytes.
         usage: usize,
     },
-    /// No accounting index is left for another accounted typed cache.
+    /// [`crate::MAX_ACCOUNTED_CACHES`] accounted typed caches are live; a
+    /// dropped one gives its index back.
     TooManyAccountedCaches,
     /// The group still has children.
     Busy,
@@ -42,7 +43,7 @@ pub enum Error {
     Removed,
     /// The root group cannot be removed.
     RootGroup,
-    /// Every shrinker slot is taken.
+    /// [`crate::MAX_SHRINKERS`] shrinkers are registered.
     TooManyShrinkers,
     /// Pressure thresholds not ordered `min <= pressure <= max`.
     BadThresholds,
@@ -52,7 +53,8 @@ pub enum Error {
         /// The parent's `max`.
         parent_max: usize,
     },
-    /// The group already holds the most named pressure resources (4).
+    /// The group already holds [`crate::MAX_PRESSURES`] named pressure
+    /// resources.
     TooManyResources,
     /// An uncharge of more than the resource holds (bytes); nothing was
     /// uncharged.

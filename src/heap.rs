@@ -16,7 +16,7 @@ mod typed;
 pub use classes::MAX_CLASS_SIZE;
 pub use groups::{Cgroup, CgroupAllocator, CgroupGuard, GroupStat};
 pub use pressure::Pressure;
-pub use reclaim::{GroupId, ShrinkControl, Shrinker};
+pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 pub use report::{KmemStats, SlabInfo};
 pub use typed::{CacheBox, CacheFlags, KmemCache};
 
@@ -166,6 +166,7 @@ impl AcctIndices {
 }
 
 static_assertions::const_assert!(MAX_ACCOUNTED - NCLASSES <= 64);
+static_assertions::const_assert_eq!(MAX_ACCOUNTED - NCLASSES, crate::cgroup::MAX_ACCOUNTED_CACHES);
 
 // SAFETY: the groups in limbo are owned by the list, which is only reached
 // under the tree lock.

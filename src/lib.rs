@@ -189,12 +189,13 @@ mod global;
 #[cfg(all(test, loom))]
 mod tests;
 
+pub use cgroup::{MAX_ACCOUNTED_CACHES, MAX_PRESSURES};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
 #[cfg(not(loom))]
 pub use heap::{
     CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupId, GroupStat, Kmem, KmemCache, KmemStats,
-    MAX_CLASS_SIZE, Pressure, ShrinkControl, Shrinker, SlabInfo,
+    MAX_CLASS_SIZE, MAX_SHRINKERS, Pressure, ShrinkControl, Shrinker, SlabInfo,
 };
 pub use magazine::MagazineStats;
 #[cfg(all(feature = "std", not(loom)))]

@@ -2,15 +2,81 @@
 //! groups, remove with live objects, reclaim; the accounting invariants are
 //! checked along the way (`check_invariants`); it ends by freeing
 //! everything and checking zero usage and every page returned.
+//!
+//! Also (issue 13): guards held and dropped in any order, two threads
+//! setting one group's max while a third allocates in it, up to 160
+//! groups under contention with a shrinker holding objects in them, and
+//! a shrinker that allocates from inside `scan` or lies in its counts.
 
 #![no_main]
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::mem::MaybeUninit;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arbitrary::Arbitrary;
-use kmemcg::{CacheFlags, Cgroup, Kmem, KmemCache, PageSource, Region};
+use kmemcg::{CacheFlags, Cgroup, GroupId, Kmem, KmemCache, PageSource, Region, ShrinkControl, Shrinker};
 use libfuzzer_sys::fuzz_target;
+
+const LRU_OBJ: Layout = match Layout::from_size_align(1000, 8) {
+    Ok(l) => l,
+    Err(_) => panic!(),
+};
+
+/// Objects charged to groups that reclaim may free, and two bad habits it
+/// can be switched to: allocating inside `scan`, and lying in its counts.
+struct Lru {
+    kmem: std::sync::OnceLock<&'static Kmem<Region>>,
+    entries: Mutex<Vec<(GroupId, usize)>>,
+    allocates: AtomicBool,
+    lies: AtomicBool,
+}
+
+impl Shrinker for Lru {
+    fn count(&self, sc: &ShrinkControl) -> usize {
+        if self.lies.load(Ordering::Relaxed) {
+            return usize::MAX;
+        }
+        self.entries.lock().unwrap().iter().filter(|(g, _)| sc.contains(*g)).count()
+    }
+    fn scan(&self, sc: &ShrinkControl, nr: usize) -> usize {
+        let k = *self.kmem.get().unwrap();
+        if self.allocates.load(Ordering::Relaxed) {
+            // Charged to whatever group is current, possibly one at its max:
+            // it must fail or succeed, never recurse into reclaim.
+            let l = Layout::from_size_align(64 << 10, 8).unwrap();
+            // SAFETY: valid layout; freed at once.
+            unsafe {
+                let p = k.alloc(l);
+                if !p.is_null() {
+                    k.dealloc(p, l);
+                }
+            }
+        }
+        let victims: Vec<usize> = {
+            let mut e = self.entries.lock().unwrap();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < e.len() && out.len() < nr {
+                if sc.contains(e[i].0) { out.push(e.swap_remove(i).1) } else { i += 1 }
+            }
+            out
+        };
+        for &p in &victims {
+            // SAFETY: taken off the list, so freed once.
+            unsafe { k.dealloc(p as *mut u8, LRU_OBJ) };
+        }
+        if self.lies.load(Ordering::Relaxed) { usize::MAX } else { victims.len() }
+    }
+}
+
+static LRU: Lru = Lru {
+    kmem: std::sync::OnceLock::new(),
+    entries: Mutex::new(Vec::new()),
+    allocates: AtomicBool::new(false),
+    lies: AtomicBool::new(false),
+};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -24,6 +90,16 @@ enum Op {
     Reap,
     Shrink,
     Check,
+    /// Enter a group and keep the guard.
+    Enter { g: u8 },
+    /// Drop a kept guard, whichever (out of order is allowed).
+    Leave { idx: u8 },
+    /// Two threads set `g`'s max while a third allocates in it.
+    RaceMax { g: u8, a: u16, b: u16 },
+    /// An object in `g` that the shrinker can free.
+    AddLru { g: u8 },
+    /// Switch the shrinker's bad habits.
+    ShrinkerHabits { allocates: bool, lies: bool },
 }
 
 fuzz_target!(|ops: Vec<Op>| {
@@ -35,6 +111,8 @@ fuzz_target!(|ops: Vec<Op>| {
         let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
         k.source().add(Box::leak(vec![MaybeUninit::uninit(); 8 << 20].into_boxed_slice()), 0).unwrap();
         let typed = k.create_cache::<[u64; 20]>("objs", CacheFlags::ACCOUNT).unwrap();
+        let _ = LRU.kmem.set(k);
+        k.register_shrinker(&LRU).unwrap();
         k.shrink();
         let baseline = k.source().stats().pages_in_use;
         (k, typed, baseline)
@@ -43,11 +121,14 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut groups: Vec<Cgroup<'static, Region>> = vec![k.root()];
     let mut objs: Vec<(usize, Layout)> = Vec::new();
     let mut boxes = Vec::new();
+    let mut guards = Vec::new();
+    LRU.allocates.store(false, Ordering::Relaxed);
+    LRU.lies.store(false, Ordering::Relaxed);
     for (i, op) in ops.into_iter().enumerate() {
         let pick = |g: u8| g as usize % groups.len();
         match op {
             Op::Create { parent } => {
-                if groups.len() < 64 {
+                if groups.len() < 160 {
                     if let Ok(c) = groups[pick(parent)].create_child(&format!("g{i}")) {
                         groups.push(c);
                     }
@@ -98,6 +179,61 @@ fuzz_target!(|ops: Vec<Op>| {
                 k.shrink();
             }
             Op::Check => k.check_invariants(),
+            Op::Enter { g } => {
+                if guards.len() < 16 {
+                    guards.push(groups[pick(g)].enter());
+                }
+            }
+            Op::Leave { idx } => {
+                if !guards.is_empty() {
+                    drop(guards.swap_remove(idx as usize % guards.len()));
+                }
+            }
+            Op::RaceMax { g, a, b } => {
+                let g = &groups[pick(g)];
+                let old = g.max();
+                let (a, b) = (a as usize * 4096, b as usize * 4096);
+                let (ra, rb, held) = std::thread::scope(|s| {
+                    let ta = s.spawn(|| g.set_max(a));
+                    let tb = s.spawn(|| g.set_max(b));
+                    let tc = s.spawn(|| {
+                        let _in = g.enter();
+                        let l = Layout::from_size_align(3000, 8).unwrap();
+                        // SAFETY: valid layout.
+                        let p = unsafe { k.alloc(l) };
+                        (p as usize, l)
+                    });
+                    (ta.join().unwrap(), tb.join().unwrap(), tc.join().unwrap())
+                });
+                if held.0 != 0 {
+                    objs.push(held);
+                }
+                let max = g.max();
+                if g.is_removed() {
+                    // Both calls were refused; nothing changed.
+                    assert_eq!(max, old);
+                } else {
+                    match (ra.is_ok(), rb.is_ok()) {
+                        (true, true) => assert!(max == a || max == b, "max {max} is neither {a} nor {b}"),
+                        (true, false) => assert_eq!(max, a, "the refused call changed the max"),
+                        (false, true) => assert_eq!(max, b, "the refused call changed the max"),
+                        (false, false) => assert_eq!(max, old, "two refused calls changed the max"),
+                    }
+                }
+            }
+            Op::AddLru { g } => {
+                let g = &groups[pick(g)];
+                let _in = g.enter();
+                // SAFETY: valid layout.
+                let p = unsafe { k.alloc(LRU_OBJ) };
+                if !p.is_null() {
+                    LRU.entries.lock().unwrap().push((k.current_group_id(), p as usize));
+                }
+            }
+            Op::ShrinkerHabits { allocates, lies } => {
+                LRU.allocates.store(allocates, Ordering::Relaxed);
+                LRU.lies.store(lies, Ordering::Relaxed);
+            }
         }
         // No charge is ever forced: a group's usage never exceeds its
         // max (the peak may, if the max was lowered after it).
@@ -105,7 +241,18 @@ fuzz_target!(|ops: Vec<Op>| {
             assert!(g.usage() <= g.max(), "usage above max in group {}", g.name());
         }
     }
+    // Guards dropped in creation order (the reverse of nesting), then the
+    // thread made to let go of whatever that left current.
+    drop(guards);
+    k.reset_current_group();
+    assert_eq!(k.current_group().name(), "/");
+    LRU.allocates.store(false, Ordering::Relaxed);
+    LRU.lies.store(false, Ordering::Relaxed);
     k.check_invariants();
+    for (_, p) in std::mem::take(&mut *LRU.entries.lock().unwrap()) {
+        // SAFETY: taken off the list, so freed once.
+        unsafe { k.dealloc(p as *mut u8, LRU_OBJ) };
+    }
     for (p, l) in objs {
         // SAFETY: freed once.
         unsafe { k.dealloc(p as *mut u8, l) };

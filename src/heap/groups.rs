@@ -57,6 +57,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
+    /// Makes the root current on the calling thread (through the platform
+    /// without `std`) and lets go of the group that was current: the way
+    /// back after guards were dropped out of order or forgotten (see
+    /// [`Cgroup::enter`]). Guards still alive restore what they saved when
+    /// they drop, as usual.
+    pub fn reset_current_group(&self) {
+        // Keep the mark of a context that is running shrinkers.
+        let tag = self.platform.current_group().addr() & crate::cgroup::RECLAIMING;
+        let out = self.platform.set_current_group(core::ptr::null::<()>().map_addr(|_| tag));
+        // SAFETY: the slot owned a reference on the token it held (see
+        // `TokenHead`); having swapped it out, it is ours to release.
+        unsafe { crate::cgroup::release_token(out) };
+    }
+
     /// The platform token that makes `g` current (null for the root).
     fn token(&self, g: &Group<R>) -> *const () {
         if core::ptr::eq(g, &self.root) { core::ptr::null() } else { (g as *const Group<R>).cast() }
@@ -294,11 +308,11 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
     /// Guards dropped out of order, or forgotten, are sound: the current
     /// group is then whichever group the last dropped guard restored, and
     /// it is kept alive for as long as it is current (the thread's current
-    /// group holds a reference: see below). A removed group that stays
-    /// current takes no charges (its nearest online ancestor does) and its
-    /// memory is reclaimed once the thread enters another group and leaves
-    /// it. Concretely, `let a = ga.enter(); let b = gb.enter(); drop(a);
-    /// drop(b);` leaves `ga` current.
+    /// group holds a reference). A removed group that stays current takes
+    /// no charges (its nearest online ancestor does). Concretely, `let a = ga.enter(); let b = gb.enter(); drop(a);
+    /// drop(b);` leaves `ga` current, and referenced, until
+    /// [`Kmem::reset_current_group`] or another out-of-order drop replaces
+    /// it (a thread that exits with it current leaves its metadata behind).
     pub fn enter(&self) -> CgroupGuard<'k, S, R, P> {
         let g = self.g();
         let token = self.kmem.token(g);

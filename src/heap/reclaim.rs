@@ -30,8 +30,9 @@ use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::sync::Ordering;
 
-/// Shrinkers a `Kmem` can hold.
-pub(crate) const MAX_SHRINKERS: usize = 16;
+/// Shrinkers one `Kmem` can hold at once; one more gives
+/// [`Error::TooManyShrinkers`]. Unregistering frees the slot.
+pub const MAX_SHRINKERS: usize = 64;
 /// The most passes one subtree reclaim runs.
 pub(crate) const RECLAIM_PASSES: usize = 4;
 /// The share of what they hold that shrinkers are asked for, pass by pass.

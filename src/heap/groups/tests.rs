@@ -630,6 +630,14 @@ fn forgotten_guards_pin_their_group() {
             }
             assert_eq!(k.current_group().name(), "/");
             fresh.remove().unwrap();
+            drop(fresh);
+            // `a` is still pinned; resetting lets it go.
+            k.shrink();
+            let pinned = k.groups.stats().active_objects;
+            assert!(pinned >= 1);
+            k.reset_current_group();
+            k.shrink();
+            assert_eq!(k.groups.stats().active_objects, pinned - 1, "the reset released the pinned group");
         });
     });
     k.check_accounting();
