@@ -18,7 +18,7 @@
 //!    pages each group holds (one slab per (class, group)).
 //!
 //! Besides the tables it writes `target/kmemcg-results/accounting_seed000.csv`
-//! (parts 1) and `accounting_pair64.csv` (part 2) for `cargo bench --bench plots`.
+//! (parts 1) and `accounting_pair64.csv` (part 2) for `cargo run --release -p kmemcg-plots`.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::VecDeque;

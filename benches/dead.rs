@@ -7,7 +7,7 @@
 //! group was removed (its caches dead: no per-CPU caching, empty slabs go
 //! back at once). Rounds interleave; medians of 5 are reported with the
 //! dead/alive ratio beside the seed's. Every round's time also goes to
-//! `target/kmemcg-results/dead.csv` for `cargo bench --bench plots`.
+//! `target/kmemcg-results/dead.csv` for `cargo run --release -p kmemcg-plots`.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::time::{Duration, Instant};

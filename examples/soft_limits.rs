@@ -10,7 +10,7 @@
 //!
 //! Every 1000 allocations each thread also samples both usages with the
 //! time since the start; the samples go to
-//! `target/kmemcg-results/soft_limits.csv` for `cargo bench --bench plots`.
+//! `target/kmemcg-results/soft_limits.csv` for `cargo run --release -p kmemcg-plots`.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::VecDeque;

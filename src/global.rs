@@ -6,10 +6,9 @@
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
-use allocator_api2::alloc::{AllocError, Allocator};
 use lock_api::RawMutex;
 
-use crate::heap::Kmem;
+use crate::heap::{CgroupAllocator, Kmem, dangling};
 use crate::platform::{PageSource, Platform};
 
 // SAFETY: `alloc_layout` returns null or a block of at least `layout.size()`
@@ -57,77 +56,132 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for &Kmem<S, R,
     }
 }
 
-/// A dangling, aligned pointer for zero-size blocks.
-#[inline]
-fn dangling(layout: Layout) -> NonNull<[u8]> {
-    // SAFETY: an alignment is a non-zero power of two, so it is a non-null
-    // address; a zero-length slice there is never dereferenced.
-    let p = unsafe { NonNull::new_unchecked(ptr::without_provenance_mut::<u8>(layout.align())) };
-    NonNull::slice_from_raw_parts(p, 0)
-}
-
-// SAFETY: blocks are valid for their layout until deallocated, do not move
-// when the handle is copied (all copies share one `Kmem`), and `grow` and
-// `shrink` either keep the block or move it preserving its contents; the
-// usable length reported is the class or page-run size, which any size
-// between the request and it maps back to.
-unsafe impl<S: PageSource, R: RawMutex, P: Platform> Allocator for &Kmem<S, R, P> {
-    #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout));
-        }
-        let p = self.alloc_layout(layout).ok_or(AllocError)?;
-        let len = Kmem::<S, R, P>::usable_size(layout.size(), layout.align());
-        Ok(NonNull::slice_from_raw_parts(p, len))
-    }
-
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: the caller passes a block of ours with a fitting layout;
-        // every size that fits maps to the same class or page count.
-        unsafe { self.free_raw(ptr, layout.size(), layout.align()) }
-    }
-
-    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller (`new.size() >= old.size()`).
-        unsafe { self.resize(ptr, old, new) }
-    }
-
-    unsafe fn shrink(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller (`new.size() <= old.size()`).
-        unsafe { self.resize(ptr, old, new) }
-    }
-}
-
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// `grow`/`shrink` of the `Allocator` impl.
+    /// `Allocator::allocate` of `&Kmem`: `None` for `AllocError`.
+    #[inline]
+    fn block_allocate(&self, layout: Layout) -> Option<NonNull<[u8]>> {
+        if layout.size() == 0 {
+            return Some(dangling(layout));
+        }
+        let p = self.alloc_layout(layout)?;
+        Some(NonNull::slice_from_raw_parts(p, Self::usable_size(layout.size(), layout.align())))
+    }
+
+    /// `grow`/`shrink` of the `Allocator` impl: `None` for `AllocError`,
+    /// leaving the block as it was.
     ///
     /// # Safety
     ///
     /// `ptr` is a live block of ours allocated with a layout that `old` fits.
-    unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+    unsafe fn block_resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
         let len = Self::usable_size(new.size(), new.align());
         if old.size() == 0 {
-            return Allocator::allocate(&self, new);
+            return self.block_allocate(new);
         }
         if new.size() == 0 {
             // SAFETY: forwarded.
             unsafe { self.free_raw(ptr, old.size(), old.align()) };
-            return Ok(dangling(new));
+            return Some(dangling(new));
         }
         if old.align() == new.align() {
             // SAFETY: forwarded.
-            let p = unsafe { self.realloc_raw(ptr, old.size(), old.align(), new.size()) }.ok_or(AllocError)?;
-            return Ok(NonNull::slice_from_raw_parts(p, len));
+            let p = unsafe { self.realloc_raw(ptr, old.size(), old.align(), new.size()) }?;
+            return Some(NonNull::slice_from_raw_parts(p, len));
         }
-        let fresh = Allocator::allocate(&self, new)?;
+        let fresh = self.block_allocate(new)?;
         // SAFETY: both blocks are live and distinct; the copy is no longer
         // than either.
         unsafe {
             ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr() as *mut u8, old.size().min(new.size()));
             self.free_raw(ptr, old.size(), old.align());
         }
-        Ok(fresh)
+        Some(fresh)
     }
 }
+
+/// Implements one `allocator-api2` version's `Allocator` for `&Kmem` and
+/// for [`CgroupAllocator`], over the inherent `block_*` functions.
+macro_rules! allocator_impls {
+    ($api:ident) => {
+        // SAFETY: blocks are valid for their layout until deallocated, do
+        // not move when the handle is copied (all copies share one `Kmem`),
+        // and `grow` and `shrink` either keep the block or move it
+        // preserving its contents; the usable length reported is the class
+        // or page-run size, which any size between the request and it maps
+        // back to.
+        unsafe impl<S: PageSource, R: RawMutex, P: Platform> $api::alloc::Allocator for &Kmem<S, R, P> {
+            #[inline]
+            fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                self.block_allocate(layout).ok_or($api::alloc::AllocError)
+            }
+
+            #[inline]
+            unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+                // SAFETY: the caller passes a block of ours with a fitting
+                // layout; every size that fits maps to the same class or
+                // page count.
+                unsafe { self.free_raw(ptr, layout.size(), layout.align()) }
+            }
+
+            unsafe fn grow(
+                &self,
+                ptr: NonNull<u8>,
+                old: Layout,
+                new: Layout,
+            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                // SAFETY: forwarded from the caller (`new.size() >= old.size()`).
+                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
+            }
+
+            unsafe fn shrink(
+                &self,
+                ptr: NonNull<u8>,
+                old: Layout,
+                new: Layout,
+            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                // SAFETY: forwarded from the caller (`new.size() <= old.size()`).
+                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
+            }
+        }
+
+        // SAFETY: blocks come from the same `Kmem` paths as its own
+        // `Allocator` impl (sound for the same reasons), only charged to a
+        // fixed group; all clones share one `Kmem`, so a block from one
+        // clone can be freed by another; frees find the owning cache from
+        // the slab, not the handle.
+        unsafe impl<S: PageSource, R: RawMutex, P: Platform> $api::alloc::Allocator for CgroupAllocator<'_, S, R, P> {
+            fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                self.block_allocate(layout).ok_or($api::alloc::AllocError)
+            }
+
+            unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+                // SAFETY: forwarded; frees uncharge the slab's owner.
+                unsafe { self.kmem().free_raw(ptr, layout.size(), layout.align()) }
+            }
+
+            unsafe fn grow(
+                &self,
+                ptr: NonNull<u8>,
+                old: Layout,
+                new: Layout,
+            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
+            }
+
+            unsafe fn shrink(
+                &self,
+                ptr: NonNull<u8>,
+                old: Layout,
+                new: Layout,
+            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
+            }
+        }
+    };
+}
+
+allocator_impls!(allocator_api2);
+#[cfg(feature = "allocator-api2-04")]
+allocator_impls!(allocator_api2_04);

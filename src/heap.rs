@@ -30,7 +30,7 @@ use crate::error::{Error, GroupName, Name};
 use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots, drain_many};
 use crate::page::pages_for;
 pub(crate) use crate::platform::hardened_abort;
-use crate::platform::{DefaultPlatform, DefaultRawMutex, Ownership, PAGE_SIZE, PageSource, Platform};
+use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Cache, GrowError, Pages};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
 use classes::{GEOMETRIES, NCLASSES, class_of};
@@ -57,7 +57,7 @@ use typed::CacheDesc;
 /// assert!(!p.is_null());
 /// unsafe { KMEM.dealloc(p, layout) };
 /// ```
-pub struct Kmem<S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     source: S,
     platform: P,
     /// Handshake state of the per-CPU slots, shared by all caches.
@@ -198,6 +198,15 @@ fn unsafe_ref<'a, R: RawMutex>(g: *const Group<R>) -> Option<&'a Group<R>> {
     // SAFETY: callers pass null or the current group, which a guard keeps
     // alive for the calling context.
     unsafe { g.as_ref() }
+}
+
+/// A dangling, aligned pointer for zero-size blocks.
+#[inline]
+pub(crate) fn dangling(layout: core::alloc::Layout) -> NonNull<[u8]> {
+    // SAFETY: an alignment is a non-zero power of two, so it is a non-null
+    // address; a zero-length slice there is never dereferenced.
+    let p = unsafe { NonNull::new_unchecked(core::ptr::without_provenance_mut::<u8>(layout.align())) };
+    NonNull::slice_from_raw_parts(p, 0)
 }
 
 /// Keeps unlinked groups (and their caches) from being freed while it
@@ -999,6 +1008,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `paranoid`); it takes locks and drains, so never call it from an
     /// allocation path.
     #[cfg(feature = "paranoid")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "paranoid")))]
     pub fn check_invariants(&self) {
         self.check();
         self.check_accounting();

@@ -11,14 +11,14 @@
 //! ```no_run
 //! use kmemcg::{Kmem, OsPages};
 //! #[global_allocator]
-//! static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+//! static KMEM: Kmem = Kmem::new(OsPages::new());
 //! fn main() {
 //!     let tenant = KMEM.root().create_child("tenant-a").unwrap();
 //!     tenant.set_max(64 << 20).unwrap();
 //!     {
 //!         let _in = tenant.enter(); // allocations on this thread charge tenant-a
 //!         let v: Vec<u32> = (0..1000).collect();
-//!         # drop(v);
+//!         assert_eq!(v.len(), 1000);
 //!     }
 //!     println!("{}", tenant.stat());
 //!     println!("{}", KMEM.slabinfo());
@@ -148,11 +148,13 @@
 //! a large object's own pointer; a slab hands out objects as its base plus
 //! an index from its free bitmap. Group tokens and [`GroupId`]s are
 //! pointers. Stacked Borrows rejects one pattern here, the step from a
-//! group's counter (its first field, `repr(C)`) back to the group
+//! group's counter (a field at a fixed offset of the `repr(C)` group) back
+//! to the group
 //! (`Group::of_counter`), which Tree Borrows accepts; the Miri run uses
 //! Tree Borrows.
 
 #![no_std]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Loom builds compile only the layers below `heap`, so much of the crate
 // is unused there.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
@@ -186,9 +188,22 @@ mod heap;
 #[cfg(not(loom))]
 mod global;
 
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(all(test, loom))]
 mod tests;
 
+/// The `allocator-api2` whose `Allocator` the handles implement (0.2, the
+/// version hashbrown and bumpalo take): name the trait through this.
+pub use allocator_api2;
+/// allocator-api2 0.4, whose `Allocator` the handles also implement
+/// (feature `allocator-api2-04`).
+#[cfg(feature = "allocator-api2-04")]
+#[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
+pub use allocator_api2_04;
 pub use cgroup::{MAX_ACCOUNTED_CACHES, MAX_PRESSURES};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
@@ -199,11 +214,13 @@ pub use heap::{
 };
 pub use magazine::MagazineStats;
 #[cfg(all(feature = "std", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::OsPages;
 #[cfg(all(feature = "std", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::Threads;
 pub use platform::{
-    DefaultPlatform, DefaultRawMutex, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE,
-    PageRun, PageSource, Platform, Region, RegionError, SourceStats, order_for_pages,
+    DefaultPlatform, DefaultRawMutex, DefaultSource, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT,
+    PAGE_SIZE, PageRun, PageSource, Platform, Region, RegionError, SourceStats, order_for_pages,
 };
 pub use slab::CacheStats;

@@ -34,6 +34,14 @@ pub type DefaultPlatform = Threads;
 #[cfg(not(all(feature = "std", not(loom))))]
 pub type DefaultPlatform = NoCpus;
 
+/// The page source `Kmem` names by default: `OsPages` with `std`, so
+/// `Kmem` alone is `Kmem<OsPages>`.
+#[cfg(all(feature = "std", not(loom)))]
+pub type DefaultSource = OsPages;
+/// The page source `Kmem` names by default: [`Region`] without `std`.
+#[cfg(not(all(feature = "std", not(loom))))]
+pub type DefaultSource = Region;
+
 pub(crate) use buddy::for_each_block;
 
 /// Stops the program on heap misuse in hardened mode: writes `msg` to

@@ -1,19 +1,23 @@
 //! Where the benches and `examples/soft_limits.rs` leave their numbers for
-//! `benches/plots.rs`: small CSV files under `<target dir>/kmemcg-results/`.
+//! `plots/` (`cargo run --release -p kmemcg-plots`): small CSV files under `<target dir>/kmemcg-results/`.
 //! Writing one never fails the run: a problem is reported on stderr, and
 //! stdout keeps only the tables.
 
 use std::path::PathBuf;
 
 /// The cargo target directory: `CARGO_TARGET_DIR` if set, else `target/`
-/// under the crate (cargo sets `CARGO_MANIFEST_DIR` when it runs a target;
-/// the compile-time value covers a binary started by hand).
+/// in the workspace root: the nearest directory holding `Cargo.lock` from
+/// the package's manifest directory up (cargo sets `CARGO_MANIFEST_DIR`
+/// when it runs a target; the compile-time value covers a binary started
+/// by hand), so the benches and the `plots` member agree.
 pub fn target_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
         return PathBuf::from(dir);
     }
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
-    PathBuf::from(manifest).join("target")
+    let manifest =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()));
+    let root = manifest.ancestors().find(|d| d.join("Cargo.lock").exists()).unwrap_or(&manifest);
+    root.join("target")
 }
 
 /// `<target dir>/kmemcg-results/`.

@@ -80,26 +80,59 @@ static LRU: Lru = Lru {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Create { parent: u8 },
-    Remove { g: u8 },
-    SetMax { g: u8, kib: u16 },
-    SetHigh { g: u8, kib: u16 },
-    SetSoft { g: u8, kib: u16 },
-    Alloc { g: u8, size: u16, typed: bool },
-    Free { idx: u8, from: u8 },
+    Create {
+        parent: u8,
+    },
+    Remove {
+        g: u8,
+    },
+    SetMax {
+        g: u8,
+        kib: u16,
+    },
+    SetHigh {
+        g: u8,
+        kib: u16,
+    },
+    SetSoft {
+        g: u8,
+        kib: u16,
+    },
+    Alloc {
+        g: u8,
+        size: u16,
+        typed: bool,
+    },
+    Free {
+        idx: u8,
+        from: u8,
+    },
     Reap,
     Shrink,
     Check,
     /// Enter a group and keep the guard.
-    Enter { g: u8 },
+    Enter {
+        g: u8,
+    },
     /// Drop a kept guard, whichever (out of order is allowed).
-    Leave { idx: u8 },
+    Leave {
+        idx: u8,
+    },
     /// Two threads set `g`'s max while a third allocates in it.
-    RaceMax { g: u8, a: u16, b: u16 },
+    RaceMax {
+        g: u8,
+        a: u16,
+        b: u16,
+    },
     /// An object in `g` that the shrinker can free.
-    AddLru { g: u8 },
+    AddLru {
+        g: u8,
+    },
     /// Switch the shrinker's bad habits.
-    ShrinkerHabits { allocates: bool, lies: bool },
+    ShrinkerHabits {
+        allocates: bool,
+        lies: bool,
+    },
 }
 
 fuzz_target!(|ops: Vec<Op>| {

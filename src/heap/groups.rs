@@ -5,14 +5,13 @@ use core::alloc::Layout;
 use core::fmt;
 use core::ptr::NonNull;
 
-use allocator_api2::alloc::{AllocError, Allocator};
 use lock_api::RawMutex;
 
 use super::Kmem;
 use super::classes::{CLASS_SIZES, NCLASSES};
 use crate::cgroup::{Group, MAX_ACCOUNTED};
 use crate::error::{Error, GroupName, Name};
-use crate::platform::{DefaultPlatform, DefaultRawMutex, PAGE_SIZE, PageSource, Platform};
+use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, PAGE_SIZE, PageSource, Platform};
 use crate::sync::Ordering;
 
 /// Bytes to pages, rounding down; `usize::MAX` stays "no limit".
@@ -31,7 +30,7 @@ fn to_bytes(pages: usize) -> usize {
 ///
 /// Limits are set in bytes and kept in whole pages: a limit that is not a
 /// multiple of the page is rounded down; `usize::MAX` means no limit.
-pub struct Cgroup<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+pub struct Cgroup<'k, S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     kmem: &'k Kmem<S, R, P>,
     group: NonNull<Group<R>>,
 }
@@ -449,7 +448,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Debug for Cgroup<'_, S, R, P>
 /// handing that reference to the platform's slot, and releases the
 /// reference of the token it replaces, whichever group (or allocator)
 /// that names.
-pub struct CgroupGuard<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+pub struct CgroupGuard<'k, S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform>
+{
     kmem: &'k Kmem<S, R, P>,
     prev: *const (),
 }
@@ -464,7 +464,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> 
 }
 
 /// An [`Allocator`] charging one group; see [`Cgroup::allocator`].
-pub struct CgroupAllocator<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+pub struct CgroupAllocator<
+    'k,
+    S: PageSource = DefaultSource,
+    R: RawMutex = DefaultRawMutex,
+    P: Platform = DefaultPlatform,
+> {
     handle: Cgroup<'k, S, R, P>,
 }
 
@@ -474,59 +479,47 @@ impl<S: PageSource, R: RawMutex, P: Platform> Clone for CgroupAllocator<'_, S, R
     }
 }
 
-// SAFETY: blocks come from the same `Kmem` paths as its own `Allocator`
-// impl (sound for the same reasons), only charged to a fixed group; all
-// clones share one `Kmem`, so a block from one clone can be freed by
-// another; frees find the owning cache from the slab, not the handle.
-unsafe impl<S: PageSource, R: RawMutex, P: Platform> Allocator for CgroupAllocator<'_, S, R, P> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+impl<'k, S: PageSource, R: RawMutex, P: Platform> CgroupAllocator<'k, S, R, P> {
+    /// The allocator.
+    pub(crate) fn kmem(&self) -> &'k Kmem<S, R, P> {
+        self.handle.kmem
+    }
+
+    /// `Allocator::allocate`, charging this group: `None` for `AllocError`.
+    pub(crate) fn block_allocate(&self, layout: Layout) -> Option<NonNull<[u8]>> {
         let k = self.handle.kmem;
         if layout.size() == 0 {
-            return (&k).allocate(layout);
+            return Some(super::dangling(layout));
         }
         let g = k.effective(self.handle.g());
-        let p = k.alloc_in(g, layout.size(), layout.align()).ok_or(AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(p, Kmem::<S, R, P>::usable_size(layout.size(), layout.align())))
+        let p = k.alloc_in(g, layout.size(), layout.align())?;
+        Some(NonNull::slice_from_raw_parts(p, Kmem::<S, R, P>::usable_size(layout.size(), layout.align())))
     }
 
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded; frees uncharge the slab's owner.
-        unsafe { (&self.handle.kmem).deallocate(ptr, layout) }
-    }
-
-    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.resize(ptr, old, new) }
-    }
-
-    unsafe fn shrink(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.resize(ptr, old, new) }
-    }
-}
-
-impl<S: PageSource, R: RawMutex, P: Platform> CgroupAllocator<'_, S, R, P> {
-    /// Moves a block to a new layout, charging the new block to this group.
+    /// Moves a block to a new layout, charging the new block to this group;
+    /// `None` leaves the old block as it was.
     ///
     /// # Safety
     ///
     /// `ptr` is a live block of this `Kmem` that `old` fits.
-    unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+    pub(crate) unsafe fn block_resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
         let k = self.handle.kmem;
         if old.size() != 0 && new.size() != 0 && old.align() == new.align() {
             // In place when the class or page count allows.
             let len = Kmem::<S, R, P>::usable_size(new.size(), new.align());
             if Kmem::<S, R, P>::usable_size(old.size(), old.align()) == len {
-                return Ok(NonNull::slice_from_raw_parts(ptr, len));
+                return Some(NonNull::slice_from_raw_parts(ptr, len));
             }
         }
-        let fresh = self.allocate(new)?;
+        let fresh = self.block_allocate(new)?;
         // SAFETY: both blocks are live and distinct; the copy fits both.
         unsafe {
             core::ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr() as *mut u8, old.size().min(new.size()));
-            (&k).deallocate(ptr, old);
+            if old.size() != 0 {
+                k.free_raw(ptr, old.size(), old.align());
+            }
         }
-        Ok(fresh)
+        Some(fresh)
     }
 }
 

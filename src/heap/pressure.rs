@@ -9,7 +9,7 @@ use super::groups::Cgroup;
 use crate::cgroup::{Group, MAX_PRESSURES, SLOT_EMPTY, SLOT_LIVE};
 use crate::counter::{PressureCounter, PressureState, Thresholds};
 use crate::error::{Error, Name};
-use crate::platform::{DefaultPlatform, DefaultRawMutex, PageSource, Platform};
+use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, PageSource, Platform};
 use crate::sync::Ordering;
 
 impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
@@ -90,7 +90,7 @@ fn nearest<'a, R: RawMutex>(g: &'a Group<R>, name: &Name) -> Option<&'a Pressure
 
 /// A group's named pressure resource; see [`Cgroup::pressure`]. Amounts
 /// are in bytes.
-pub struct Pressure<'k, S: PageSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
+pub struct Pressure<'k, S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     /// Keeps the group, and so its resource, alive.
     _group: Cgroup<'k, S, R, P>,
     counter: NonNull<PressureCounter>,

@@ -11,12 +11,12 @@ use lock_api::RawMutex;
 use super::Kmem;
 use super::classes::{CLASS_SIZES, NCLASSES};
 use crate::magazine::{MagCache, MagazineStats};
-use crate::platform::{PageSource, Platform, SourceStats};
+use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, PageSource, Platform, SourceStats};
 use crate::slab::{Cache, CacheStats, Geometry};
 use crate::sync::Ordering;
 
 /// A `/proc/slabinfo`-like table; see [`Kmem::slabinfo`].
-pub struct SlabInfo<'a, S: PageSource, R: RawMutex, P: Platform> {
+pub struct SlabInfo<'a, S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
     kmem: &'a Kmem<S, R, P>,
 }
 

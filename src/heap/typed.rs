@@ -218,7 +218,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 pub struct KmemCache<
     'k,
     T,
-    S: PageSource,
+    S: PageSource = crate::platform::DefaultSource,
     R: RawMutex = crate::platform::DefaultRawMutex,
     P: Platform = crate::platform::DefaultPlatform,
 > {
@@ -344,7 +344,7 @@ unsafe impl<T, S: PageSource, R: RawMutex + Sync, P: Platform> Sync for KmemCach
 pub struct CacheBox<
     'c,
     T,
-    S: PageSource,
+    S: PageSource = crate::platform::DefaultSource,
     R: RawMutex = crate::platform::DefaultRawMutex,
     P: Platform = crate::platform::DefaultPlatform,
 > {

@@ -1,6 +1,6 @@
 //! PNG plots of the benchmark results, for BENCHMARKS.md.
 //!
-//! Run with: `cargo bench --bench plots`, after the runs whose results it
+//! Run with: `cargo run -p kmemcg-plots`, after the runs whose results it
 //! reads (the line under each plot's title names its run):
 //!
 //! | plot | input | produced by |
@@ -14,7 +14,7 @@
 //! per operation, per object for `batch-*`) also go to
 //! `target/kmemcg-results/alloc.csv`. A plot whose input is
 //! missing or unreadable is skipped with a message; the others are still
-//! drawn. Text is rendered with the bundled DejaVu Sans (`benches/fonts/`,
+//! drawn. Text is rendered with the bundled DejaVu Sans (`plots/fonts/`,
 //! with its license) through plotters' `ab_glyph` feature, so no system
 //! font libraries are needed.
 
@@ -27,9 +27,12 @@ use plotters::prelude::*;
 use plotters::style::register_font;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+/// The benches' results module (where their CSVs are), shared by path
+/// with the benches that write them.
+#[path = "../../benches/results/mod.rs"]
 mod results;
 
-const FONT: &[u8] = include_bytes!("fonts/DejaVuSans.ttf");
+const FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
 const SANS: &str = "sans-serif";
 const SIZE: (u32, u32) = (900, 500);
 
@@ -47,12 +50,11 @@ const GRAY: RGBColor = RGBColor(127, 127, 127);
 
 fn main() {
     if register_font(SANS, FontStyle::Normal, FONT).is_err() {
-        eprintln!("plots: the bundled font benches/fonts/DejaVuSans.ttf could not be parsed; no plots drawn");
+        eprintln!("plots: the bundled font plots/fonts/DejaVuSans.ttf could not be parsed; no plots drawn");
         return;
     }
-    let out =
-        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()))
-            .join("docs/plots");
+    // The workspace root is this crate's parent.
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/plots");
     if let Err(e) = std::fs::create_dir_all(&out) {
         eprintln!("plots: cannot create {}: {e}", out.display());
         return;
@@ -365,7 +367,7 @@ fn alloc(png: &Path) -> Result<String, String> {
             png,
             (SIZE.0, 620),
             "Allocator workloads, kmemcg and peers (median of criterion samples)",
-            "data: cargo bench --bench alloc    plot: cargo bench --bench plots    (2-core shared VM; lower is better)",
+            "data: cargo bench --bench alloc    plot: cargo run --release -p kmemcg-plots    (2-core shared VM; lower is better)",
         )?;
         let (top, bottom) = body.split_vertically(300);
         let per_call: Vec<String> = PER_CALL.iter().map(|s| s.to_string()).collect();
@@ -431,7 +433,7 @@ fn accounting(png: &Path) -> Result<String, String> {
             png,
             SIZE,
             "Seed 000: what accounting costs (kmemcg typed cache, LRU of 20,000 dentries)",
-            "data: cargo bench --bench accounting    plot: cargo bench --bench plots    (2-core shared VM)",
+            "data: cargo bench --bench accounting    plot: cargo run --release -p kmemcg-plots    (2-core shared VM)",
         )?;
         let (left, right) = body.split_horizontally(520);
         // Left: time relative to the unaccounted cache, per mode.
@@ -558,7 +560,7 @@ fn dead(png: &Path) -> Result<String, String> {
             SIZE,
             "Seed 001: freeing 1M objects into a dead cache vs an alive one",
             &format!(
-                "data: cargo bench --bench dead    plot: cargo bench --bench plots    (median of {rounds} rounds, whiskers min-max)"
+                "data: cargo bench --bench dead    plot: cargo run --release -p kmemcg-plots    (median of {rounds} rounds, whiskers min-max)"
             ),
         )?;
         let (left, right) = body.split_horizontally(520);
@@ -632,7 +634,7 @@ fn soft_limits(png: &Path) -> Result<String, String> {
             SIZE,
             "Seed 002: two hungry groups against their soft limits",
             &format!(
-                "data: cargo run --release --example soft_limits    plot: cargo bench --bench plots    ({region:.0} MiB region)"
+                "data: cargo run --release --example soft_limits    plot: cargo run --release -p kmemcg-plots    ({region:.0} MiB region)"
             ),
         )?;
         let ymax = (region.max(samples.iter().map(|s| s.1 + s.2).fold(0f64, f64::max)) * 1.08).ceil();
