@@ -1,4 +1,6 @@
-//! Cgroup layer: the group tree, per-group child caches, and reclaim.
+//! Cgroup layer: groups, their tree links, per-group child caches, and
+//! the current-group tokens platforms keep (reclaim and the lifecycle are
+//! in `heap` for now).
 //!
 //! A [`Group`] owns a [`PageCounter`] whose parent is its parent group's
 //! counter, so charges propagate up the tree. For every accounted cache a

@@ -56,6 +56,9 @@ pub enum Error {
     /// The group already holds [`crate::MAX_PRESSURES`] named pressure
     /// resources.
     TooManyResources,
+    /// A handle of another allocator was passed (e.g. a group of one
+    /// `Kmem` to a typed cache of another).
+    ForeignGroup,
     /// An uncharge of more than the resource holds (bytes); nothing was
     /// uncharged.
     UnchargeAboveUsage {
@@ -117,6 +120,7 @@ impl fmt::Display for Error {
                 write!(f, "a threshold is above the parent's max of {parent_max} bytes")
             }
             Error::TooManyResources => f.write_str("the group holds the most pressure resources it can"),
+            Error::ForeignGroup => f.write_str("the group belongs to another allocator"),
             Error::UnchargeAboveUsage { usage } => {
                 write!(f, "uncharge of more than the resource's usage of {usage} bytes")
             }

@@ -193,13 +193,6 @@ pub(crate) fn hardened_on_free<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>)
     }
 }
 
-/// `g` as a reference (null: `None`).
-fn unsafe_ref<'a, R: RawMutex>(g: *const Group<R>) -> Option<&'a Group<R>> {
-    // SAFETY: callers pass null or the current group, which a guard keeps
-    // alive for the calling context.
-    unsafe { g.as_ref() }
-}
-
 /// A dangling, aligned pointer for zero-size blocks.
 #[inline]
 pub(crate) fn dangling(layout: core::alloc::Layout) -> NonNull<[u8]> {
@@ -322,10 +315,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// The identity of the calling context's current group, for shrinkers
     /// that record which group their objects were charged to.
     pub fn current_group_id(&self) -> GroupId {
-        match unsafe_ref(self.current()) {
-            Some(g) => self.group_id(g),
-            None => GroupId::ROOT,
-        }
+        // `current` is null for the root, which is `GroupId::ROOT`.
+        GroupId(self.current().cast())
     }
 
     /// The calling context's current group, or null for the root (also for

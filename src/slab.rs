@@ -384,8 +384,9 @@ impl NodeSlabs {
     /// `objs` are distinct live objects of `s`, a slab of this node with
     /// geometry `g`; `objs` is not empty.
     unsafe fn put_run(&mut self, s: *mut Slab, objs: &[*mut u8], g: &Geometry, reserve: usize) -> Option<*mut Slab> {
-        // SAFETY: per the contract; the objects are dead, so their first
-        // words are ours to use as links.
+        // SAFETY: per the contract: `s` is a live slab header of this node,
+        // whose list lock we hold, so it is ours to update; the objects
+        // are only located in its bitmap, never touched.
         unsafe {
             let slab = &mut *s;
             let map = free_map(s);

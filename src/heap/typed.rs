@@ -246,10 +246,10 @@ impl<'k, T, S: PageSource, R: RawMutex, P: Platform> KmemCache<'k, T, S, R, P> {
     /// (a dentry LRU, a connection pool) charges it while its owner's own
     /// allocations stay where they are. A removed group charges its
     /// nearest live ancestor. Errors: as for `alloc`, and
-    /// [`Error::BadLayout`] for a group of another allocator.
+    /// [`Error::ForeignGroup`] for a group of another allocator.
     pub fn alloc_in(&self, group: &super::Cgroup<'k, S, R, P>, value: T) -> Result<CacheBox<'_, T, S, R, P>, Error> {
         if !core::ptr::eq(group.kmem(), self.kmem) {
-            return Err(Error::BadLayout);
+            return Err(Error::ForeignGroup);
         }
         let g = self.kmem.effective(group.g());
         let p = self.alloc_object_for(g)?.cast::<T>();

@@ -118,7 +118,7 @@ fn typed_alloc_in_charges_the_given_group_without_entering_it() {
     // A group of another allocator is refused.
     let other = kmem();
     let stranger = other.root().create_child("stranger").unwrap();
-    assert_eq!(cache.alloc_in(&stranger, [0; 512]).err(), Some(Error::BadLayout));
+    assert_eq!(cache.alloc_in(&stranger, [0; 512]).err(), Some(Error::ForeignGroup));
     // A removed group charges its nearest live ancestor.
     drop(held);
     b.remove().unwrap();
