@@ -99,28 +99,82 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 }
 
-/// Implements one `allocator-api2` version's `Allocator` for `&Kmem` and
-/// for [`CgroupAllocator`], over the inherent `block_*` functions.
-macro_rules! allocator_impls {
-    ($api:ident) => {
-        // SAFETY: blocks are valid for their layout until deallocated, do
-        // not move when the handle is copied (all copies share one `Kmem`),
-        // and `grow` and `shrink` either keep the block or move it
-        // preserving its contents; the usable length reported is the class
-        // or page-run size, which any size between the request and it maps
-        // back to.
-        unsafe impl<S: PageSource, R: RawMutex, P: Platform> $api::alloc::Allocator for &Kmem<S, R, P> {
+/// What the `Allocator` impls are written over: the handles that hand out
+/// blocks (`&Kmem`, [`CgroupAllocator`]); `None` stands for `AllocError`.
+///
+/// # Safety
+///
+/// Implementors keep the `Allocator` contract: a block from `alloc_block`
+/// is valid for its layout until freed through any copy of the handle,
+/// `resize_block` keeps the block or moves it with its contents (leaving it
+/// untouched on `None`), and the length reported maps back to the block.
+unsafe trait Blocks {
+    fn alloc_block(&self, layout: Layout) -> Option<NonNull<[u8]>>;
+    /// # Safety
+    ///
+    /// `ptr` is a live block of this handle's `Kmem` that `layout` fits.
+    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout);
+    /// # Safety
+    ///
+    /// `ptr` is a live block of this handle's `Kmem` that `old` fits.
+    unsafe fn resize_block(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>>;
+}
+
+// SAFETY: blocks are valid for their layout until deallocated, do not move
+// when the handle is copied (all copies share one `Kmem`), and resizing
+// either keeps the block or moves it preserving its contents; the usable
+// length reported is the class or page-run size, which any size between
+// the request and it maps back to.
+unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for &Kmem<S, R, P> {
+    #[inline]
+    fn alloc_block(&self, layout: Layout) -> Option<NonNull<[u8]>> {
+        self.block_allocate(layout)
+    }
+    #[inline]
+    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: a block of ours with a fitting layout (caller); every size
+        // that fits maps to the same class or page count.
+        unsafe { self.free_raw(ptr, layout.size(), layout.align()) }
+    }
+    unsafe fn resize_block(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.block_resize(ptr, old, new) }
+    }
+}
+
+// SAFETY: blocks come from the same `Kmem` paths as `&Kmem`'s (sound for
+// the same reasons), only charged to a fixed group; all clones share one
+// `Kmem`, so a block from one clone can be freed by another; frees find
+// the owning cache from the slab, not the handle.
+unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for CgroupAllocator<'_, S, R, P> {
+    fn alloc_block(&self, layout: Layout) -> Option<NonNull<[u8]>> {
+        self.block_allocate(layout)
+    }
+    unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded; frees uncharge the slab's owner.
+        unsafe { self.kmem().free_raw(ptr, layout.size(), layout.align()) }
+    }
+    unsafe fn resize_block(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.block_resize(ptr, old, new) }
+    }
+}
+
+/// Implements one `allocator-api2` version's `Allocator` for a handle
+/// type, over its [`Blocks`].
+macro_rules! allocator_impl {
+    ($api:ident, $handle:ty) => {
+        // SAFETY: `Blocks`'s contract is `Allocator`'s.
+        unsafe impl<S: PageSource, R: RawMutex, P: Platform> $api::alloc::Allocator for $handle {
             #[inline]
             fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
-                self.block_allocate(layout).ok_or($api::alloc::AllocError)
+                self.alloc_block(layout).ok_or($api::alloc::AllocError)
             }
 
             #[inline]
             unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-                // SAFETY: the caller passes a block of ours with a fitting
-                // layout; every size that fits maps to the same class or
-                // page count.
-                unsafe { self.free_raw(ptr, layout.size(), layout.align()) }
+                // SAFETY: forwarded from the caller.
+                unsafe { self.free_block(ptr, layout) }
             }
 
             unsafe fn grow(
@@ -130,7 +184,7 @@ macro_rules! allocator_impls {
                 new: Layout,
             ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
                 // SAFETY: forwarded from the caller (`new.size() >= old.size()`).
-                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
+                unsafe { self.resize_block(ptr, old, new) }.ok_or($api::alloc::AllocError)
             }
 
             unsafe fn shrink(
@@ -140,48 +194,15 @@ macro_rules! allocator_impls {
                 new: Layout,
             ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
                 // SAFETY: forwarded from the caller (`new.size() <= old.size()`).
-                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
-            }
-        }
-
-        // SAFETY: blocks come from the same `Kmem` paths as its own
-        // `Allocator` impl (sound for the same reasons), only charged to a
-        // fixed group; all clones share one `Kmem`, so a block from one
-        // clone can be freed by another; frees find the owning cache from
-        // the slab, not the handle.
-        unsafe impl<S: PageSource, R: RawMutex, P: Platform> $api::alloc::Allocator for CgroupAllocator<'_, S, R, P> {
-            fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
-                self.block_allocate(layout).ok_or($api::alloc::AllocError)
-            }
-
-            unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-                // SAFETY: forwarded; frees uncharge the slab's owner.
-                unsafe { self.kmem().free_raw(ptr, layout.size(), layout.align()) }
-            }
-
-            unsafe fn grow(
-                &self,
-                ptr: NonNull<u8>,
-                old: Layout,
-                new: Layout,
-            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
-                // SAFETY: forwarded from the caller.
-                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
-            }
-
-            unsafe fn shrink(
-                &self,
-                ptr: NonNull<u8>,
-                old: Layout,
-                new: Layout,
-            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
-                // SAFETY: forwarded from the caller.
-                unsafe { self.block_resize(ptr, old, new) }.ok_or($api::alloc::AllocError)
+                unsafe { self.resize_block(ptr, old, new) }.ok_or($api::alloc::AllocError)
             }
         }
     };
 }
 
-allocator_impls!(allocator_api2);
+allocator_impl!(allocator_api2, &Kmem<S, R, P>);
+allocator_impl!(allocator_api2, CgroupAllocator<'_, S, R, P>);
 #[cfg(feature = "allocator-api2-04")]
-allocator_impls!(allocator_api2_04);
+allocator_impl!(allocator_api2_04, &Kmem<S, R, P>);
+#[cfg(feature = "allocator-api2-04")]
+allocator_impl!(allocator_api2_04, CgroupAllocator<'_, S, R, P>);

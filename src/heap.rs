@@ -411,26 +411,33 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Frees the child caches and descriptors waiting in `limbo`: no
     /// iteration is in progress, so nothing can reach them.
     fn free_retired(&self, limbo: &mut Limbo<R>) {
+        let caches = core::mem::replace(&mut limbo.caches, core::ptr::null_mut());
+        // SAFETY: each was taken out of its group (so unreachable now that
+        // no iteration runs), is empty, and is an object of `child_caches`.
+        unsafe { self.free_chain(caches, &self.child_caches, |c| &c.retired_next) };
+        let descs = core::mem::replace(&mut limbo.descs, core::ptr::null_mut());
+        // SAFETY: each was unlinked from the registry (so unreachable now
+        // that no iteration runs), its cache empty, and is an object of
+        // `descriptors`.
+        unsafe { self.free_chain(descs, &self.descriptors, |d| &d.retired_next) };
+    }
+
+    /// Drops and frees every object of the chain from `head`, linked by
+    /// `next`, into `cache`.
+    ///
+    /// # Safety
+    ///
+    /// Every object of the chain is an object of `cache` that nothing can
+    /// reach any more.
+    unsafe fn free_chain<T>(&self, head: *mut T, cache: &Cache<R>, next: impl Fn(&T) -> &AtomicPtr<T>) {
         let plain = Pages::plain(&self.source);
-        let mut c = core::mem::replace(&mut limbo.caches, core::ptr::null_mut());
-        while let Some(cache) = NonNull::new(c) {
-            // SAFETY: taken out of its group (so unreachable now that no
-            // iteration runs), empty, and an object of `child_caches`.
+        let mut cur = head;
+        while let Some(obj) = NonNull::new(cur) {
+            // SAFETY: per the contract.
             unsafe {
-                c = cache.as_ref().retired_next.load(Ordering::Relaxed);
-                cache.as_ptr().drop_in_place();
-                self.child_caches.free(&plain, cache.cast());
-            }
-        }
-        let mut d = core::mem::replace(&mut limbo.descs, core::ptr::null_mut());
-        while let Some(desc) = NonNull::new(d) {
-            // SAFETY: unlinked from the registry (so unreachable now that no
-            // iteration runs), its cache empty, and an object of
-            // `descriptors`.
-            unsafe {
-                d = desc.as_ref().retired_next.load(Ordering::Relaxed);
-                desc.as_ptr().drop_in_place();
-                self.descriptors.free(&plain, desc.cast());
+                cur = next(obj.as_ref()).load(Ordering::Relaxed);
+                obj.as_ptr().drop_in_place();
+                cache.free(&plain, obj.cast());
             }
         }
     }
