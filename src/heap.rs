@@ -843,11 +843,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// in a slab of `base` or of one of its child caches. Reads the slab
     /// header only after the page source vouches for the address.
     fn is_object_of(&self, base: &MagCache<R>, ptr: NonNull<u8>) -> bool {
-        if self.source.ownership(ptr.as_ptr() as usize) != Ownership::Owned {
+        // The header is read at the start of the run a slab of this class
+        // would occupy: the source must own that page too (a stray pointer
+        // into a one-page run of its own must not make us read below it).
+        let header = crate::page::slab_base(ptr.as_ptr(), base.cache.geometry().order);
+        if self.source.ownership(ptr.as_ptr() as usize) != Ownership::Owned
+            || self.source.ownership(header as usize) != Ownership::Owned
+        {
             return false;
         }
-        // SAFETY: the source owns the address, so the slab header page is
-        // readable; `slab_is_live` checks the magic before the owner is used.
+        // SAFETY: the source owns the address and the page where the slab
+        // header would be, so it is readable; `slab_is_live` checks the
+        // magic before the owner is used.
         unsafe {
             if !base.cache.slab_is_live(ptr.as_ptr()) {
                 return false;

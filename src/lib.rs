@@ -110,6 +110,8 @@
 //! | field | written by | ordering | paired with |
 //! | --- | --- | --- | --- |
 //! | `Region::spans[n]` | `Region::add_raw`, after writing the span entry | `Release` | `Acquire` in `Region::node_of` |
+//! | `OsPages` page map: leaf pointers | first mapping in a leaf's range, by CAS | `AcqRel` | `Acquire` in `ownership` |
+//! | `OsPages` page map: page bits | set after `mmap` and before a run is handed out, cleared before `munmap` | `Release` | `Acquire` in `ownership` (a stray pointer racing an unmap may still read `Owned`) |
 //! | `SlotSync::state`, `SlotSync::drain` | the slot holder, a drainer | see the slot protocol in `magazine` | Dekker with a light/heavy fence pair |
 //! | `MagCache::used_slots` | holders on their slow path, drainers | `Relaxed` | ordered by the slot handshake (see the field) |
 //! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |

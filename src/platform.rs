@@ -11,7 +11,10 @@
 //! * `OsPages` (feature `std`): pages from the OS with `mmap`, pooled in
 //!   4 MiB chunks managed by the same buddy allocator; a chunk whose pages are
 //!   all free goes back to the OS (one spare is kept), and runs larger than a
-//!   chunk are mapped and unmapped directly.
+//!   chunk, or any run once the pool has its most chunks
+//!   (`OsPages::with_max_chunks`), are mapped and unmapped directly. A
+//!   lock-free bitmap of the pages it has mapped answers `ownership` in
+//!   O(1) for both.
 //!
 //! This layer knows nothing of slabs or groups.
 
@@ -105,7 +108,8 @@ pub enum Ownership {
     Owned,
     /// The address is certainly not this source's.
     Foreign,
-    /// The source cannot tell cheaply (e.g. runs mapped directly from the OS).
+    /// The source cannot tell cheaply (a source of the user's may answer
+    /// this; the crate's own never do).
     Unknown,
 }
 

@@ -1,12 +1,53 @@
 //! `OsPages`: a page source over anonymous memory mappings.
+//!
+//! # Where runs come from
+//!
+//! Runs of up to 2 MiB come from a buddy allocator over 4 MiB *chunks*,
+//! each one mapping aligned to its size; the pool holds at most
+//! `max_chunks` of them (1,024, 4 GiB, unless built with
+//! [`OsPages::with_max_chunks`]). Larger runs, and every run once the pool
+//! is full and has no free block, are mapped directly, aligned to their
+//! size, and unmapped piece by piece as they are freed (the tail of an
+//! exact run goes back at once).
+//!
+//! # Ownership map
+//!
+//! [`PageSource::ownership`] runs on every checked free (debug builds and
+//! feature `hardened`), so it must be cheap, lock-free, and right for every
+//! page handed out, pooled or direct. A [`PageMap`] keeps one bit per page
+//! of the user address space (48 bits): set iff the page lies in a mapping
+//! this source made and still holds (a pooled chunk, metadata page
+//! included, or a live piece of a direct mapping). It is a two-level radix
+//! table: a fixed array of 4,096 leaf pointers, one per 64 GiB of
+//! addresses, each leaf a 2 MiB bitmap mapped on first use and unmapped
+//! only when the source is dropped (the table adds 32 KiB to `OsPages`; a
+//! leaf costs resident memory only where bits were set, 32 KiB per GiB
+//! mapped). A lookup is two dependent loads; a page's bit is set
+//! (`Release`) after its mapping is made and before any run in it is
+//! handed out, and cleared before the page is unmapped. Bits are per page,
+//! not per chunk, because direct runs made once the pool is full can be as
+//! small as a page and share a chunk-sized granule with mappings that are
+//! not ours, and because the freed tail of a direct run is no longer ours.
+//!
+//! # Miri
+//!
+//! Miri supports `mmap` only with `MAP_PRIVATE | MAP_ANONYMOUS` and
+//! `munmap` only of whole mappings, so under `cfg(miri)` mappings are made
+//! without `MAP_NORESERVE`, over-sized ones are not trimmed, and pieces of
+//! mappings are never unmapped (the page map is still cleared, so
+//! ownership answers as in a real run; Miri runs ignore leaks). Leaves are
+//! whole mappings and are unmapped as usual. Every pointer is derived from
+//! a mapping with `wrapping_add`/`with_addr` (strict provenance).
 
 use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
 use super::buddy::Buddy;
-use super::{DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PAGE_SIZE, PageRun, PageSource, SourceStats};
-use crate::sync::Stat;
+use super::{
+    DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, SourceStats,
+};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null};
 
 /// Pages in one pooled chunk: 4 MiB.
 const CHUNK_PAGES: usize = 1024;
@@ -25,19 +66,44 @@ const SPARE_CHUNKS: usize = 1;
 /// explicit trim instead of a decay timer).
 const RETAINED_CHUNKS: usize = 256;
 
+/// `mmap` flags of every mapping. `MAP_NORESERVE`: pooled chunks are mostly
+/// untouched, so they should not count against a strict overcommit limit
+/// (Miri supports only the two basic flags).
+#[cfg(not(miri))]
+const MAP_FLAGS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+/// `mmap` flags of every mapping (Miri supports only these two).
+#[cfg(miri)]
+const MAP_FLAGS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+
 /// A page source that maps memory from the OS.
 ///
 /// Small runs (up to 2 MiB) come from a buddy allocator over 4 MiB chunks.
 /// Chunks whose pages are all free stay mapped (up to 1 GiB of them) until
 /// [`PageSource::trim`] unmaps all but one; `Kmem::reap` and `Kmem::shrink`
-/// call it. Larger
-/// runs are mapped and unmapped directly. Runs are tagged with the node the
-/// caller asked for: the OS places pages on first touch, which is normally
-/// the asking CPU's node.
+/// call it. Larger runs, and small ones once the pool holds its maximum of
+/// chunks ([`OsPages::with_max_chunks`]) and has no free block, are mapped
+/// and unmapped directly. Runs are tagged with the node the caller asked
+/// for: the OS places pages on first touch, which is normally the asking
+/// CPU's node.
+///
+/// [`PageSource::ownership`] is exact to the page, takes no lock and costs
+/// two loads (see the module's *Ownership map*).
 pub struct OsPages<R: RawMutex = DefaultRawMutex> {
-    pool: Mutex<R, Buddy<POOL_ZONES>>,
+    pool: Mutex<R, Pool>,
+    /// The most chunks `pool` may hold (at most `POOL_ZONES`); fixed.
+    max_chunks: usize,
+    /// Every page of every mapping this source holds.
+    owned: PageMap,
     in_use: Stat,
     mapped: Stat,
+}
+
+/// The chunk pool, behind the pool lock.
+struct Pool {
+    buddy: Buddy<POOL_ZONES>,
+    /// Chunks in `buddy` (all its zones are chunks); at most
+    /// `OsPages::max_chunks`.
+    chunks: usize,
 }
 
 impl<R: RawMutex> Default for OsPages<R> {
@@ -47,75 +113,86 @@ impl<R: RawMutex> Default for OsPages<R> {
 }
 
 impl<R: RawMutex> OsPages<R> {
-    /// A page source with nothing mapped yet.
+    /// A page source with nothing mapped yet, whose pool may grow to 1,024
+    /// chunks (4 GiB).
     pub const fn new() -> Self {
-        OsPages { pool: Mutex::const_new(R::INIT, Buddy::new()), in_use: Stat::new(), mapped: Stat::new() }
+        Self::with_max_chunks(POOL_ZONES)
     }
 
-    /// Maps `len` bytes aligned to `align` (both page multiples), trimming the
-    /// excess of an over-sized mapping. Returns the mapping or `None`.
-    fn map_aligned(&self, len: usize, align: usize) -> Option<*mut u8> {
-        let span = len.checked_add(align - PAGE_SIZE)?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's
-        // choosing touches no existing memory.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+    /// A page source with nothing mapped yet, whose pool holds at most
+    /// `max_chunks` 4 MiB chunks (values above 1,024 mean 1,024). Once the
+    /// pool is full and has no free block of the size asked for, runs are
+    /// mapped directly: a small limit exercises that path in tests, and `0`
+    /// maps every run directly.
+    pub const fn with_max_chunks(max_chunks: usize) -> Self {
+        OsPages {
+            pool: Mutex::const_new(R::INIT, Pool { buddy: Buddy::new(), chunks: 0 }),
+            max_chunks: if max_chunks < POOL_ZONES { max_chunks } else { POOL_ZONES },
+            owned: PageMap::new(),
+            in_use: Stat::new(),
+            mapped: Stat::new(),
+        }
+    }
+
+    /// Maps `len` bytes aligned to `align` (both page multiples) and marks
+    /// them in the page map. `None` if either fails (then nothing stays
+    /// mapped or marked).
+    fn map(&self, len: usize, align: usize) -> Option<*mut u8> {
+        let p = map_aligned(len, align)?;
+        if !self.owned.mark(p.addr(), len) {
+            // SAFETY: just mapped, and nothing refers to it.
+            unsafe { unmap_piece(p, len) };
             return None;
         }
-        let base = p.cast::<u8>();
-        let head = base.addr().next_multiple_of(align) - base.addr();
-        let start = base.wrapping_add(head);
-        let tail = span - head - len;
-        // SAFETY: both trimmed pieces belong to the mapping just made and
-        // nothing refers to them.
-        unsafe {
-            if head != 0 {
-                libc::munmap(base.cast(), head);
-            }
-            if tail != 0 {
-                libc::munmap(start.wrapping_add(len).cast(), tail);
-            }
-        }
         self.mapped.add(len / PAGE_SIZE);
-        Some(start)
+        Some(p)
     }
 
-    /// Unmaps `len` bytes at `addr`.
+    /// Unmarks and unmaps `len` bytes at `addr`.
     ///
     /// # Safety
     ///
-    /// The range must be mapped by this source and unused.
+    /// The range must be a page-aligned piece of a mapping made by
+    /// [`OsPages::map`] of this source, not yet unmapped, and unused.
     unsafe fn unmap(&self, addr: *mut u8, len: usize) {
+        // Unmark first: from here on a stray lookup says Foreign and reads
+        // nothing.
+        self.owned.clear(addr.addr(), len);
         // SAFETY: forwarded from the caller.
-        unsafe { libc::munmap(addr.cast(), len) };
+        unsafe { unmap_piece(addr, len) };
         self.mapped.sub(len / PAGE_SIZE);
     }
 
-    /// A run from the chunk pool, mapping a new chunk when the pool is dry.
+    /// Whether the pool may take another chunk.
+    fn has_room(&self, pool: &Pool) -> bool {
+        pool.chunks < self.max_chunks && pool.buddy.has_room()
+    }
+
+    /// A run from the chunk pool, mapping a new chunk when the pool is dry
+    /// and may grow; `None` sends the caller to a direct mapping.
     fn alloc_pooled(&self, order: u32) -> Option<*mut u8> {
-        if let Some(a) = self.pool.lock().alloc(order) {
-            return Some(a);
-        }
-        // Map outside the lock: a syscall is not a slab-list update.
-        let chunk = self.map_aligned(CHUNK_BYTES, CHUNK_BYTES)?;
-        let mut pool = self.pool.lock();
-        if pool.has_room() {
-            // SAFETY: the chunk was just mapped and is ours alone.
-            if unsafe { pool.add_zone(chunk, CHUNK_BYTES, true) }.is_ok() {
-                return pool.alloc(order);
+        {
+            let mut pool = self.pool.lock();
+            if let Some(a) = pool.buddy.alloc(order) {
+                return Some(a);
+            }
+            if !self.has_room(&pool) {
+                return None;
             }
         }
+        // Map outside the lock: a syscall is not a slab-list update.
+        let chunk = self.map(CHUNK_BYTES, CHUNK_BYTES)?;
+        let mut pool = self.pool.lock();
+        if self.has_room(&pool) {
+            // SAFETY: the chunk was just mapped and is ours alone.
+            if unsafe { pool.buddy.add_zone(chunk, CHUNK_BYTES, true) }.is_ok() {
+                pool.chunks += 1;
+                return pool.buddy.alloc(order);
+            }
+        }
+        // Another thread filled the pool meanwhile.
         drop(pool);
-        // SAFETY: the chunk is unused.
+        // SAFETY: the chunk is a whole mapping of ours, unused.
         unsafe { self.unmap(chunk, CHUNK_BYTES) };
         None
     }
@@ -125,10 +202,11 @@ impl<R: RawMutex> OsPages<R> {
 // from fresh aligned mappings, so runs are aligned, writable and disjoint;
 // (2) nodes are clamped below MAX_NODES; (3) the buddy accepts aligned pieces
 // of live blocks and munmap accepts any page-aligned piece of a mapping;
-// (4) only the pool lock and mmap/munmap are used: no allocation, no
-// callback, no panic outside debug assertions; (5) the pool is behind a lock
-// and the counters are atomics; (6) `claim_pages` takes only pages the
-// pool's buddy lists as free (never part of a direct mapping).
+// (4) only the pool lock, the page map's atomics and mmap/munmap are used: no
+// allocation, no callback, no panic outside debug assertions; (5) the pool is
+// behind a lock, the page map and the counters are atomics; (6) `claim_pages`
+// takes only pages the pool's buddy lists as free (never part of a direct
+// mapping).
 unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
     fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun> {
         if order >= MAX_ORDER {
@@ -139,7 +217,7 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
             Some(a) => a,
             None => {
                 let len = PAGE_SIZE.checked_shl(order)?;
-                self.map_aligned(len, len)?
+                self.map(len, len)?
             }
         };
         self.in_use.add(1 << order);
@@ -168,10 +246,18 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
                 for &r in chunk {
                     let a = r.as_ptr();
                     // SAFETY: forwarded from the caller.
-                    let release = if unsafe { pool.free(a, order) } {
-                        if pool.empty_islands() > RETAINED_CHUNKS { pool.remove_empty_island(a.addr()) } else { None }
+                    let release = if unsafe { pool.buddy.free(a, order) } {
+                        if pool.buddy.empty_islands() > RETAINED_CHUNKS {
+                            let island = pool.buddy.remove_empty_island(a.addr());
+                            pool.chunks -= usize::from(island.is_some());
+                            island
+                        } else {
+                            None
+                        }
                     } else {
-                        // Not pooled: (a piece of) a direct mapping.
+                        // Not pooled: (a piece of) a direct mapping, never a
+                        // chunk's metadata page.
+                        debug_assert!(!pool.buddy.contains_raw(a.addr()), "free of a chunk's metadata page");
                         Some((a, PAGE_SIZE << order))
                     };
                     if let Some(u) = release {
@@ -181,23 +267,28 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
                 }
             }
             for &(raw, len) in &unmap[..n] {
-                // SAFETY: an unlinked, entirely free island, or a direct
-                // mapping the caller gave back.
+                // SAFETY: an unlinked, entirely free island (a whole chunk
+                // mapping), or a piece of a direct mapping the caller gave
+                // back.
                 unsafe { self.unmap(raw, len) };
             }
         }
     }
 
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
-        let taken = self.pool.lock().claim(at.as_ptr(), pages);
+        let taken = self.pool.lock().buddy.claim(at.as_ptr(), pages);
         if taken {
             self.in_use.add(pages);
         }
         taken
     }
 
+    /// `Owned` iff `addr` lies in a page this source holds mapped (a pooled
+    /// chunk, or a live piece of a direct mapping), else `Foreign`; never
+    /// `Unknown`. Lock-free: two loads.
+    #[inline]
     fn ownership(&self, addr: usize) -> Ownership {
-        if self.pool.lock().contains_raw(addr) { Ownership::Owned } else { Ownership::Unknown }
+        if self.owned.contains(addr) { Ownership::Owned } else { Ownership::Foreign }
     }
 
     fn stats(&self) -> SourceStats {
@@ -208,14 +299,215 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         let mut pages = 0;
         loop {
             let mut pool = self.pool.lock();
-            if pool.empty_islands() <= SPARE_CHUNKS {
+            if pool.buddy.empty_islands() <= SPARE_CHUNKS {
                 return pages;
             }
-            let Some((raw, len)) = pool.take_empty_island() else { return pages };
+            let Some((raw, len)) = pool.buddy.take_empty_island() else { return pages };
+            pool.chunks -= 1;
             drop(pool);
-            // SAFETY: the island was entirely free and is now unlinked.
+            // SAFETY: the island was entirely free and is now unlinked: a
+            // whole chunk mapping.
             unsafe { self.unmap(raw, len) };
             pages += len / PAGE_SIZE;
         }
     }
+}
+
+/// Bits of the user address space the page map covers (48 on 64-bit
+/// targets: x86-64 hands out 47, AArch64 48, without an explicit hint).
+const ADDR_BITS: u32 = if usize::BITS >= 64 { 48 } else { usize::BITS };
+/// Pages one leaf covers, as a power of two: 64 GiB of addresses (the whole
+/// space on 32-bit targets).
+const LEAF_PAGE_BITS: u32 = if ADDR_BITS - PAGE_SHIFT < 24 { ADDR_BITS - PAGE_SHIFT } else { 24 };
+const LEAF_PAGES: usize = 1 << LEAF_PAGE_BITS;
+/// Pages (bits) per bitmap word.
+const WORD_PAGES: usize = usize::BITS as usize;
+/// Bytes in one leaf: 2 MiB on 64-bit targets.
+const LEAF_BYTES: usize = LEAF_PAGES / 8;
+/// Leaves in the table: 4,096 on 64-bit targets.
+const LEAVES: usize = 1 << (ADDR_BITS - PAGE_SHIFT - LEAF_PAGE_BITS);
+
+/// One bit per page of the user address space: which pages lie in
+/// mappings an [`OsPages`] holds. A two-level radix table whose leaves are
+/// mapped on first use (see the module docs).
+///
+/// Atomics: a leaf pointer is published once by CAS (`AcqRel`) and read
+/// with `Acquire`; never changed again until drop. A page's bit is set
+/// with `Release` after the page is mapped and before the source hands any
+/// of it out, and cleared with `Release` before the page is unmapped; it is
+/// read with `Acquire`. A lookup of a page that the caller got from this
+/// source (through whatever synchronisation handed it over) therefore sees
+/// its bit set. Tolerated race: a lookup of a stray pointer into a run that
+/// another thread is unmapping may see the bit before it is cleared (its
+/// caller may then read a page as it is unmapped); frees of pointers that
+/// were never allocated cannot be told apart from that without a lock.
+pub(super) struct PageMap {
+    /// `leaves[i]`: null, or a zeroed mapping of `LEAF_BYTES` holding the
+    /// bits of pages `i * LEAF_PAGES ..`, live until drop.
+    leaves: [AtomicPtr<AtomicUsize>; LEAVES],
+}
+
+impl PageMap {
+    /// Bytes of address space one leaf covers (for tests of the seams).
+    #[cfg(test)]
+    pub(super) const LEAF_SPAN: usize = LEAF_PAGES * PAGE_SIZE;
+
+    /// An empty map: no leaf mapped, no page set.
+    pub(super) const fn new() -> Self {
+        PageMap { leaves: [const { atomic_null() }; LEAVES] }
+    }
+
+    /// Whether the page holding `addr` is set.
+    #[inline]
+    pub(super) fn contains(&self, addr: usize) -> bool {
+        let page = addr >> PAGE_SHIFT;
+        let Some(slot) = self.leaves.get(page >> LEAF_PAGE_BITS) else { return false };
+        let leaf = slot.load(Ordering::Acquire);
+        if leaf.is_null() {
+            return false;
+        }
+        let i = page & (LEAF_PAGES - 1);
+        // SAFETY: a non-null leaf is a live mapping of LEAF_PAGES bits, and
+        // `i / WORD_PAGES` is below its word count; zeroed memory is a valid
+        // `AtomicUsize`.
+        let word = unsafe { &*leaf.add(i / WORD_PAGES) };
+        word.load(Ordering::Acquire) & (1 << (i % WORD_PAGES)) != 0
+    }
+
+    /// Sets the pages of `[addr, addr + len)` (page-aligned), mapping the
+    /// leaves they need first. `false`, with nothing set, if the range lies
+    /// beyond the covered address space or a leaf cannot be mapped.
+    pub(super) fn mark(&self, addr: usize, len: usize) -> bool {
+        let Some((first, end)) = page_range(addr, len) else { return false };
+        for leaf in first >> LEAF_PAGE_BITS..end.div_ceil(LEAF_PAGES) {
+            if self.leaf_or_map(leaf).is_none() {
+                return false;
+            }
+        }
+        self.update(first, end, |w, mask| {
+            w.fetch_or(mask, Ordering::Release);
+        });
+        true
+    }
+
+    /// Clears the pages of `[addr, addr + len)` (page-aligned).
+    pub(super) fn clear(&self, addr: usize, len: usize) {
+        let Some((first, end)) = page_range(addr, len) else { return };
+        self.update(first, end, |w, mask| {
+            w.fetch_and(!mask, Ordering::Release);
+        });
+    }
+
+    /// Calls `f(word, mask)` for every bitmap word holding pages
+    /// `first..end`, with the mask of those pages; skips unmapped leaves.
+    fn update(&self, first: usize, end: usize, f: impl Fn(&AtomicUsize, usize)) {
+        let mut p = first;
+        while p < end {
+            let leaf_end = (p | (LEAF_PAGES - 1)) + 1;
+            let leaf = self.leaves[p >> LEAF_PAGE_BITS].load(Ordering::Acquire);
+            let stop = end.min(leaf_end);
+            while !leaf.is_null() && p < stop {
+                let i = p & (LEAF_PAGES - 1);
+                let bit = i % WORD_PAGES;
+                let n = (WORD_PAGES - bit).min(stop - p);
+                let mask = (usize::MAX >> (WORD_PAGES - n)) << bit;
+                // SAFETY: as in `contains`.
+                f(unsafe { &*leaf.add(i / WORD_PAGES) }, mask);
+                p += n;
+            }
+            p = stop;
+        }
+    }
+
+    /// Leaf `i`, mapping it if it is not yet; `None` if mmap fails.
+    fn leaf_or_map(&self, i: usize) -> Option<*mut AtomicUsize> {
+        let slot = &self.leaves[i];
+        let leaf = slot.load(Ordering::Acquire);
+        if !leaf.is_null() {
+            return Some(leaf);
+        }
+        let new = map_aligned(LEAF_BYTES, PAGE_SIZE)?.cast::<AtomicUsize>();
+        match slot.compare_exchange(core::ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Some(new),
+            Err(winner) => {
+                // SAFETY: our leaf is a whole mapping nobody else has seen.
+                unsafe { unmap_whole(new.cast(), LEAF_BYTES) };
+                Some(winner)
+            }
+        }
+    }
+}
+
+impl Drop for PageMap {
+    fn drop(&mut self) {
+        for slot in &mut self.leaves {
+            let leaf = *slot.get_mut();
+            if !leaf.is_null() {
+                // SAFETY: a whole leaf mapping; `&mut self` means no lookup
+                // can still read it.
+                unsafe { unmap_whole(leaf.cast(), LEAF_BYTES) };
+            }
+        }
+    }
+}
+
+/// The page numbers `first..end` of `[addr, addr + len)`, if the range lies
+/// in the space the page map covers.
+fn page_range(addr: usize, len: usize) -> Option<(usize, usize)> {
+    let end = addr.checked_add(len)? >> PAGE_SHIFT;
+    (end <= LEAVES << LEAF_PAGE_BITS).then_some((addr >> PAGE_SHIFT, end))
+}
+
+/// Maps `len` bytes aligned to `align` (both page multiples), trimming the
+/// excess of an over-sized mapping (under Miri the excess stays mapped).
+/// Returns the mapping or `None`.
+fn map_aligned(len: usize, align: usize) -> Option<*mut u8> {
+    let span = len.checked_add(align - PAGE_SIZE)?;
+    // SAFETY: an anonymous private mapping at an address of the kernel's
+    // choosing touches no existing memory.
+    let p = unsafe { libc::mmap(core::ptr::null_mut(), span, libc::PROT_READ | libc::PROT_WRITE, MAP_FLAGS, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let base = p.cast::<u8>();
+    let head = base.addr().next_multiple_of(align) - base.addr();
+    let start = base.wrapping_add(head);
+    let tail = span - head - len;
+    // SAFETY: both trimmed pieces belong to the mapping just made and
+    // nothing refers to them.
+    unsafe {
+        if head != 0 {
+            unmap_piece(base, head);
+        }
+        if tail != 0 {
+            unmap_piece(start.wrapping_add(len), tail);
+        }
+    }
+    Some(start)
+}
+
+/// Unmaps a page-aligned piece of a mapping; under Miri, which unmaps only
+/// whole mappings, leaves it mapped (leaked).
+///
+/// # Safety
+///
+/// `[addr, addr + len)` must be a page-aligned piece of a live mapping that
+/// nothing uses any more.
+unsafe fn unmap_piece(addr: *mut u8, len: usize) {
+    if cfg!(miri) {
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { libc::munmap(addr.cast(), len) };
+}
+
+/// Unmaps a whole mapping.
+///
+/// # Safety
+///
+/// `addr` and `len` must be exactly a live mapping that nothing uses any
+/// more.
+unsafe fn unmap_whole(addr: *mut u8, len: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { libc::munmap(addr.cast(), len) };
 }

@@ -156,7 +156,6 @@ fn region_model() {
 
 #[cfg(feature = "std")]
 #[test]
-#[cfg_attr(miri, ignore = "Miri has no partial munmap or MAP_NORESERVE")]
 fn os_pages_model_and_release() {
     let os = leak(OsPages::<DefaultRawMutex>::new());
     buddy_model(os, scaled(5_000, 100), 11, 2);
@@ -165,7 +164,7 @@ fn os_pages_model_and_release() {
     assert!(os.stats().pages_reserved > 1024, "{:?}", os.stats());
     assert!(os.trim() > 0);
     assert!(os.stats().pages_reserved <= 1024, "{:?}", os.stats());
-    assert_eq!(os.ownership(0x1000), Ownership::Unknown);
+    assert_eq!(os.ownership(0x1000), Ownership::Foreign);
 }
 
 /// Bulk frees: runs of one order given back in batches (pooled orders and,
@@ -201,9 +200,140 @@ fn region_bulk_free() {
 
 #[cfg(feature = "std")]
 #[test]
-#[cfg_attr(miri, ignore = "Miri has no partial munmap or MAP_NORESERVE")]
 fn os_pages_bulk_free() {
     let os = leak(OsPages::<DefaultRawMutex>::new());
     bulk_free_round_trip(os, &[0, 2, 9, 10]);
-    assert_eq!(os.ownership(0x1000), Ownership::Unknown);
+    assert_eq!(os.ownership(0x1000), Ownership::Foreign);
+}
+
+/// The page map of `OsPages` on made-up addresses (it never touches the
+/// pages it tracks): ranges across bitmap words and a leaf seam, partial
+/// clears, and addresses beyond the space it covers.
+#[cfg(feature = "std")]
+#[test]
+fn page_map_marks_and_clears_pages() {
+    use super::os::PageMap;
+    let m = leak(PageMap::new());
+    let seam = 5 * PageMap::LEAF_SPAN;
+    let (lo, hi) = (seam - 70 * PAGE_SIZE, seam + 70 * PAGE_SIZE);
+    assert!(!m.contains(lo) && !m.contains(seam));
+    assert!(m.mark(lo, hi - lo));
+    assert!(!m.contains(lo - 1) && !m.contains(hi));
+    for a in (lo..hi).step_by(PAGE_SIZE) {
+        assert!(m.contains(a) && m.contains(a + PAGE_SIZE - 1), "{a:#x}");
+    }
+    // Clear a piece across the seam and one inside a word: the rest stays.
+    m.clear(seam - 3 * PAGE_SIZE, 6 * PAGE_SIZE);
+    m.clear(lo + PAGE_SIZE, PAGE_SIZE);
+    for a in (lo..hi).step_by(PAGE_SIZE) {
+        let cleared = a == lo + PAGE_SIZE || (seam - 3 * PAGE_SIZE..seam + 3 * PAGE_SIZE).contains(&a);
+        assert_eq!(m.contains(a), !cleared, "{a:#x}");
+    }
+    m.clear(lo, hi - lo);
+    assert!((lo..hi).step_by(PAGE_SIZE).all(|a| !m.contains(a)));
+    // Clearing where no leaf was ever mapped is a no-op.
+    m.clear(PAGE_SIZE, 3 * PageMap::LEAF_SPAN);
+    // Beyond the covered space: never set, and marking is refused.
+    let top = if usize::BITS >= 64 { 1usize << 48 } else { 0 };
+    if top != 0 {
+        assert!(!m.mark(top, PAGE_SIZE));
+        assert!(!m.mark(top - PAGE_SIZE, 2 * PAGE_SIZE));
+        assert!(!m.contains(top) && !m.contains(usize::MAX));
+    }
+    assert!(!m.mark(usize::MAX & !(PAGE_SIZE - 1), PAGE_SIZE));
+    assert!(!m.contains(usize::MAX) && !m.contains(0));
+}
+
+/// Threads setting and clearing interleaved pages of the same bitmap words
+/// never disturb each other's bits.
+#[cfg(feature = "std")]
+#[test]
+fn page_map_neighbours_in_a_word_are_independent() {
+    use super::os::PageMap;
+    const T: usize = 4;
+    let m = leak(PageMap::new());
+    let base = 7 * PageMap::LEAF_SPAN;
+    let rounds = scaled(2000, 100);
+    std::thread::scope(|s| {
+        for t in 0..T {
+            s.spawn(move || {
+                for r in 0..rounds {
+                    // Pages t, t + T, t + 2T, ... of two words: ours alone.
+                    let page = t + T * (r % (128 / T));
+                    let a = base + page * PAGE_SIZE;
+                    assert!(m.mark(a, PAGE_SIZE));
+                    assert!(m.contains(a));
+                    m.clear(a, PAGE_SIZE);
+                    assert!(!m.contains(a));
+                }
+                assert!(m.mark(base + t * PAGE_SIZE, PAGE_SIZE));
+            });
+        }
+    });
+    for page in 0..128 {
+        assert_eq!(m.contains(base + page * PAGE_SIZE), page < T, "page {page}");
+    }
+}
+
+/// `OsPages::ownership`: pooled runs, direct runs (above a chunk, and
+/// small ones once the pool is full), freed pieces of direct runs, and
+/// addresses the source never mapped.
+#[cfg(feature = "std")]
+#[test]
+fn os_pages_ownership_of_pooled_direct_and_foreign_pages() {
+    const CHUNK: usize = 1024 * PAGE_SIZE;
+    let os = leak(OsPages::<DefaultRawMutex>::with_max_chunks(1));
+    let owned = |a: usize| os.ownership(a) == Ownership::Owned;
+    // Whether the first, middle and last byte of `r` are owned.
+    let probe = |r: &PageRun| {
+        let (a, len) = (r.addr.as_ptr().addr(), PAGE_SIZE << r.order);
+        [owned(a), owned(a + len / 2), owned(a + len - 1)]
+    };
+    let run_owned = |r: &PageRun| probe(r) == [true; 3];
+    let run_foreign = |r: &PageRun| probe(r) == [false; 3];
+    // The pool's one chunk: a page, then its one order-9 block.
+    let page = os.alloc_pages(0, 0).unwrap();
+    let half = os.alloc_pages(9, 0).unwrap();
+    let chunk = page.addr.as_ptr().addr() & !(CHUNK - 1);
+    assert_eq!(half.addr.as_ptr().addr() & !(CHUNK - 1), chunk, "both from the chunk");
+    assert!(run_owned(&page) && run_owned(&half));
+    assert!(owned(chunk), "the chunk's metadata page is the source's too");
+    // The pool is full: the next order-9 run is a direct mapping, as is
+    // every run above a chunk.
+    let small = os.alloc_pages(9, 0).unwrap();
+    let big = os.alloc_pages(11, 0).unwrap();
+    for r in [&small, &big] {
+        assert_ne!(r.addr.as_ptr().addr() & !(CHUNK - 1), chunk, "a direct mapping");
+        assert!(run_owned(r));
+    }
+    // Addresses it never mapped: another source's pages, the heap, the
+    // stack, and the ends of the address space.
+    let other = leak(OsPages::<DefaultRawMutex>::new());
+    let theirs = other.alloc_pages(0, 0).unwrap();
+    let heap = std::vec![0u8; 64];
+    let stack = 0u64;
+    for a in
+        [theirs.addr.as_ptr().addr(), heap.as_ptr().addr(), core::ptr::addr_of!(stack).addr(), 0, PAGE_SIZE, usize::MAX]
+    {
+        assert_eq!(os.ownership(a), Ownership::Foreign, "{a:#x}");
+    }
+    // Freed pieces of direct runs are no longer the source's; the rest is.
+    let b = big.addr.as_ptr();
+    // SAFETY: the upper half of `big`, a naturally aligned piece, freed once.
+    unsafe { os.free_pages(NonNull::new(b.wrapping_add(PAGE_SIZE << 10)).unwrap(), 10) };
+    assert!(owned(b.addr()) && owned(b.addr() + (PAGE_SIZE << 10) - 1));
+    assert!(!owned(b.addr() + (PAGE_SIZE << 10)) && !owned(b.addr() + (PAGE_SIZE << 11) - 1));
+    // SAFETY: each a live run (or the live half of one) of `os`, freed once.
+    unsafe {
+        os.free_pages(big.addr, 10);
+        os.free_pages(small.addr, 9);
+        os.free_pages(half.addr, 9);
+        os.free_pages(page.addr, 0);
+        other.free_pages(theirs.addr, 0);
+    }
+    assert!(run_foreign(&big) && run_foreign(&small));
+    // Pooled pages stay the source's while their chunk stays mapped.
+    assert!(run_owned(&page) && run_owned(&half));
+    assert_eq!(os.stats().pages_in_use, 0);
+    assert_eq!(os.stats().pages_reserved, 1024, "only the chunk stays mapped");
 }
