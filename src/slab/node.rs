@@ -1,0 +1,289 @@
+//! One node's slabs of one cache: the slab header and its free bitmap,
+//! the intrusive slab lists, and the list updates done under the node's
+//! lock.
+
+use core::ptr::{self, NonNull};
+
+use super::geometry::Geometry;
+use super::{HEADER, MAP_OFFSET};
+
+/// Which list a slab is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum ListKind {
+    Partial = 1,
+    Full = 2,
+    Empty = 3,
+}
+
+/// The header at the start of every slab.
+///
+/// All fields but `magic`, `cache` and `node` (fixed at creation) are read
+/// and written only under the lock of node `node` of cache `cache`.
+#[repr(C)]
+pub(crate) struct Slab {
+    /// `SLAB_MAGIC` while the slab is live, 0 once handed back.
+    pub(super) magic: u32,
+    /// The node whose lists hold this slab.
+    pub(super) node: u8,
+    /// The list the slab is on.
+    pub(super) list: ListKind,
+    /// Objects handed out and not returned.
+    pub(super) inuse: u32,
+    /// No word of the free bitmap below this one has a set bit.
+    pub(super) hint: u32,
+    /// The cache that owns this slab.
+    pub(super) cache: *const (),
+    pub(super) next: *mut Slab,
+    pub(super) prev: *mut Slab,
+}
+
+static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
+
+/// The free bitmap of the slab at `s`: [`Geometry::words`] words right
+/// after the `Slab` struct (at [`MAP_OFFSET`]), bit `i` of word `w` set
+/// while object `64 * w + i` is in the slab. Derived from `s`, outside the `Slab` struct, so it never
+/// overlaps a reference to the header.
+#[inline(always)]
+pub(super) fn free_map(s: *mut Slab) -> *mut u64 {
+    s.cast::<u8>().wrapping_add(MAP_OFFSET).cast()
+}
+
+/// An intrusive doubly linked list of slabs.
+pub(super) struct List {
+    pub(super) head: *mut Slab,
+    pub(super) len: usize,
+}
+
+impl List {
+    const EMPTY: List = List { head: ptr::null_mut(), len: 0 };
+
+    /// # Safety
+    ///
+    /// `s` is a live slab header on no list, owned by the caller's lock.
+    pub(super) unsafe fn push(&mut self, s: *mut Slab, kind: ListKind) {
+        // SAFETY: per the contract, `s` and the current head are live headers
+        // guarded by the lock the caller holds.
+        unsafe {
+            (*s).prev = ptr::null_mut();
+            (*s).next = self.head;
+            (*s).list = kind;
+            if !self.head.is_null() {
+                (*self.head).prev = s;
+            }
+        }
+        self.head = s;
+        self.len += 1;
+    }
+
+    /// # Safety
+    ///
+    /// `s` is on this list, and the caller holds its lock.
+    pub(super) unsafe fn remove(&mut self, s: *mut Slab) {
+        // SAFETY: `s` and its neighbours are live headers on this list.
+        unsafe {
+            let (prev, next) = ((*s).prev, (*s).next);
+            if prev.is_null() {
+                self.head = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+        }
+        self.len -= 1;
+    }
+}
+
+/// One node's slabs of one cache.
+pub(super) struct NodeSlabs {
+    pub(super) partial: List,
+    pub(super) full: List,
+    pub(super) empty: List,
+    /// Objects handed out from this node's slabs.
+    pub(super) active: usize,
+}
+
+// SAFETY: the raw slab pointers refer to page runs owned by the cache; all
+// access goes through the node lock that wraps this value.
+unsafe impl Send for NodeSlabs {}
+
+impl NodeSlabs {
+    pub(super) const fn new() -> Self {
+        NodeSlabs { partial: List::EMPTY, full: List::EMPTY, empty: List::EMPTY, active: 0 }
+    }
+
+    pub(super) fn list(&mut self, kind: ListKind) -> &mut List {
+        match kind {
+            ListKind::Partial => &mut self.partial,
+            ListKind::Full => &mut self.full,
+            ListKind::Empty => &mut self.empty,
+        }
+    }
+
+    /// Moves `s` from its list to `to`.
+    ///
+    /// # Safety
+    ///
+    /// `s` is a live slab on one of these lists.
+    pub(super) unsafe fn relist(&mut self, s: *mut Slab, to: ListKind) {
+        // SAFETY: forwarded.
+        unsafe {
+            let from = (*s).list;
+            self.list(from).remove(s);
+            self.list(to).push(s, to);
+        }
+    }
+
+    /// Hands out one object from a partial (or else empty) slab.
+    ///
+    /// # Safety
+    ///
+    /// All listed slabs belong to a cache with geometry `g`.
+    #[inline]
+    pub(super) unsafe fn take(&mut self, g: &Geometry) -> Option<NonNull<u8>> {
+        let mut out = [ptr::null_mut(); 1];
+        // SAFETY: forwarded.
+        match unsafe { self.take_bulk(g, &mut out) } {
+            // SAFETY: slab objects are never null.
+            1 => Some(unsafe { NonNull::new_unchecked(out[0]) }),
+            _ => None,
+        }
+    }
+
+    /// Fills `out` with objects from partial (or else empty) slabs, as
+    /// many from each slab as it has, with one header update and at most
+    /// one list move per slab. Returns how many it took: fewer than asked
+    /// only when the node has no free object left.
+    ///
+    /// # Safety
+    ///
+    /// All listed slabs belong to a cache with geometry `g`.
+    pub(super) unsafe fn take_bulk(&mut self, g: &Geometry, out: &mut [*mut u8]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let mut s = self.partial.head;
+            if s.is_null() {
+                s = self.empty.head;
+                if s.is_null() {
+                    break;
+                }
+                // SAFETY: `s` heads the empty list.
+                unsafe { self.relist(s, ListKind::Partial) };
+            }
+            // SAFETY: `s` is a live slab of this node with a free object (it
+            // is partial or empty); its header is guarded by our lock.
+            unsafe {
+                let slab = &mut *s;
+                let want = (out.len() - n).min(g.capacity - slab.inuse as usize);
+                let map = free_map(s);
+                let mut w = slab.hint as usize;
+                let mut got = 0;
+                // `want` is at most the free bits, all at or after `hint`;
+                // `w < words` only guards the bitmap's end.
+                while got < want && w < g.words() {
+                    let mut bits = *map.add(w);
+                    while bits != 0 && got < want {
+                        let i = w * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        out[n + got] = (s as *mut u8).add(g.first + i * g.size);
+                        got += 1;
+                    }
+                    *map.add(w) = bits;
+                    if bits == 0 {
+                        w += 1;
+                    }
+                }
+                slab.hint = w as u32;
+                slab.inuse += got as u32;
+                if slab.inuse as usize == g.capacity {
+                    self.relist(s, ListKind::Full);
+                }
+                self.active += got;
+                n += got;
+                if got < want {
+                    // Fewer free bits than `inuse` promised: only a broken
+                    // invariant gets here; stop rather than spin.
+                    debug_assert!(false, "slab free bitmap disagrees with its count");
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// Returns `obj` to slab `s`; yields a slab to give back to the page
+    /// source when more than `reserve` are empty.
+    ///
+    /// # Safety
+    ///
+    /// `obj` is a live object of `s`, a slab of this node with geometry `g`.
+    #[inline]
+    pub(super) unsafe fn put(&mut self, s: *mut Slab, obj: *mut u8, g: &Geometry, reserve: usize) -> Option<*mut Slab> {
+        // SAFETY: forwarded.
+        unsafe { self.put_run(s, &[obj], g, reserve) }
+    }
+
+    /// Returns `objs`, all of slab `s`, chained in order onto its free
+    /// list with one header update and at most one list move; yields the
+    /// slab to give back to the page source when it empties and more
+    /// than `reserve` slabs are empty.
+    ///
+    /// # Safety
+    ///
+    /// `objs` are distinct live objects of `s`, a slab of this node with
+    /// geometry `g`; `objs` is not empty.
+    pub(super) unsafe fn put_run(
+        &mut self,
+        s: *mut Slab,
+        objs: &[*mut u8],
+        g: &Geometry,
+        reserve: usize,
+    ) -> Option<*mut Slab> {
+        // SAFETY: per the contract: `s` is a live slab header of this node,
+        // whose list lock we hold, so it is ours to update; the objects
+        // are only located in its bitmap, never touched.
+        unsafe {
+            let slab = &mut *s;
+            let map = free_map(s);
+            let mut back = 0u32;
+            for &obj in objs {
+                let off = obj.addr().wrapping_sub(s.addr() + g.first);
+                let i = match g.index_of(off) {
+                    Some(i) if i < g.capacity => i,
+                    // Not an object slot of this slab: a contract breach
+                    // the layers above catch in hardened mode; leave the
+                    // slab as it is.
+                    _ => continue,
+                };
+                let (word, bit) = (map.add(i / 64), 1u64 << (i % 64));
+                if *word & bit != 0 {
+                    // Already free: a double free. Refusing it keeps the
+                    // slab's count and bitmap right.
+                    crate::platform::hardened_abort("kmemcg: double free");
+                    continue;
+                }
+                *word |= bit;
+                slab.hint = slab.hint.min((i / 64) as u32);
+                back += 1;
+            }
+            if back == 0 {
+                return None;
+            }
+            let was_full = slab.inuse as usize == g.capacity;
+            slab.inuse -= back;
+            self.active -= back as usize;
+            if slab.inuse == 0 {
+                self.relist(s, ListKind::Empty);
+                if self.empty.len > reserve {
+                    self.empty.remove(s);
+                    return Some(s);
+                }
+            } else if was_full {
+                self.relist(s, ListKind::Partial);
+            }
+        }
+        None
+    }
+}
