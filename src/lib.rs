@@ -206,6 +206,7 @@ pub use allocator_api2;
 #[cfg(feature = "allocator-api2-04")]
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
+#[cfg(not(loom))]
 pub use cgroup::{MAX_ACCOUNTED_CACHES, MAX_PRESSURES};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
