@@ -61,9 +61,16 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u8, atomic_u64,
-    compiler_fence, fence, spin_hint,
+    AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u64, fence,
 };
+
+mod depot;
+mod drain;
+mod slots;
+
+use depot::Depot;
+pub(crate) use drain::drain_many;
+pub(crate) use slots::Slots;
 
 static_assertions::const_assert!(MAX_CPUS <= 64);
 
@@ -110,154 +117,6 @@ pub(crate) const fn rounds_for(size: usize) -> usize {
         4
     };
     if r > MAG_MAX { MAG_MAX } else { r }
-}
-
-/// `SlotSync::state`: nobody used the slot since the last reap.
-const IDLE: u8 = 0;
-/// `SlotSync::state`: a holder is using the slot's magazines now.
-const HELD: u8 = 1;
-/// `SlotSync::state`: used since the last reap, not now.
-const USED: u8 = 2;
-
-/// The handshake state of one slot, shared by every cache of a `Kmem`.
-pub(crate) struct SlotSync {
-    /// `HELD` while the holder uses the slot's magazines; the holder leaves
-    /// `USED` behind, and a reap turns `USED` into `IDLE`, so a slot still
-    /// `IDLE` at the next reap went unused for a whole interval.
-    state: AtomicU8,
-    /// Set by a drainer that wants the slot's magazines.
-    drain: AtomicBool,
-    /// Serialises drainers of this slot.
-    drainers: AtomicBool,
-}
-
-/// The handshake states of all slots.
-pub(crate) struct Slots {
-    sync: [CachePadded<SlotSync>; MAX_CPUS],
-}
-
-impl Slots {
-    /// Nobody holds or drains any slot.
-    #[cfg(not(loom))]
-    pub(crate) const fn new() -> Self {
-        Slots {
-            sync: [const {
-                CachePadded::new(SlotSync {
-                    state: atomic_u8(IDLE),
-                    drain: atomic_bool(false),
-                    drainers: atomic_bool(false),
-                })
-            }; MAX_CPUS],
-        }
-    }
-
-    /// Nobody holds or drains any slot (loom: not `const`).
-    #[cfg(loom)]
-    pub(crate) fn new() -> Self {
-        Slots {
-            sync: core::array::from_fn(|_| {
-                CachePadded::new(SlotSync {
-                    state: atomic_u8(IDLE),
-                    drain: atomic_bool(false),
-                    drainers: atomic_bool(false),
-                })
-            }),
-        }
-    }
-
-    /// The holder's side: the caller's slot, or `None` for the shared path.
-    #[inline(always)]
-    fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        self.handshake(plat, plat.enter()?, false)
-    }
-
-    /// [`Slots::hold`] for the fast paths: `None` also where the platform
-    /// would first have to claim a slot, which the slow path then does,
-    /// and on a platform that is not asymmetric. A slot from `try_enter`
-    /// comes with an asymmetric platform (contract point 3), so the
-    /// holder's fence is a compiler fence without asking.
-    #[inline(always)]
-    fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        self.handshake(plat, plat.try_enter()?, true)
-    }
-
-    /// The holder's handshake on `slot`, which the caller entered;
-    /// `asym`: the platform is known to be asymmetric.
-    #[inline(always)]
-    fn handshake<P: Platform>(&self, plat: &P, slot: usize, asym: bool) -> Option<usize> {
-        // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let s = unsafe { self.sync.get_unchecked(slot) };
-        s.state.store(HELD, Ordering::Relaxed);
-        // Orders the store above before the load below (Dekker): a
-        // compiler fence when the drainer's heavy barrier does the rest.
-        if !asym && !plat.asymmetric() {
-            fence(Ordering::SeqCst);
-        }
-        compiler_fence(Ordering::SeqCst);
-        // Acquire: if a drain just finished, see what it did to the slot.
-        if s.drain.load(Ordering::Acquire) {
-            s.state.store(USED, Ordering::Release);
-            plat.exit(slot);
-            return None;
-        }
-        Some(slot)
-    }
-
-    /// Ends the holder's use of `slot`.
-    #[inline(always)]
-    fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
-        // Release: a drainer that sees `USED` sees our magazine writes.
-        // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        unsafe { self.sync.get_unchecked(slot) }.state.store(USED, Ordering::Release);
-        plat.exit(slot);
-    }
-
-    /// The drainer's side: exclusive access to `slot`'s magazines until
-    /// `end_drain`. Spins only against other drainers and a holder's
-    /// current operation, never on an allocation path.
-    fn begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> bool {
-        let s = &self.sync[slot];
-        while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            spin_hint();
-        }
-        if plat.steal(slot) {
-            return true;
-        }
-        s.drain.store(true, Ordering::Relaxed);
-        if plat.asymmetric() {
-            plat.heavy_barrier();
-        } else {
-            fence(Ordering::SeqCst);
-        }
-        while s.state.load(Ordering::Acquire) == HELD {
-            spin_hint();
-        }
-        false
-    }
-
-    /// For a reap: which slots went unused since the previous call; marks
-    /// every slot unused for the next one.
-    pub(crate) fn reap_idle_mask(&self) -> [bool; MAX_CPUS] {
-        let mut idle = [false; MAX_CPUS];
-        for (slot, s) in self.sync.iter().enumerate() {
-            idle[slot] = match s.state.compare_exchange(USED, IDLE, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => false,
-                Err(now) => now == IDLE,
-            };
-        }
-        idle
-    }
-
-    fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
-        let s = &self.sync[slot];
-        if stolen {
-            plat.unsteal(slot);
-        } else {
-            // Release: the next holder sees the emptied slot.
-            s.drain.store(false, Ordering::Release);
-        }
-        s.drainers.store(false, Ordering::Release);
-    }
 }
 
 /// What a cache operation needs from the layers around it: the page
@@ -394,75 +253,6 @@ impl CpuMags {
             self.count = unsafe { (*self.loaded).count };
             self.cap = rounds;
         }
-    }
-}
-
-/// One node's spare magazines of one cache.
-struct Depot {
-    full: *mut Magazine,
-    empty: *mut Magazine,
-    nfull: usize,
-    nempty: usize,
-    /// Lowest `nfull`/`nempty` since the last reap: the magazines the
-    /// working set did not need, which `reap` gives back.
-    min_full: usize,
-    min_empty: usize,
-}
-
-// SAFETY: the magazines are owned by the depot and only reached through
-// the lock that wraps it.
-unsafe impl Send for Depot {}
-
-impl Depot {
-    const fn new() -> Self {
-        // No magazine has been used yet: everything is outside the
-        // working set until a pop lowers the minimum.
-        Depot {
-            full: ptr::null_mut(),
-            empty: ptr::null_mut(),
-            nfull: 0,
-            nempty: 0,
-            min_full: usize::MAX,
-            min_empty: usize::MAX,
-        }
-    }
-
-    /// # Safety
-    ///
-    /// `m` is a full magazine owned by the caller.
-    unsafe fn push_full(&mut self, m: *mut Magazine) {
-        // SAFETY: per the contract.
-        unsafe { (*m).next = self.full };
-        self.full = m;
-        self.nfull += 1;
-    }
-
-    /// # Safety
-    ///
-    /// `m` is an empty magazine owned by the caller.
-    unsafe fn push_empty(&mut self, m: *mut Magazine) {
-        // SAFETY: per the contract.
-        unsafe { (*m).next = self.empty };
-        self.empty = m;
-        self.nempty += 1;
-    }
-
-    fn pop_full(&mut self) -> Option<*mut Magazine> {
-        let m = NonNull::new(self.full)?.as_ptr();
-        // SAFETY: a magazine on our list.
-        self.full = unsafe { (*m).next };
-        self.nfull -= 1;
-        self.min_full = self.min_full.min(self.nfull);
-        Some(m)
-    }
-
-    fn pop_empty(&mut self) -> Option<*mut Magazine> {
-        let m = NonNull::new(self.empty)?.as_ptr();
-        // SAFETY: a magazine on our list.
-        self.empty = unsafe { (*m).next };
-        self.nempty -= 1;
-        self.min_empty = self.min_empty.min(self.nempty);
-        Some(m)
     }
 }
 
@@ -855,92 +645,6 @@ impl<R: RawMutex> MagCache<R> {
         }
     }
 
-    /// Empties magazine `mag` into the slabs and frees it.
-    ///
-    /// # Safety
-    ///
-    /// `mag` is a live magazine of this cache owned by the caller.
-    unsafe fn discard<E: Env<R>>(&self, cx: &E, mag: *mut Magazine) -> usize {
-        // SAFETY: per the contract its rounds are live free objects of
-        // this cache, and the magazine is an object of `cx.mags()`.
-        unsafe {
-            let n = (*mag).count;
-            self.cache.free_bulk(&self.pages(cx, None), &(&(*mag).rounds)[..n]);
-            cx.mags().free(&Pages::plain(cx.src()), NonNull::new_unchecked(mag as *mut u8));
-            n
-        }
-    }
-
-    /// Takes both magazines of `slot`, leaving it empty. The caller has
-    /// exclusive access through the handshake or a steal.
-    fn take_slot(&self, slot: usize) -> (*mut Magazine, *mut Magazine) {
-        self.cpus[cpu_index(slot)].with_mut(|m| {
-            // SAFETY: per the caller, the slot is ours.
-            let m = unsafe { &mut *m };
-            // SAFETY: the invariant of `CpuMags` holds between operations.
-            unsafe { m.spill_count() };
-            let t = (m.loaded, m.previous);
-            *m = CpuMags::EMPTY;
-            t
-        })
-    }
-
-    /// Discards two magazines taken from a slot; returns objects flushed.
-    fn discard_pair<E: Env<R>>(&self, cx: &E, taken: (*mut Magazine, *mut Magazine)) -> usize {
-        let mut n = 0;
-        for mag in [taken.0, taken.1] {
-            if !mag.is_null() {
-                // SAFETY: taken from the slot, so ours.
-                n += unsafe { self.discard(cx, mag) };
-            }
-        }
-        n
-    }
-
-    /// Empties every magazine of this cache (all slots and depots) into
-    /// the slabs. Returns the objects flushed.
-    pub(crate) fn drain<E: Env<R>>(&self, cx: &E) -> usize {
-        drain_many(cx, |f| f(self), None)
-    }
-
-    /// Bonwick's working-set reap: give back the depot magazines unused
-    /// since the last reap, drain slots nobody holds, and drain the slots
-    /// `idle` marks (unused for a whole reap interval, see
-    /// [`Slots::reap_idle_mask`]). Returns objects flushed.
-    pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
-        let mut n = 0;
-        for (slot, &idle) in idle.iter().enumerate() {
-            n += drain_slots(cx, |f| f(self), 1 << slot, !idle);
-        }
-        for node in 0..MAX_NODES {
-            let (full, empty) = {
-                let d = self.depots[node].lock();
-                (d.min_full.min(d.nfull), d.min_empty.min(d.nempty))
-            };
-            n += self.trim_depot(cx, node, full, empty);
-            let mut d = self.depots[node].lock();
-            d.min_full = d.nfull;
-            d.min_empty = d.nempty;
-        }
-        n
-    }
-
-    /// Frees up to `full` full and `empty` empty depot magazines of `node`.
-    fn trim_depot<E: Env<R>>(&self, cx: &E, node: usize, full: usize, empty: usize) -> usize {
-        let mut n = 0;
-        for _ in 0..full {
-            let Some(m) = self.depots[node].lock().pop_full() else { break };
-            // SAFETY: popped from the depot, so ours.
-            n += unsafe { self.discard(cx, m) };
-        }
-        for _ in 0..empty {
-            let Some(m) = self.depots[node].lock().pop_empty() else { break };
-            // SAFETY: popped from the depot, so ours; empty, so no rounds.
-            n += unsafe { self.discard(cx, m) };
-        }
-        n
-    }
-
     /// For a dead cache that holds no slab any more: `true` exactly once,
     /// so its owner can let go of it.
     pub(crate) fn take_empty_dead(&self) -> bool {
@@ -962,49 +666,6 @@ impl<R: RawMutex> MagCache<R> {
         }
         (self.cache.stats(), ms)
     }
-}
-
-/// Empties the magazines of every cache `each` yields, on every slot and
-/// in every depot, with one handshake per slot that any of them used (and
-/// at most the slots in `mask`, if given). Returns the objects flushed.
-pub(crate) fn drain_many<E: Env<R>, R: RawMutex>(
-    cx: &E,
-    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
-    mask: Option<u64>,
-) -> usize {
-    let mut used = 0u64;
-    each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed));
-    let mut n = drain_slots(cx, &each, used & mask.unwrap_or(u64::MAX), false);
-    each(&mut |c| n += c.empty_depots(cx));
-    n
-}
-
-/// Drains the slots in `slots` for every cache `each` yields: one
-/// handshake (or steal) per slot; with `orphans_only`, only slots that
-/// nobody holds.
-fn drain_slots<E: Env<R>, R: RawMutex>(
-    cx: &E,
-    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
-    slots: u64,
-    orphans_only: bool,
-) -> usize {
-    let mut n = 0;
-    for slot in (0..MAX_CPUS).filter(|s| slots & (1 << s) != 0) {
-        let bit = 1u64 << slot;
-        let stolen = cx.slots().begin_drain(cx.plat(), slot);
-        if stolen || !orphans_only {
-            each(&mut |c| {
-                if c.used_slots.load(Ordering::Relaxed) & bit != 0 {
-                    // Cleared before taking: see `used_slots`.
-                    c.used_slots.fetch_and(!bit, Ordering::Relaxed);
-                    let taken = c.take_slot(slot);
-                    n += c.discard_pair(cx, taken);
-                }
-            });
-        }
-        cx.slots().end_drain(cx.plat(), slot, stolen);
-    }
-    n
 }
 
 #[cfg(all(test, not(loom)))]

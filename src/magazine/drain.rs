@@ -1,0 +1,142 @@
+//! Draining: emptying magazines into slabs, from a slot's owner or from
+//! another thread through the slot handshake (reap, shrink, group removal).
+
+use lock_api::RawMutex;
+
+use core::ptr::NonNull;
+
+use super::{CpuMags, Env, MagCache, Magazine, cpu_index};
+use crate::platform::{MAX_CPUS, MAX_NODES};
+use crate::slab::Pages;
+use crate::sync::Ordering;
+
+impl<R: RawMutex> MagCache<R> {
+    /// Empties magazine `mag` into the slabs and frees it.
+    ///
+    /// # Safety
+    ///
+    /// `mag` is a live magazine of this cache owned by the caller.
+    pub(super) unsafe fn discard<E: Env<R>>(&self, cx: &E, mag: *mut Magazine) -> usize {
+        // SAFETY: per the contract its rounds are live free objects of
+        // this cache, and the magazine is an object of `cx.mags()`.
+        unsafe {
+            let n = (*mag).count;
+            self.cache.free_bulk(&self.pages(cx, None), &(&(*mag).rounds)[..n]);
+            cx.mags().free(&Pages::plain(cx.src()), NonNull::new_unchecked(mag as *mut u8));
+            n
+        }
+    }
+
+    /// Takes both magazines of `slot`, leaving it empty. The caller has
+    /// exclusive access through the handshake or a steal.
+    pub(super) fn take_slot(&self, slot: usize) -> (*mut Magazine, *mut Magazine) {
+        self.cpus[cpu_index(slot)].with_mut(|m| {
+            // SAFETY: per the caller, the slot is ours.
+            let m = unsafe { &mut *m };
+            // SAFETY: the invariant of `CpuMags` holds between operations.
+            unsafe { m.spill_count() };
+            let t = (m.loaded, m.previous);
+            *m = CpuMags::EMPTY;
+            t
+        })
+    }
+
+    /// Discards two magazines taken from a slot; returns objects flushed.
+    pub(super) fn discard_pair<E: Env<R>>(&self, cx: &E, taken: (*mut Magazine, *mut Magazine)) -> usize {
+        let mut n = 0;
+        for mag in [taken.0, taken.1] {
+            if !mag.is_null() {
+                // SAFETY: taken from the slot, so ours.
+                n += unsafe { self.discard(cx, mag) };
+            }
+        }
+        n
+    }
+
+    /// Empties every magazine of this cache (all slots and depots) into
+    /// the slabs. Returns the objects flushed.
+    pub(crate) fn drain<E: Env<R>>(&self, cx: &E) -> usize {
+        drain_many(cx, |f| f(self), None)
+    }
+
+    /// Bonwick's working-set reap: give back the depot magazines unused
+    /// since the last reap, drain slots nobody holds, and drain the slots
+    /// `idle` marks (unused for a whole reap interval, see
+    /// [`Slots::reap_idle_mask`]). Returns objects flushed.
+    pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
+        let mut n = 0;
+        for (slot, &idle) in idle.iter().enumerate() {
+            n += drain_slots(cx, |f| f(self), 1 << slot, !idle);
+        }
+        for node in 0..MAX_NODES {
+            let (full, empty) = {
+                let d = self.depots[node].lock();
+                (d.min_full.min(d.nfull), d.min_empty.min(d.nempty))
+            };
+            n += self.trim_depot(cx, node, full, empty);
+            let mut d = self.depots[node].lock();
+            d.min_full = d.nfull;
+            d.min_empty = d.nempty;
+        }
+        n
+    }
+
+    /// Frees up to `full` full and `empty` empty depot magazines of `node`.
+    pub(super) fn trim_depot<E: Env<R>>(&self, cx: &E, node: usize, full: usize, empty: usize) -> usize {
+        let mut n = 0;
+        for _ in 0..full {
+            let Some(m) = self.depots[node].lock().pop_full() else { break };
+            // SAFETY: popped from the depot, so ours.
+            n += unsafe { self.discard(cx, m) };
+        }
+        for _ in 0..empty {
+            let Some(m) = self.depots[node].lock().pop_empty() else { break };
+            // SAFETY: popped from the depot, so ours; empty, so no rounds.
+            n += unsafe { self.discard(cx, m) };
+        }
+        n
+    }
+}
+
+/// Empties the magazines of every cache `each` yields, on every slot and
+/// in every depot, with one handshake per slot that any of them used (and
+/// at most the slots in `mask`, if given). Returns the objects flushed.
+pub(crate) fn drain_many<E: Env<R>, R: RawMutex>(
+    cx: &E,
+    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
+    mask: Option<u64>,
+) -> usize {
+    let mut used = 0u64;
+    each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed));
+    let mut n = drain_slots(cx, &each, used & mask.unwrap_or(u64::MAX), false);
+    each(&mut |c| n += c.empty_depots(cx));
+    n
+}
+
+/// Drains the slots in `slots` for every cache `each` yields: one
+/// handshake (or steal) per slot; with `orphans_only`, only slots that
+/// nobody holds.
+pub(super) fn drain_slots<E: Env<R>, R: RawMutex>(
+    cx: &E,
+    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
+    slots: u64,
+    orphans_only: bool,
+) -> usize {
+    let mut n = 0;
+    for slot in (0..MAX_CPUS).filter(|s| slots & (1 << s) != 0) {
+        let bit = 1u64 << slot;
+        let stolen = cx.slots().begin_drain(cx.plat(), slot);
+        if stolen || !orphans_only {
+            each(&mut |c| {
+                if c.used_slots.load(Ordering::Relaxed) & bit != 0 {
+                    // Cleared before taking: see `used_slots`.
+                    c.used_slots.fetch_and(!bit, Ordering::Relaxed);
+                    let taken = c.take_slot(slot);
+                    n += c.discard_pair(cx, taken);
+                }
+            });
+        }
+        cx.slots().end_drain(cx.plat(), slot, stolen);
+    }
+    n
+}

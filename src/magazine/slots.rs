@@ -1,0 +1,156 @@
+//! The per-slot handshake shared by every cache of a `Kmem`: how a slot
+//! holder and a drainer agree on who may touch the slot's magazines (see
+//! the protocol table in the `magazine` module docs).
+
+use crossbeam_utils::CachePadded;
+
+use crate::platform::{MAX_CPUS, Platform};
+use crate::sync::{AtomicBool, AtomicU8, Ordering, atomic_bool, atomic_u8, compiler_fence, fence, spin_hint};
+
+/// `SlotSync::state`: nobody used the slot since the last reap.
+const IDLE: u8 = 0;
+/// `SlotSync::state`: a holder is using the slot's magazines now.
+const HELD: u8 = 1;
+/// `SlotSync::state`: used since the last reap, not now.
+const USED: u8 = 2;
+
+/// The handshake state of one slot, shared by every cache of a `Kmem`.
+pub(crate) struct SlotSync {
+    /// `HELD` while the holder uses the slot's magazines; the holder leaves
+    /// `USED` behind, and a reap turns `USED` into `IDLE`, so a slot still
+    /// `IDLE` at the next reap went unused for a whole interval.
+    state: AtomicU8,
+    /// Set by a drainer that wants the slot's magazines.
+    drain: AtomicBool,
+    /// Serialises drainers of this slot.
+    drainers: AtomicBool,
+}
+
+/// The handshake states of all slots.
+pub(crate) struct Slots {
+    sync: [CachePadded<SlotSync>; MAX_CPUS],
+}
+
+impl Slots {
+    /// Nobody holds or drains any slot.
+    #[cfg(not(loom))]
+    pub(crate) const fn new() -> Self {
+        Slots {
+            sync: [const {
+                CachePadded::new(SlotSync {
+                    state: atomic_u8(IDLE),
+                    drain: atomic_bool(false),
+                    drainers: atomic_bool(false),
+                })
+            }; MAX_CPUS],
+        }
+    }
+
+    /// Nobody holds or drains any slot (loom: not `const`).
+    #[cfg(loom)]
+    pub(crate) fn new() -> Self {
+        Slots {
+            sync: core::array::from_fn(|_| {
+                CachePadded::new(SlotSync {
+                    state: atomic_u8(IDLE),
+                    drain: atomic_bool(false),
+                    drainers: atomic_bool(false),
+                })
+            }),
+        }
+    }
+
+    /// The holder's side: the caller's slot, or `None` for the shared path.
+    #[inline(always)]
+    pub(super) fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
+        self.handshake(plat, plat.enter()?, false)
+    }
+
+    /// [`Slots::hold`] for the fast paths: `None` also where the platform
+    /// would first have to claim a slot, which the slow path then does,
+    /// and on a platform that is not asymmetric. A slot from `try_enter`
+    /// comes with an asymmetric platform (contract point 3), so the
+    /// holder's fence is a compiler fence without asking.
+    #[inline(always)]
+    pub(super) fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
+        self.handshake(plat, plat.try_enter()?, true)
+    }
+
+    /// The holder's handshake on `slot`, which the caller entered;
+    /// `asym`: the platform is known to be asymmetric.
+    #[inline(always)]
+    pub(super) fn handshake<P: Platform>(&self, plat: &P, slot: usize, asym: bool) -> Option<usize> {
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let s = unsafe { self.sync.get_unchecked(slot) };
+        s.state.store(HELD, Ordering::Relaxed);
+        // Orders the store above before the load below (Dekker): a
+        // compiler fence when the drainer's heavy barrier does the rest.
+        if !asym && !plat.asymmetric() {
+            fence(Ordering::SeqCst);
+        }
+        compiler_fence(Ordering::SeqCst);
+        // Acquire: if a drain just finished, see what it did to the slot.
+        if s.drain.load(Ordering::Acquire) {
+            s.state.store(USED, Ordering::Release);
+            plat.exit(slot);
+            return None;
+        }
+        Some(slot)
+    }
+
+    /// Ends the holder's use of `slot`.
+    #[inline(always)]
+    pub(super) fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
+        // Release: a drainer that sees `USED` sees our magazine writes.
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        unsafe { self.sync.get_unchecked(slot) }.state.store(USED, Ordering::Release);
+        plat.exit(slot);
+    }
+
+    /// The drainer's side: exclusive access to `slot`'s magazines until
+    /// `end_drain`. Spins only against other drainers and a holder's
+    /// current operation, never on an allocation path.
+    pub(super) fn begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> bool {
+        let s = &self.sync[slot];
+        while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spin_hint();
+        }
+        if plat.steal(slot) {
+            return true;
+        }
+        s.drain.store(true, Ordering::Relaxed);
+        if plat.asymmetric() {
+            plat.heavy_barrier();
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        while s.state.load(Ordering::Acquire) == HELD {
+            spin_hint();
+        }
+        false
+    }
+
+    /// For a reap: which slots went unused since the previous call; marks
+    /// every slot unused for the next one.
+    pub(crate) fn reap_idle_mask(&self) -> [bool; MAX_CPUS] {
+        let mut idle = [false; MAX_CPUS];
+        for (slot, s) in self.sync.iter().enumerate() {
+            idle[slot] = match s.state.compare_exchange(USED, IDLE, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => false,
+                Err(now) => now == IDLE,
+            };
+        }
+        idle
+    }
+
+    pub(super) fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
+        let s = &self.sync[slot];
+        if stolen {
+            plat.unsteal(slot);
+        } else {
+            // Release: the next holder sees the emptied slot.
+            s.drain.store(false, Ordering::Release);
+        }
+        s.drainers.store(false, Ordering::Release);
+    }
+}
