@@ -122,8 +122,10 @@ pub(crate) struct Group<R: RawMutex> {
     /// lock when a group is unlinked, read by iterations that hold a read
     /// guard (which keeps unlinked groups from being freed).
     pub(crate) next_all: AtomicPtr<Group<R>>,
-    /// Link on the zombie stack, written before the push.
-    pub(crate) next_zombie: *mut Group<R>,
+    /// Link on the zombie stack (written before the push, whose `Release`
+    /// publishes it) and then in the tree lock's limbo list. An atomic, so
+    /// it is written through shared references like every other field.
+    pub(crate) next_zombie: AtomicPtr<Group<R>>,
     /// The last contention-reclaim episode that reclaimed this group (0:
     /// none): how an episode reaches every group once, however many there
     /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
@@ -216,7 +218,7 @@ impl<R: RawMutex> Group<R> {
             first_child: atomic_null(),
             next_sibling: atomic_null(),
             next_all: atomic_null(),
-            next_zombie: ptr::null_mut(),
+            next_zombie: atomic_null(),
             visited: atomic_usize(0),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
@@ -248,7 +250,7 @@ impl<R: RawMutex> Group<R> {
             first_child: atomic_null(),
             next_sibling: atomic_null(),
             next_all: AtomicPtr::new(next_all),
-            next_zombie: ptr::null_mut(),
+            next_zombie: atomic_null(),
             visited: atomic_usize(0),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),

@@ -128,16 +128,20 @@ impl<R: RawMutex> Limbo<R> {
         self.head.is_null() && self.caches.is_null() && self.descs.is_null()
     }
 
-    /// Queues a child cache taken out of its group.
-    pub(crate) fn retire_cache(&mut self, c: &MagCache<R>) {
-        c.retired_next.store(self.caches, Ordering::Relaxed);
-        self.caches = c as *const MagCache<R> as *mut MagCache<R>;
+    /// Queues a child cache taken out of its group (the pointer the group
+    /// held, which it is freed through).
+    pub(crate) fn retire_cache(&mut self, c: NonNull<MagCache<R>>) {
+        // SAFETY: a live child cache (caller).
+        unsafe { c.as_ref() }.retired_next.store(self.caches, Ordering::Relaxed);
+        self.caches = c.as_ptr();
     }
 
-    /// Queues a descriptor unlinked from the registry.
-    pub(crate) fn retire_desc(&mut self, d: &CacheDesc<R>) {
-        d.retired_next.store(self.descs, Ordering::Relaxed);
-        self.descs = d as *const CacheDesc<R> as *mut CacheDesc<R>;
+    /// Queues a descriptor unlinked from the registry (the pointer the
+    /// registry held, which it is freed through).
+    pub(crate) fn retire_desc(&mut self, d: NonNull<CacheDesc<R>>) {
+        // SAFETY: a live descriptor (caller).
+        unsafe { d.as_ref() }.retired_next.store(self.descs, Ordering::Relaxed);
+        self.descs = d.as_ptr();
     }
 }
 
@@ -358,11 +362,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Drops a reference on `g`; the last one hands it to reclamation.
     pub(crate) fn put_group(&self, g: &Group<R>) {
         if !core::ptr::eq(g, &self.root) && g.put() {
+            // Only an identity on the stack: reclamation frees the group
+            // through the pointer `all_groups` holds (see `unlink_all`).
             let gp = g as *const Group<R> as *mut Group<R>;
             let mut head = self.zombies.load(Ordering::Relaxed);
             loop {
-                // SAFETY: the last reference is gone: the group is ours.
-                unsafe { (*gp).next_zombie = head };
+                // Relaxed: published by the Release of the push below.
+                g.next_zombie.store(head, Ordering::Relaxed);
                 match self.zombies.compare_exchange_weak(head, gp, Ordering::Release, Ordering::Relaxed) {
                     Ok(_) => break,
                     Err(h) => head = h,
@@ -380,11 +386,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         loop {
             let mut z = self.zombies.swap(core::ptr::null_mut(), Ordering::Acquire);
             while let Some(g) = NonNull::new(z) {
-                // SAFETY: a zombie is ours (its last reference is gone).
-                let gr = unsafe { &mut *g.as_ptr() };
-                z = gr.next_zombie;
-                self.unlink_all(gr);
-                gr.next_zombie = limbo.head;
+                // SAFETY: a zombie is ours (its last reference is gone), and
+                // still linked in `all_groups`, so live.
+                let gr = unsafe { g.as_ref() };
+                z = gr.next_zombie.load(Ordering::Relaxed);
+                let g = self.unlink_all(gr);
+                // SAFETY: as above; `g` is the same group.
+                unsafe { g.as_ref() }.next_zombie.store(limbo.head, Ordering::Relaxed);
                 limbo.head = g.as_ptr();
             }
             // Pairs with the fence in `read_guard`.
@@ -398,7 +406,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // SAFETY: unlinked, unreferenced, and no iteration can reach
                 // it: ours to free.
                 unsafe {
-                    l = (*g.as_ptr()).next_zombie;
+                    l = g.as_ref().next_zombie.load(Ordering::Relaxed);
                     self.free_group(g);
                 }
             }
@@ -442,15 +450,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// Unlinks `g` from `all_groups` (tree lock held).
-    fn unlink_all(&self, g: &Group<R>) {
+    /// Unlinks `g` from `all_groups` (tree lock held) and returns the
+    /// pointer the list held: the one made when the group was allocated,
+    /// with the provenance of its memory, which reclamation frees through
+    /// (a pointer made from a `&Group` may only read).
+    fn unlink_all(&self, g: &Group<R>) -> NonNull<Group<R>> {
         let gp = g as *const Group<R> as *mut Group<R>;
         let next = g.next_all.load(Ordering::Relaxed);
-        if self.all_groups.load(Ordering::Relaxed) == gp {
+        let head = self.all_groups.load(Ordering::Relaxed);
+        if head == gp {
             self.all_groups.store(next, Ordering::Release);
-            return;
+            // SAFETY: equal to `gp`, which is not null.
+            return unsafe { NonNull::new_unchecked(head) };
         }
-        let mut cur = self.all_groups.load(Ordering::Relaxed);
+        let mut cur = head;
         while let Some(c) = NonNull::new(cur) {
             // SAFETY: linked groups are live; links change only under the
             // tree lock, which we hold.
@@ -458,10 +471,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             let n = c.next_all.load(Ordering::Relaxed);
             if n == gp {
                 c.next_all.store(next, Ordering::Release);
-                return;
+                // SAFETY: equal to `gp`, which is not null.
+                return unsafe { NonNull::new_unchecked(n) };
             }
             cur = n;
         }
+        // Every group but the root is linked until it is reclaimed here.
+        NonNull::from(g)
     }
 
     /// Frees a reclaimed group's caches and the group, and drops its

@@ -158,34 +158,38 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if idx != NOT_ACCOUNTED {
             self.for_each_group(|g| {
                 let c = g.caches[idx].swap(core::ptr::null_mut(), Ordering::AcqRel);
-                if let Some(c) = NonNull::new(c) {
+                if let Some(cp) = NonNull::new(c) {
                     // SAFETY: a published child cache; taken out of its
                     // group here, it is freed only once no iteration runs.
-                    let c = unsafe { c.as_ref() };
+                    let c = unsafe { cp.as_ref() };
                     c.cache.mark_dead();
                     if c.take_empty_dead() {
                         // The reference it held on its group.
                         self.put_group(g);
                     }
-                    tree.retire_cache(c);
+                    tree.retire_cache(cp);
                 }
             });
             indices.give(idx);
         }
-        self.unlink_desc(desc);
+        let desc = self.unlink_desc(desc);
         tree.retire_desc(desc);
         self.reclaim_groups(&mut tree);
     }
 
-    /// Unlinks `desc` from the registry (registry lock held).
-    fn unlink_desc(&self, desc: &CacheDesc<R>) {
+    /// Unlinks `desc` from the registry (registry lock held) and returns
+    /// the pointer the registry held: the one made when the descriptor was
+    /// allocated, which it is freed through.
+    fn unlink_desc(&self, desc: &CacheDesc<R>) -> NonNull<CacheDesc<R>> {
         let me = desc as *const CacheDesc<R> as *mut CacheDesc<R>;
         let next = desc.next.load(Ordering::Relaxed);
-        if self.registry.load(Ordering::Relaxed) == me {
+        let head = self.registry.load(Ordering::Relaxed);
+        if head == me {
             self.registry.store(next, Ordering::Release);
-            return;
+            // SAFETY: equal to `me`, which is not null.
+            return unsafe { NonNull::new_unchecked(head) };
         }
-        let mut cur = self.registry.load(Ordering::Relaxed);
+        let mut cur = head;
         while let Some(c) = NonNull::new(cur) {
             // SAFETY: linked descriptors are live; links change only under
             // the registry lock, which we hold.
@@ -193,10 +197,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             let n = c.next.load(Ordering::Relaxed);
             if n == me {
                 c.next.store(next, Ordering::Release);
-                return;
+                // SAFETY: equal to `me`, which is not null.
+                return unsafe { NonNull::new_unchecked(n) };
             }
             cur = n;
         }
+        // A live cache's descriptor is linked until it is destroyed here.
+        NonNull::from(desc)
     }
 
     /// Calls `f` on the cache of `desc` and, if it is accounted, on its
