@@ -24,7 +24,8 @@ use crate::counter::{PageCounter, PressureCounter};
 use crate::error::Name;
 use crate::magazine::MagCache;
 use crate::sync::{
-    AtomicPtr, AtomicU8, AtomicUsize, Ordering, Stat, UnsafeCell, atomic_null, atomic_u8, atomic_usize, fence,
+    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, UnsafeCell, atomic_null, atomic_u8, atomic_u32,
+    atomic_usize, fence,
 };
 
 /// `Group::state` of a live group.
@@ -41,14 +42,14 @@ pub const MAX_ACCOUNTED_CACHES: usize = 21;
 /// accounted typed caches (the heap asserts the split).
 pub(crate) const MAX_ACCOUNTED: usize = 43 + MAX_ACCOUNTED_CACHES;
 
-/// The start of every group, whatever its lock type: what a platform's
-/// current-group token points to.
+/// What a platform's current-group token points to: a field of every
+/// group at the same offset whatever its lock type ([`HEAD_OFFSET`]).
 ///
 /// A token is shared by every allocator on the platform (with `std`, one
 /// per thread for all of them), so code of one allocator may hold a token
 /// of another's group, made with another lock type. It reads only this
-/// head, which is the first field of a `repr(C)` `Group<R>` and the same
-/// for every `R`.
+/// head, which follows the counter in a `repr(C)` `Group<R>` (nothing
+/// before it depends on `R`).
 ///
 /// **Tokens hold references.** A platform's current-group slot owns one
 /// reference on the group its token names (none for the root, whose token
@@ -68,6 +69,17 @@ pub(crate) struct TokenHead {
     /// monomorphised `Kmem::release_token` of its allocator).
     pub(crate) release: unsafe fn(NonNull<TokenHead>),
 }
+
+/// Where the token head sits in every `Group<R>`: after the counter, so
+/// the same for every lock type.
+pub(crate) const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, head);
+
+// Two groups and a slab header fit one page, so the group cache needs no
+// larger runs (an order-3 slab for groups made `create_child` fail in a
+// fragmented region).
+static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
+
+static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
 
 /// The low bit of a current-group token: set while its context runs
 /// shrinkers, so an allocation a shrinker makes skips reclaim instead of
@@ -98,23 +110,31 @@ pub(crate) unsafe fn release_token(token: *const ()) {
 
 /// One group of the tree.
 ///
-/// `repr(C)` with the token head first (see [`TokenHead`]); the counter
-/// that refused a charge leads back to its group ([`Group::of_counter`]).
+/// `repr(C)`: the counter first (the counter that refused a charge leads
+/// back to its group, [`Group::of_counter`]), then the token head at
+/// [`HEAD_OFFSET`] (see [`TokenHead`]). Two groups fit a page (the group
+/// cache's slabs stay single pages; asserted below).
 #[repr(C)]
 pub(crate) struct Group<R: RawMutex> {
-    /// Who made this group, and how a token drops a reference on it.
-    pub(crate) head: TokenHead,
     /// Pages charged to this group and its descendants.
     pub(crate) counter: PageCounter,
+    /// Who made this group, and how a token drops a reference on it.
+    pub(crate) head: TokenHead,
     /// The parent, or null for the root. Fixed; the parent outlives us.
     pub(crate) parent: *const Group<R>,
     pub(crate) name: Name,
+    /// (`state` and `visited` sit in the padding after the name.)
+    /// `ONLINE` until `remove`, then `OFFLINE`.
+    pub(crate) state: AtomicU8,
+    /// The last contention-reclaim episode that reclaimed this group (0:
+    /// none): how an episode reaches every group once, however many there
+    /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
+    /// visit, within the episode's step bound.
+    pub(crate) visited: AtomicU32,
     /// References: one while the group is online, and one per handle,
     /// guard, allocator handle, child group, child cache and large object.
     /// The group's memory is reclaimed when it reaches zero.
     pub(crate) refs: AtomicUsize,
-    /// `ONLINE` until `remove`, then `OFFLINE`.
-    pub(crate) state: AtomicU8,
     /// Children, linked through `next_sibling`; changed under the tree lock.
     pub(crate) first_child: AtomicPtr<Group<R>>,
     pub(crate) next_sibling: AtomicPtr<Group<R>>,
@@ -126,11 +146,6 @@ pub(crate) struct Group<R: RawMutex> {
     /// publishes it) and then in the tree lock's limbo list. An atomic, so
     /// it is written through shared references like every other field.
     pub(crate) next_zombie: AtomicPtr<Group<R>>,
-    /// The last contention-reclaim episode that reclaimed this group (0:
-    /// none): how an episode reaches every group once, however many there
-    /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
-    /// visit, within the episode's step bound.
-    pub(crate) visited: AtomicUsize,
     /// Child caches by accounting index; null until first use.
     pub(crate) caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
     /// Pages of large (page-run) objects charged to this group itself.
@@ -219,7 +234,7 @@ impl<R: RawMutex> Group<R> {
             next_sibling: atomic_null(),
             next_all: atomic_null(),
             next_zombie: atomic_null(),
-            visited: atomic_usize(0),
+            visited: atomic_u32(0),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
             ev_max: Stat::new(),
@@ -251,7 +266,7 @@ impl<R: RawMutex> Group<R> {
             next_sibling: atomic_null(),
             next_all: AtomicPtr::new(next_all),
             next_zombie: atomic_null(),
-            visited: atomic_usize(0),
+            visited: atomic_u32(0),
             caches: [const { atomic_null() }; MAX_ACCOUNTED],
             large_pages: Stat::new(),
             ev_max: Stat::new(),
@@ -283,16 +298,30 @@ impl<R: RawMutex> Group<R> {
     /// allocator), and if `kmem` made it, that group is a `Group<R>`.
     #[inline]
     pub(crate) unsafe fn of_token<'a>(token: *const (), kmem: *const ()) -> Option<&'a Group<R>> {
-        let token = untag(token);
-        let head = token.cast::<TokenHead>();
+        let head = untag(token).cast::<TokenHead>();
         // SAFETY: a live group's head (caller contract); only the head is
         // read before the owner check.
         if head.is_null() || unsafe { (*head).owner } != kmem {
             return None;
         }
-        // SAFETY: made by `kmem`, so a `Group<R>` (caller contract), which
-        // starts with its head.
-        Some(unsafe { &*token.cast::<Group<R>>() })
+        // SAFETY: made by `kmem`, so the head of a `Group<R>` (caller
+        // contract), at `HEAD_OFFSET` from its start.
+        Some(unsafe { Self::of_head(head) })
+    }
+
+    /// The group whose head `head` is.
+    ///
+    /// # Safety
+    ///
+    /// `head` points to the `head` field of a live `Group<R>`.
+    pub(crate) unsafe fn of_head<'a>(head: *const TokenHead) -> &'a Group<R> {
+        // SAFETY: per the contract, at this fixed offset of the group.
+        unsafe { &*head.byte_sub(HEAD_OFFSET).cast::<Group<R>>() }
+    }
+
+    /// The token that makes this group current: its head.
+    pub(crate) fn token(&self) -> *const () {
+        ptr::addr_of!(self.head).cast()
     }
 
     /// Whether `remove` has run.

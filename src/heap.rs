@@ -301,11 +301,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// a `Kmem<S, R, P>` still at that address, and the caller gives up
     /// one reference on it.
     unsafe fn release_token(head: NonNull<TokenHead>) {
-        // SAFETY: caller contract: a live group of this type, made by the
-        // allocator its head names, which is still in place (groups
+        // SAFETY: caller contract: the head of a live group of this type,
+        // made by the allocator it names, which is still in place (groups
         // already require that: their counters' parent is its root's).
         unsafe {
-            let g = head.cast::<Group<R>>().as_ref();
+            let g = Group::<R>::of_head(head.as_ptr());
             let k = &*g.head.owner.cast::<Self>();
             k.put_group(g);
         }

@@ -7,10 +7,12 @@
 
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
 };
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 
 /// Loom has no compiler fence; a full fence is the conservative model.
 #[cfg(loom)]
@@ -107,6 +109,7 @@ macro_rules! const_atomic_ctor {
 const_atomic_ctor!(atomic_usize, AtomicUsize, usize);
 const_atomic_ctor!(atomic_bool, AtomicBool, bool);
 const_atomic_ctor!(atomic_u8, AtomicU8, u8);
+const_atomic_ctor!(atomic_u32, AtomicU32, u32);
 const_atomic_ctor!(atomic_u64, AtomicU64, u64);
 
 /// A null `AtomicPtr`, `const` in normal builds.

@@ -72,7 +72,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// The platform token that makes `g` current (null for the root).
     fn token(&self, g: &Group<R>) -> *const () {
-        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { (g as *const Group<R>).cast() }
+        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { g.token() }
     }
 }
 

@@ -42,8 +42,9 @@ const SHARES: [usize; RECLAIM_PASSES] = [64, 16, 4, 1];
 /// groups there are. Episodes of other threads may overwrite a mark; the
 /// step bound ([`Episode::may_step`]) keeps an episode finite even then.
 pub(crate) struct Episode {
-    /// Unique among this allocator's episodes (never 0).
-    id: usize,
+    /// Unique among this allocator's recent episodes (never 0; wraps
+    /// after 2^32 episodes, when a stale mark costs one extra visit).
+    id: u32,
     /// Groups reclaimed so far.
     steps: usize,
     /// Whether the root's own caches were reclaimed.
@@ -307,7 +308,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // the mark of a group no episode reclaimed, after a wrap.
         let mut id = 0;
         while id == 0 {
-            id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u32;
         }
         Episode { id, steps: 0, root: false }
     }
