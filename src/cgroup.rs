@@ -348,6 +348,20 @@ impl<R: RawMutex> Group<R> {
         self.refs.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Takes a reference unless the last one is gone (the group is then
+    /// on its way to reclamation and must not be revived); for walks that
+    /// find a group without holding a reference on it.
+    pub(crate) fn try_get(&self) -> bool {
+        let mut n = self.refs.load(Ordering::Relaxed);
+        while n != 0 {
+            match self.refs.compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => n = now,
+            }
+        }
+        false
+    }
+
     /// Drops a reference; `true` if it was the last (the caller then
     /// hands the group to reclamation).
     #[inline]

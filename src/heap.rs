@@ -397,7 +397,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             // Pairs with the fence in `read_guard`.
             crate::sync::fence(Ordering::SeqCst);
-            if limbo.is_empty() || self.readers.load(Ordering::Relaxed) != 0 {
+            // Acquire: the readers' last accesses happen before the frees.
+            if limbo.is_empty() || self.readers.load(Ordering::Acquire) != 0 {
                 return;
             }
             self.free_retired(limbo);
@@ -553,7 +554,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 g.get();
                 // SAFETY: just published; lives as long as the group, on
                 // which it holds a reference until it is dead and empty.
-                Some(unsafe { &*fresh })
+                let c = unsafe { &*fresh };
+                // Pairs with the fence in `Cgroup::remove` (Dekker): either
+                // removal sees this cache and marks it dead, or this sees
+                // the group offline and does; a cache published after
+                // removal never stays live, pinning its group.
+                crate::sync::fence(Ordering::SeqCst);
+                if g.is_offline() {
+                    c.cache.mark_dead();
+                }
+                Some(c)
             }
             Err(winner) => {
                 // SAFETY: ours, never published, holds nothing.
@@ -817,10 +827,44 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: per the contract; a slab header names its `MagCache`.
         unsafe {
             let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
-            hardened_on_free(owner, ptr);
-            owner.free(self, ptr);
-            self.after_free(owner);
+            self.free_into(owner, ptr);
         }
+    }
+
+    /// Frees `ptr` into `owner`, the cache its slab names: a magazine push
+    /// inline, everything else under a read guard. The slow path is the
+    /// one that can return a dead cache's last slab, after which another
+    /// thread (`reap`, `shrink`, removal) may see the cache empty and let
+    /// go of its group; the guard, taken while this object still keeps the
+    /// cache's slab (and so the group), defers any freeing of the group and
+    /// its caches until this thread is done with them (the uncharge and
+    /// `after_free`).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, freed once.
+    #[inline(always)]
+    pub(crate) unsafe fn free_into(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        hardened_on_free(owner, ptr);
+        // SAFETY: forwarded.
+        if !unsafe { owner.free_fast(self, ptr) } {
+            // SAFETY: forwarded.
+            unsafe { self.free_into_slow(owner, ptr) }
+        }
+    }
+
+    /// The slow path of [`Kmem::free_into`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_into`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        let _read = self.read_guard();
+        // SAFETY: forwarded.
+        unsafe { owner.free_slow(self, ptr) };
+        self.after_free(owner);
     }
 
     /// After a free into `owner`: a dead cache that just lost its last

@@ -527,7 +527,7 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// As for [`MagCache::free`].
     #[inline(always)]
-    unsafe fn free_fast<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) -> bool {
+    pub(crate) unsafe fn free_fast<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) -> bool {
         let Some(slot) = cx.slots().try_hold(cx.plat()) else { return false };
         // SAFETY: `ptr` is a live object of this cache.
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
@@ -549,7 +549,7 @@ impl<R: RawMutex> MagCache<R> {
     /// As for [`MagCache::free`].
     #[cold]
     #[inline(never)]
-    unsafe fn free_slow<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) {
+    pub(crate) unsafe fn free_slow<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) {
         if let Some(slot) = cx.slots().hold(cx.plat()) {
             // SAFETY: `ptr` is a live object of this cache.
             let local =

@@ -50,7 +50,7 @@ pub enum PressureState {
 ///
 /// | field | ordering | paired with |
 /// | --- | --- | --- |
-/// | `usage` | `Relaxed` RMW, then `fence(SeqCst)` in `charge` | the fence in `set_thresholds` (as `try_charge`/`set_max`) |
+/// | `usage` | `Relaxed` compare-and-swap within `max`, from the top level down, then `fence(SeqCst)` in `charge`; `Relaxed` RMW in `uncharge` (CAS at its own level) | the fence in `set_thresholds` (as `try_charge`/`set_max`) |
 /// | `max` | `Relaxed` store, then `fence(SeqCst)` | the fence in `charge` |
 /// | `min`, `pressure` | `Relaxed` | advisory: a stale value shifts a pressure transition by one charge |
 /// | `under` | `Relaxed` swap | one `entered` event per transition; no memory is guarded by it |
@@ -177,22 +177,24 @@ impl PressureCounter {
     /// Charges `bytes` here and at every ancestor; refused and rolled back
     /// if a level would pass its `max`.
     pub fn charge(&self, bytes: usize) -> PressureState {
+        // From the top level down, each level added to only if it stays
+        // within its max (a compare-and-swap): a refused charge leaves no
+        // trace at the levels below the refusing one, and this level (the
+        // last) is never rolled back, so an uncharge of this resource never
+        // sees bytes that a refused charge takes back. Depth is the number
+        // of same-named resources up the tree: small, walked once per level.
+        let depth = self.levels();
         let mut state = PressureState::Normal;
-        let mut c = Some(self);
-        while let Some(k) = c {
-            let new = k.usage.fetch_add(bytes, Ordering::Relaxed).wrapping_add(bytes);
-            // Pairs with the fence in `set_thresholds`.
-            fence(Ordering::SeqCst);
-            if new > k.max.load(Ordering::Relaxed) || new < bytes {
-                k.usage.fetch_sub(bytes, Ordering::Relaxed);
+        for i in (0..depth).rev() {
+            let k = self.up(i);
+            let Some(new) = k.add_within_max(bytes) else {
                 k.refused.add(1);
-                let mut u = Some(self);
-                while let Some(l) = u.filter(|l| !core::ptr::eq(*l, k)) {
-                    l.usage.fetch_sub(bytes, Ordering::Relaxed);
-                    u = l.parent();
+                // Take back what the levels above accepted.
+                for j in i + 1..depth {
+                    self.up(j).usage.fetch_sub(bytes, Ordering::Relaxed);
                 }
                 return PressureState::Refused;
-            }
+            };
             if new > k.watermark.load(Ordering::Relaxed) {
                 k.watermark.fetch_max(new, Ordering::Relaxed);
             }
@@ -208,9 +210,57 @@ impl PressureCounter {
                     state = PressureState::UnderPressure;
                 }
             }
-            c = k.parent();
         }
         state
+    }
+
+    /// Adds `bytes` to this level's usage if that keeps it within `max`;
+    /// the new usage, or `None` (nothing added).
+    fn add_within_max(&self, bytes: usize) -> Option<usize> {
+        let mut old = self.usage.load(Ordering::Relaxed);
+        loop {
+            let new = old.checked_add(bytes)?;
+            if new > self.max.load(Ordering::Relaxed) {
+                return None;
+            }
+            match self.usage.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
+        }
+        // Pairs with the fence in `set_thresholds`: either it sees this add
+        // and refuses a max below it, or this sees its new max (Dekker).
+        fence(Ordering::SeqCst);
+        let new = old + bytes;
+        if new > self.max.load(Ordering::Relaxed) {
+            self.usage.fetch_sub(bytes, Ordering::Relaxed);
+            return None;
+        }
+        Some(new)
+    }
+
+    /// Levels from this one up: this resource and the same-named ones of
+    /// its ancestors.
+    fn levels(&self) -> usize {
+        let mut n = 0;
+        let mut c = Some(self);
+        while let Some(k) = c {
+            n += 1;
+            c = k.parent();
+        }
+        n
+    }
+
+    /// The level `i` steps above this one (`i < self.levels()`).
+    fn up(&self, i: usize) -> &PressureCounter {
+        let mut k = self;
+        for _ in 0..i {
+            match k.parent() {
+                Some(p) => k = p,
+                None => break,
+            }
+        }
+        k
     }
 
     /// Takes `bytes` off this level and every ancestor; a level that falls

@@ -217,6 +217,9 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             }
         }
         g.state.store(crate::cgroup::OFFLINE, Ordering::Release);
+        // Pairs with the fence after a child cache is published (see
+        // `make_child_cache`).
+        crate::sync::fence(Ordering::SeqCst);
         g.for_each_cache(|_, c| c.cache.mark_dead());
         {
             let _read = k.read_guard();
@@ -299,33 +302,6 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         self.g().counter.failcnt()
     }
 
-    /// Makes this group current on the calling thread (with `std`; through
-    /// the platform without) until the guard drops. Guards nest: dropping
-    /// one restores the group that was current before it, so entering a
-    /// group from inside another is allowed and undone in order.
-    ///
-    /// Guards dropped out of order, or forgotten, are sound: the current
-    /// group is then whichever group the last dropped guard restored, and
-    /// it is kept alive for as long as it is current (the thread's current
-    /// group holds a reference). A removed group that stays current takes
-    /// no charges (its nearest online ancestor does). Concretely, `let a = ga.enter(); let b = gb.enter(); drop(a);
-    /// drop(b);` leaves `ga` current, and referenced, until
-    /// [`Kmem::reset_current_group`] or another out-of-order drop replaces
-    /// it (a thread that exits with it current leaves its metadata behind).
-    pub fn enter(&self) -> CgroupGuard<'k, S, R, P> {
-        let g = self.g();
-        let token = self.kmem.token(g);
-        if !token.is_null() {
-            // The reference the current-group slot owns while `g` is current.
-            g.get();
-        }
-        // A shrinker that enters a group stays marked as reclaiming.
-        let tag = self.kmem.platform.current_group().addr() & crate::cgroup::RECLAIMING;
-        // The swapped-out token's reference passes to the guard.
-        let prev = self.kmem.platform.set_current_group(token.map_addr(|a| a | tag));
-        CgroupGuard { kmem: self.kmem, prev }
-    }
-
     /// An [`Allocator`] that charges this group, from any thread.
     pub fn allocator(&self) -> CgroupAllocator<'k, S, R, P> {
         CgroupAllocator { handle: self.clone() }
@@ -379,6 +355,39 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
             st.large = to_bytes(g.large_pages.get());
         }
         st
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Cgroup<'static, S, R, P> {
+    /// Makes this group current on the calling thread (with `std`; through
+    /// the platform without) until the guard drops. Only for an allocator
+    /// that lives as long as the program (a `static`, or leaked): the
+    /// thread's current-group slot can keep a group referenced after every
+    /// guard is gone (see below), and is shared by every allocator on the
+    /// platform. Guards nest: dropping
+    /// one restores the group that was current before it, so entering a
+    /// group from inside another is allowed and undone in order.
+    ///
+    /// Guards dropped out of order, or forgotten, are sound: the current
+    /// group is then whichever group the last dropped guard restored, and
+    /// it is kept alive for as long as it is current (the thread's current
+    /// group holds a reference). A removed group that stays current takes
+    /// no charges (its nearest online ancestor does). Concretely, `let a = ga.enter(); let b = gb.enter(); drop(a);
+    /// drop(b);` leaves `ga` current, and referenced, until
+    /// [`Kmem::reset_current_group`] or another out-of-order drop replaces
+    /// it (a thread that exits with it current leaves its metadata behind).
+    pub fn enter(&self) -> CgroupGuard<'static, S, R, P> {
+        let g = self.g();
+        let token = self.kmem.token(g);
+        if !token.is_null() {
+            // The reference the current-group slot owns while `g` is current.
+            g.get();
+        }
+        // A shrinker that enters a group stays marked as reclaiming.
+        let tag = self.kmem.platform.current_group().addr() & crate::cgroup::RECLAIMING;
+        // The swapped-out token's reference passes to the guard.
+        let prev = self.kmem.platform.set_current_group(token.map_addr(|a| a | tag));
+        CgroupGuard { kmem: self.kmem, prev }
     }
 }
 
@@ -456,7 +465,13 @@ pub struct CgroupGuard<'k, S: PageSource = DefaultSource, R: RawMutex = DefaultR
 
 impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> {
     fn drop(&mut self) {
-        let out = self.kmem.platform.set_current_group(self.prev);
+        // The reclaiming mark belongs to the running context, not to the
+        // token saved: keep what is current now (a guard made inside a
+        // shrinker and dropped after it, or the reverse, must neither leave
+        // the mark behind nor clear it early).
+        let tag = self.kmem.platform.current_group().addr() & crate::cgroup::RECLAIMING;
+        let prev = crate::cgroup::untag(self.prev).map_addr(|a| a | tag);
+        let out = self.kmem.platform.set_current_group(prev);
         // SAFETY: the slot owned a reference on the token it held (see
         // `TokenHead`); having swapped it out, it is ours to release.
         unsafe { crate::cgroup::release_token(out) };

@@ -42,22 +42,31 @@ const SHARES: [usize; RECLAIM_PASSES] = [64, 16, 4, 1];
 /// groups there are. Episodes of other threads may overwrite a mark; the
 /// step bound ([`Episode::may_step`]) keeps an episode finite even then.
 pub(crate) struct Episode {
-    /// Unique among this allocator's recent episodes (never 0; wraps
-    /// after 2^32 episodes, when a stale mark costs one extra visit).
+    /// Where this episode started in the allocator's sequence (never 0;
+    /// wraps after 2^32 episodes, when a stale mark costs one extra visit).
     id: u32,
     /// Groups reclaimed so far.
     steps: usize,
+    /// The most online groups a scan of this episode found.
+    most_online: usize,
     /// Whether the root's own caches were reclaimed.
     root: bool,
 }
 
 impl Episode {
-    /// Whether another group may be reclaimed, given that the last scan
-    /// found `groups` online groups: at most twice the groups there are,
-    /// plus one (each group once, and once more for each mark a concurrent
-    /// episode overwrote).
-    fn may_step(&self, groups: usize) -> bool {
-        self.steps <= groups.saturating_mul(2).saturating_add(1)
+    /// Whether a group marked `mark` was reclaimed by this episode or one
+    /// that started after it (concurrent episodes share their work instead
+    /// of reclaiming the same largest group in turn).
+    fn done(&self, mark: u32) -> bool {
+        mark != 0 && mark.wrapping_sub(self.id) < (1 << 31)
+    }
+
+    /// Whether another group may be reclaimed: at most twice the most
+    /// groups a scan of this episode found, plus one (each group once, and
+    /// once more for each mark another episode overwrote), so an episode
+    /// ends however the tree changes under it.
+    fn may_step(&self) -> bool {
+        self.steps <= self.most_online.saturating_mul(2).saturating_add(1)
     }
 }
 
@@ -310,7 +319,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         while id == 0 {
             id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u32;
         }
-        Episode { id, steps: 0, root: false }
+        Episode { id, steps: 0, most_online: 0, root: false }
     }
 
     /// One step of contention reclaim: reclaims the group with the largest
@@ -332,7 +341,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     return;
                 }
                 online += 1;
-                if g.visited.load(Ordering::Relaxed) == episode.id {
+                if episode.done(g.visited.load(Ordering::Relaxed)) {
                     return;
                 }
                 let (u, s, low) = (g.counter.usage(), g.counter.soft(), g.counter.low());
@@ -344,8 +353,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 } else {
                     u
                 };
-                if score > best_score {
-                    g.get();
+                // A group whose last reference is gone is not revived.
+                if score > best_score && g.try_get() {
                     // SAFETY: the previous candidate holds our reference.
                     if let Some(prev) = unsafe { best.as_ref() } {
                         self.put_group(prev);
@@ -354,9 +363,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     best_score = score;
                 }
             });
+            episode.most_online = episode.most_online.max(online);
             // SAFETY: referenced above.
             if let Some(b) = unsafe { best.as_ref() } {
-                if !episode.may_step(online) {
+                if !episode.may_step() {
                     self.put_group(b);
                     break;
                 }
@@ -369,7 +379,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     b.ev_soft.add(1);
                     b.soft_pages.add(pages);
                 }
-                b.visited.store(episode.id, Ordering::Relaxed);
+                // Mark it, unless a later episode already did (its mark
+                // covers this one too). A race here costs a visit at most.
+                let mark = b.visited.load(Ordering::Relaxed);
+                if mark == 0 || mark.wrapping_sub(episode.id) >= (1 << 31) {
+                    b.visited.store(episode.id, Ordering::Relaxed);
+                }
                 episode.steps += 1;
                 self.put_group(b);
                 return true;

@@ -66,6 +66,10 @@ pub(crate) struct CacheDesc<R: RawMutex> {
     pub(crate) retired_next: AtomicPtr<CacheDesc<R>>,
 }
 
+/// Drain-and-look rounds before a destroyed cache that still holds slabs
+/// is taken to have leaked objects.
+const DESTROY_TRIES: usize = 64;
+
 /// `CacheDesc::acct_idx` of a cache created without `ACCOUNT`.
 pub(crate) const NOT_ACCOUNTED: usize = usize::MAX;
 
@@ -146,12 +150,22 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let mut tree = self.tree_lock.lock();
         // Empty the cache (and its child caches) of cached objects and
         // slabs; a slab left means a leaked object still names the cache.
-        let mut leaked = false;
-        self.for_each_cache_part(desc, |c| {
-            c.drain(self);
-            c.cache.shrink(&c.pages(self, None));
-            leaked |= c.cache.nslabs() != 0;
-        });
+        // A concurrent drain (`reap`, `shrink`) may hold some of the
+        // cache's magazines for a moment: look again a few times before
+        // concluding that objects were leaked.
+        let mut leaked = true;
+        for _ in 0..DESTROY_TRIES {
+            leaked = false;
+            self.for_each_cache_part(desc, |c| {
+                c.drain(self);
+                c.cache.shrink(&c.pages(self, None));
+                leaked |= c.cache.nslabs() != 0;
+            });
+            if !leaked {
+                break;
+            }
+            crate::sync::spin_hint();
+        }
         if leaked {
             return;
         }
@@ -385,9 +399,7 @@ impl<T, S: PageSource, R: RawMutex, P: Platform> Drop for CacheBox<'_, T, S, R, 
         unsafe {
             self.ptr.as_ptr().drop_in_place();
             let owner = &*(self.desc.cache.cache.owner_of(self.ptr.as_ptr().cast()) as *const MagCache<R>);
-            super::hardened_on_free(owner, self.ptr.cast());
-            owner.free(self.kmem, self.ptr.cast());
-            self.kmem.after_free(owner);
+            self.kmem.free_into(owner, self.ptr.cast());
         }
     }
 }

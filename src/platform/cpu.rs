@@ -82,6 +82,11 @@ pub unsafe trait Platform: Sync {
 /// locked path, and the current group is one global value (right for a
 /// single-threaded kernel or program). The default without `std`; kernels
 /// supply their own.
+///
+/// One context only: threads that share a `NoCpus` share its current
+/// group, so one thread's guard drop can release the group another thread
+/// is allocating in. Enter groups from one thread (or use `Threads`, or a
+/// per-CPU platform with interrupts masked).
 #[derive(Debug, Default)]
 pub struct NoCpus {
     current: AtomicPtr<()>,
