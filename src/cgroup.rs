@@ -77,6 +77,9 @@ pub(crate) const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platfor
 // Two groups and a slab header fit one page, so the group cache needs no
 // larger runs (an order-3 slab for groups made `create_child` fail in a
 // fragmented region).
+// (Under Miri and loom, with 2 CPU slots, groups are smaller and the
+// geometry picks larger slabs for less waste; the bound is for real builds.)
+#[cfg(not(any(miri, loom)))]
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
 static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
