@@ -62,7 +62,7 @@ mod dead_cache {
             let p = {
                 let _in = g.enter();
                 // SAFETY: a valid layout.
-                unsafe { (&K).alloc(layout) }
+                unsafe { K.alloc(layout) }
             };
             assert!(!p.is_null());
             g.remove().unwrap();
@@ -80,7 +80,7 @@ mod dead_cache {
         });
         SLOW.with(|s| s.set(true));
         // SAFETY: allocated above with this layout, freed once.
-        unsafe { (&K).dealloc(p, layout) };
+        unsafe { K.dealloc(p, layout) };
         SLOW.with(|s| s.set(false));
         t.join().expect("shrink freed a group whose last slab was still being released");
     }

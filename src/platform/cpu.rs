@@ -42,14 +42,21 @@ pub unsafe trait Platform: Sync {
 
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
+    ///
+    /// The allocator holds one slot at a time and calls `enter` (and
+    /// `try_enter`) only outside a hold, so between holds a context's slot
+    /// is not in use: `enter` may hand it another slot than last time,
+    /// take its slot away, or make it wait for one (`Threads` does all
+    /// three to share slots among more threads than [`MAX_CPUS`]).
     fn enter(&self) -> Option<usize>;
     /// [`Platform::enter`] for the allocator's fast paths, which order
     /// their half of the slot handshake with a compiler fence only: it
     /// returns a slot only while [`Platform::asymmetric`] is true (so a
     /// drainer's heavy barrier completes the fence), and may return `None`
-    /// wherever `enter` would first do work (claim a slot); the caller then
-    /// takes its slow path, which calls `enter`. A slot it returns is held
-    /// exactly as one from `enter`, until `exit`.
+    /// wherever `enter` would first do work (claim a slot, or account for
+    /// the slot's use); the caller then takes its slow path, which calls
+    /// `enter`. A slot it returns is held exactly as one from `enter`,
+    /// until `exit`.
     #[inline(always)]
     fn try_enter(&self) -> Option<usize> {
         if self.asymmetric() { self.enter() } else { None }

@@ -1,7 +1,7 @@
 //! `Threads`: per-thread slots for programs on an OS (feature `std`).
 //!
-//! A thread claims a free slot on its first allocation and keeps it in a
-//! `const`-initialised thread-local with no destructor, so the allocator
+//! A thread claims a free slot on its first allocation and keeps it in
+//! `const`-initialised thread-locals with no destructor, so the allocator
 //! never re-enters itself through TLS teardown. A `pthread` key destructor
 //! (which, unlike Rust TLS destructors, allocates nothing) hands the slot
 //! back when the thread exits. Whatever magazines the slot still holds stay
@@ -10,26 +10,134 @@
 //!
 //! Where the kernel offers `membarrier(PRIVATE_EXPEDITED)`, slot holders
 //! use compiler fences only and remote drains pay for a heavy barrier.
+//!
+//! # More threads than slots
+//!
+//! With more live threads than [`MAX_CPUS`], the threads without a slot
+//! would take the shared path on every operation; its locks spin, and a
+//! lock holder preempted among dozens of runnable threads stalls every
+//! other thread on that path for whole scheduler rounds (seen: 256
+//! alloc/free pairs in 3 s against 12 million for a slot holder). So slot
+//! time is shared out instead:
+//!
+//! * **Releases and the epoch.** A slot is only ever freed by a
+//!   *release* (thread exit, a give-up, `unsteal`), which bumps the
+//!   `RELEASES` epoch after freeing it and wakes one sleeping waiter. A
+//!   thread whose scan found nothing remembers the epoch it read first
+//!   (`SEEN`) and scans again only once it has moved, so a slotless
+//!   operation costs a load, not a scan. A scan starts at the slot
+//!   released last (`HINT`) and reads each flag before trying its CAS: one
+//!   CAS per slot that looked free, not one per slot.
+//! * **Waiting.** A thread turned away sleeps on the epoch (a futex on
+//!   its low 32 bits, counted in `WAITERS`) until a release wakes it or
+//!   [`WAIT_NS`] passes. A release it loses to another thread sends it
+//!   back to sleep; a whole [`WAIT_NS`] without any release means the
+//!   holders are not rotating (they are idle, or allocate too rarely to
+//!   end a quantum): it records the epoch in `VAIN` and takes the shared
+//!   path, as do all threads until the next release, raising `WANTED`.
+//!   (Under Miri nobody sleeps: a thread turned away takes the shared
+//!   path and scans again on its next operation.)
+//! * **Rotation.** A holder counts its operations (the fast path's holds
+//!   in the `FAST` cell, which `try_enter` counts down, so the fast path
+//!   calls `enter` every [`FAST_TICKS`] holds). After [`QUANTUM`] of them
+//!   it gives its slot up if more threads sleep for one than slots are
+//!   free (and no wait at this epoch was in vain), or if it can clear
+//!   `WANTED`: exactly as thread exit does (cells cleared, the exit hook
+//!   disarmed, the flag stored with `Release`, the epoch bumped), in
+//!   `enter`, which the allocator calls outside any hold. It then waits
+//!   like any other thread, behind those already asleep (futex queues are
+//!   FIFO), so slots go round. If no release comes for [`WAIT_NS`] it
+//!   scans once more and mostly gets its own slot back.
+//!
+//! With no more active threads than slots nobody sleeps or raises
+//! `WANTED`, and a holder pays one `enter` per [`FAST_TICKS`] fast-path
+//! operations and a few loads per [`QUANTUM`]. A thread that keeps a slot
+//! but stops allocating is never asked for it (only `enter` can give a
+//! slot up); threads waiting behind such holders find out after
+//! [`WAIT_NS`], once per release.
+//!
+//! # Per-thread state
+//!
+//! | state | `SLOT` | `FAST` (asymmetric only) | key value | `CLAIMED[s]` |
+//! | --- | --- | --- | --- | --- |
+//! | holds `s` | `s` | `s << TICK_BITS \| ticks` | `s + 1` | `true` |
+//! | no slot | `NONE` | 0 | null | — |
+//!
+//! Cells change only on their own thread; a slot's cells are set after
+//! its claiming CAS and cleared before the store that frees it.
+//!
+//! # Atomics
+//!
+//! | atomic | written by | ordering | paired with |
+//! | --- | --- | --- | --- |
+//! | `CLAIMED[s]` | a claim or `steal` (CAS false → true), a release (store false) | `Acquire` CAS, `Release` store | each other: the claimer adopts the magazines the releaser left |
+//! | `RELEASES` | every release, after freeing its slot | `SeqCst` `fetch_add` | a scanner's `Acquire` load (a scan after reading an epoch sees the slots freed before it); with `WAITERS`, Dekker: a releaser sees the waiter or the waiter sees the epoch move |
+//! | `WAITERS` | threads starting and ending a sleep | `SeqCst` inc, `Relaxed` dec | the releaser's `SeqCst` load before it wakes anyone; holders read it `Relaxed` |
+//! | `HINT`, `VAIN`, `WANTED` | releases; a wait in vain; slotless threads (set) and holders (clear) | `Relaxed` | nothing: hints that steer scans and give-ups, never a publication |
+//! | `KEY`, `ASYM` | `init`, once | `Release` | `Acquire` in `init` before any claim |
 
 use core::cell::Cell;
+use core::mem::size_of;
+
+use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform};
 use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize};
 
+/// `SLOT` of a thread without a slot; also "never" for epochs.
 const NONE: usize = usize::MAX;
+
+/// Low bits of `FAST` that count the holds `try_enter` may still grant.
+const TICK_BITS: u32 = 16;
+/// Mask of the tick count in `FAST`.
+const TICK_MASK: usize = (1 << TICK_BITS) - 1;
+/// Fast-path holds between two calls of `enter` by a holder: bounds how
+/// stale its operation count gets, for one slow-path call per 4096.
+const FAST_TICKS: usize = 4096;
+/// Operations a holder performs before it looks for threads waiting for
+/// a slot (tens to hundreds of microseconds of allocation).
+const QUANTUM: usize = 16 * 1024;
+/// How long a waiting thread sleeps for a release before it concludes
+/// that the holders are not rotating.
+const WAIT_NS: libc::c_long = 1_000_000;
+
+static_assertions::const_assert!(FAST_TICKS <= TICK_MASK && MAX_CPUS <= usize::MAX >> TICK_BITS);
 
 std::thread_local! {
     /// This thread's slot, or `NONE`. `Cell<usize>` has no destructor.
     static SLOT: Cell<usize> = const { Cell::new(NONE) };
-    /// The slot again, for `try_enter`: set only where membarrier is
-    /// available (`ASYM == 1`), so the fast paths need not ask.
-    static FAST: Cell<usize> = const { Cell::new(NONE) };
+    /// The slot again, for `try_enter`, as `slot << TICK_BITS | ticks`:
+    /// `try_enter` grants a hold while `ticks > 0` and counts it down, and
+    /// `enter` counts the spent ticks against the quantum and resets them.
+    /// 0 (no ticks) when the thread has no slot, and always where
+    /// membarrier is unavailable (`ASYM != 1`), so the fast paths need
+    /// not ask.
+    static FAST: Cell<usize> = const { Cell::new(0) };
+    /// Operations left in this holder's quantum.
+    static LEFT: Cell<usize> = const { Cell::new(0) };
+    /// Without a slot: the `RELEASES` epoch at which this thread last saw
+    /// every slot taken (`NONE`: never looked); it scans again once the
+    /// epoch differs.
+    static SEEN: Cell<usize> = const { Cell::new(NONE) };
     /// This thread's current group token (0: the root).
     static GROUP: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
 }
 
 /// Slots held by a thread (or stolen by a drainer).
 static CLAIMED: [AtomicBool; MAX_CPUS] = [const { atomic_bool(false) }; MAX_CPUS];
+/// Releases so far, bumped after every store of `false` to `CLAIMED`; its
+/// low 32 bits are the futex word waiting threads sleep on.
+static RELEASES: CachePadded<AtomicUsize> = CachePadded::new(atomic_usize(0));
+/// Threads asleep (or about to sleep) on `RELEASES`.
+static WAITERS: CachePadded<AtomicUsize> = CachePadded::new(atomic_usize(0));
+/// Set by a thread that takes the shared path for want of a slot; a
+/// holder at the end of its quantum that clears it gives its slot up.
+static WANTED: CachePadded<AtomicBool> = CachePadded::new(atomic_bool(false));
+/// The slot released last, where scans start.
+static HINT: AtomicUsize = atomic_usize(0);
+/// The epoch at which a thread last waited [`WAIT_NS`] without a release
+/// (`NONE`: never): until the next release, slotless threads do not wait.
+static VAIN: AtomicUsize = atomic_usize(NONE);
 /// `pthread` key whose destructor gives a slot back: 0 not yet made,
 /// 1 being made, `key + 2` once made.
 static KEY: AtomicUsize = atomic_usize(0);
@@ -50,15 +158,62 @@ impl Threads {
     }
 }
 
-/// Runs at thread exit for threads that claimed a slot.
-extern "C" fn release_slot(value: *mut libc::c_void) {
-    let slot = value as usize - 1;
-    // The thread-local has no destructor, so it is still accessible here.
-    let _ = SLOT.try_with(|s| s.set(NONE));
-    let _ = FAST.try_with(|s| s.set(NONE));
-    // Publishes this thread's last writes to the slot's magazines to the
+/// The futex word: the low 32 bits of `RELEASES`. Only the kernel reads
+/// it as a `u32` (in `FUTEX_WAIT`, comparing it with the epoch a waiter
+/// read); our code always accesses `RELEASES` whole.
+fn futex_word() -> *mut u32 {
+    let p = RELEASES.as_ptr().cast::<u32>();
+    if cfg!(target_endian = "big") && size_of::<usize>() == 8 { p.wrapping_add(1) } else { p }
+}
+
+/// Sleeps while the low 32 bits of `RELEASES` equal those of `epoch`, at
+/// most [`WAIT_NS`]; `false` if the time ran out.
+fn sleep_on(epoch: usize) -> bool {
+    let timeout = libc::timespec { tv_sec: 0, tv_nsec: WAIT_NS };
+    // SAFETY: the word is a live, aligned static the kernel only reads
+    // here; `timeout` outlives the call. FUTEX_WAIT touches no memory of
+    // ours and returns on a wake, a signal, a changed word or the timeout.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            epoch as u32,
+            &timeout as *const libc::timespec,
+        )
+    };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ETIMEDOUT)
+}
+
+/// Frees `slot`, which the caller owns and no longer uses (its cells are
+/// cleared), and wakes one waiting thread; returns the epoch after this
+/// release.
+fn release(slot: usize) -> usize {
+    // Relaxed: the hint only steers where scans start; any value is a
+    // valid slot.
+    HINT.store(slot, Ordering::Relaxed);
+    // Publishes the owner's last writes to the slot's magazines to the
     // next claimer (pairs with the Acquire of the claiming CAS).
     CLAIMED[slot].store(false, Ordering::Release);
+    // SeqCst: Release for scanners (one that reads this epoch sees the
+    // store above), and ordered before the load of WAITERS below against
+    // a waiter's increment and load of the epoch (Dekker), so a thread
+    // going to sleep on the old epoch is seen and woken.
+    let epoch = RELEASES.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+    if WAITERS.load(Ordering::SeqCst) > 0 {
+        // SAFETY: as in `sleep_on`; FUTEX_WAKE only reads the address.
+        unsafe { libc::syscall(libc::SYS_futex, futex_word(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
+    }
+    epoch
+}
+
+/// Runs at thread exit for threads that hold a slot.
+extern "C" fn release_slot(value: *mut libc::c_void) {
+    let slot = value as usize - 1;
+    // The thread-locals have no destructor, so they are still accessible.
+    let _ = SLOT.try_with(|s| s.set(NONE));
+    let _ = FAST.try_with(|s| s.set(0));
+    release(slot);
 }
 
 /// One-time set-up: the exit key and the barrier mode. Both finish before
@@ -94,41 +249,208 @@ fn init() -> Option<libc::pthread_key_t> {
     }
 }
 
+/// Whether `try_enter` hands out slots. Relaxed: `ASYM` is settled in
+/// `init`, which every holder passed through (with an Acquire load of
+/// `KEY`) before its claim.
+#[inline(always)]
+fn fast_ok() -> bool {
+    ASYM.load(Ordering::Relaxed) == 1
+}
+
+/// Asks holders for a slot. Relaxed: the flag carries no data; reading
+/// first keeps threads on the shared path from writing a line holders
+/// read.
+#[inline]
+fn want() {
+    if !WANTED.load(Ordering::Relaxed) {
+        WANTED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Slots nobody holds now (Relaxed: a snapshot for a heuristic).
+fn free_slots() -> usize {
+    CLAIMED.iter().filter(|c| !c.load(Ordering::Relaxed)).count()
+}
+
 impl Threads {
+    /// `enter` for a holder: counts the operations since its last call
+    /// against the quantum, and at the quantum's end may give the slot up.
+    #[inline(always)]
+    fn turn(&self, slot: usize) -> Option<usize> {
+        let fast = fast_ok();
+        let used = if fast { FAST_TICKS - (FAST.with(Cell::get) & TICK_MASK) + 1 } else { 1 };
+        let left = LEFT.with(Cell::get);
+        if left > used {
+            LEFT.with(|l| l.set(left - used));
+            if fast {
+                FAST.with(|f| f.set((slot << TICK_BITS) | FAST_TICKS));
+            }
+            return Some(slot);
+        }
+        self.quantum_end(slot, fast)
+    }
+
+    /// A holder's quantum is over: give the slot up if more threads sleep
+    /// for one than slots are free, or if a thread on the shared path
+    /// asked (clearing its request, so one request frees one slot), and
+    /// wait like the others; else start another quantum.
     #[cold]
     #[inline(never)]
-    fn claim(&self) -> Option<usize> {
+    fn quantum_end(&self, slot: usize, fast: bool) -> Option<usize> {
+        // Relaxed loads: whom to give a slot to is a heuristic; the swap
+        // makes exactly one holder answer a request. Sleepers count only
+        // while waiting pays: after a wait in vain at this epoch they may
+        // be gone (a `fork` leaves its child the parent's count).
+        let waiters = WAITERS.load(Ordering::Relaxed);
+        let sleepers =
+            waiters > 0 && VAIN.load(Ordering::Relaxed) != RELEASES.load(Ordering::Relaxed) && waiters > free_slots();
+        if sleepers || (WANTED.load(Ordering::Relaxed) && WANTED.swap(false, Ordering::Relaxed)) {
+            // `init` ran before the claim, so the key is there.
+            if let Some(key) = init()
+                // SAFETY: `key` is a live key; a null value means the exit
+                // destructor will not run for this thread (and setting it
+                // allocates nothing).
+                && unsafe { libc::pthread_setspecific(key, core::ptr::null()) } == 0
+            {
+                SLOT.with(|s| s.set(NONE));
+                FAST.with(|f| f.set(0));
+                let epoch = release(slot);
+                // Not a scan straight away: that would take the slot back.
+                SEEN.with(|s| s.set(epoch));
+                return self.wait(key);
+            }
+        }
+        LEFT.with(|l| l.set(QUANTUM));
+        if fast {
+            FAST.with(|f| f.set((slot << TICK_BITS) | FAST_TICKS));
+        }
+        Some(slot)
+    }
+
+    /// `enter` without a slot: a scan if the epoch moved since this
+    /// thread's last failed one, else a wait.
+    #[cold]
+    #[inline(never)]
+    fn enter_slotless(&self) -> Option<usize> {
         let key = init()?;
-        for (slot, claimed) in CLAIMED.iter().enumerate() {
-            // Acquire: adopt the magazines the previous holder left behind.
-            if claimed.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                // SAFETY: `key` is a live key; the value is a plain integer.
-                if unsafe { libc::pthread_setspecific(key, core::ptr::without_provenance::<libc::c_void>(slot + 1)) }
-                    != 0
-                {
-                    // Without an exit hook the slot would leak on exit.
-                    claimed.store(false, Ordering::Release);
-                    return None;
-                }
-                let _ = SLOT.try_with(|s| s.set(slot));
-                if ASYM.load(Ordering::Relaxed) == 1 {
-                    let _ = FAST.try_with(|s| s.set(slot));
-                }
+        // Acquire: pairs with the bump in `release`, so the scan after
+        // reading an epoch sees every slot freed before it.
+        let epoch = RELEASES.load(Ordering::Acquire);
+        if epoch != SEEN.with(Cell::get) {
+            if let Some(slot) = self.claim(key) {
                 return Some(slot);
             }
+            SEEN.with(|s| s.set(epoch));
+        }
+        self.wait(key)
+    }
+
+    /// Waits for a slot, with `SEEN` the epoch of this thread's last
+    /// failed scan (or of its give-up): sleeps until a release, scans,
+    /// and sleeps again if another thread won; `None` (the shared path)
+    /// once a whole [`WAIT_NS`] passes without a release, and at once
+    /// while `VAIN` says the last such wait was at this epoch.
+    fn wait(&self, key: libc::pthread_key_t) -> Option<usize> {
+        // Miri: no futex on part of an atomic, so no sleep; a scan (two
+        // slots there) instead, which also takes back a slot given up.
+        if cfg!(miri) {
+            return self.claim(key).or_else(|| {
+                want();
+                None
+            });
+        }
+        // Relaxed: `VAIN` is a hint (a stale value costs one wait, or one
+        // operation on the shared path).
+        if VAIN.load(Ordering::Relaxed) == SEEN.with(Cell::get) {
+            want();
+            return None;
+        }
+        // SeqCst: before the epoch load below (Dekker with `release`).
+        WAITERS.fetch_add(1, Ordering::SeqCst);
+        let slot = loop {
+            let seen = SEEN.with(Cell::get);
+            // SeqCst: see above; also Acquire for the scan.
+            let epoch = RELEASES.load(Ordering::SeqCst);
+            if epoch != seen {
+                if let Some(slot) = self.claim(key) {
+                    break Some(slot);
+                }
+                SEEN.with(|s| s.set(epoch));
+                continue;
+            }
+            if !sleep_on(epoch) && RELEASES.load(Ordering::Acquire) == epoch {
+                // No release for a whole wait: the holders are not
+                // rotating. One more scan: a slot may be free that nobody
+                // was woken for (this thread's own, after a give-up nobody
+                // took).
+                VAIN.store(epoch, Ordering::Relaxed);
+                break self.claim(key);
+            }
+        };
+        // Relaxed: the count only decides whether releases wake anyone
+        // and holders give up; a late decrement costs a spare wake.
+        WAITERS.fetch_sub(1, Ordering::Relaxed);
+        if slot.is_none() {
+            want();
+        }
+        slot
+    }
+
+    /// One pass over the slots from `HINT`: the first free one that a CAS
+    /// takes becomes this thread's.
+    fn claim(&self, key: libc::pthread_key_t) -> Option<usize> {
+        // Relaxed: any value is a valid place to start.
+        let start = HINT.load(Ordering::Relaxed) % MAX_CPUS;
+        for i in 0..MAX_CPUS {
+            let slot = if start + i < MAX_CPUS { start + i } else { start + i - MAX_CPUS };
+            let claimed = &CLAIMED[slot];
+            // Relaxed load: only decides whether to try the CAS, which
+            // (Acquire) adopts the magazines the previous holder left; a
+            // failed CAS reads nothing we use (Relaxed).
+            if claimed.load(Ordering::Relaxed)
+                || claimed.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
+            {
+                continue;
+            }
+            // SAFETY: `key` is a live key; the value is a plain integer.
+            if unsafe { libc::pthread_setspecific(key, core::ptr::without_provenance::<libc::c_void>(slot + 1)) } != 0 {
+                // Without an exit hook the slot would leak on exit.
+                release(slot);
+                return None;
+            }
+            SLOT.with(|s| s.set(slot));
+            LEFT.with(|l| l.set(QUANTUM));
+            if fast_ok() {
+                FAST.with(|f| f.set((slot << TICK_BITS) | FAST_TICKS));
+            }
+            return Some(slot);
         }
         None
     }
 }
 
-// SAFETY: (1) a slot is claimed by CAS, recorded in one thread's local, and
-// released only by that thread's exit destructor (or by `unsteal` of a
-// drainer that stole an unclaimed one), so two threads never hold one slot;
-// Rust code does not re-enter a thread between enter and exit. (2) one node.
-// (3) ASYM is settled in `init`, before the first claim, and `FAST` (what
-// `try_enter` reads) is set only when it is 1. (4) `steal` claims
-// by the same CAS. (5) TLS access, atomics, and two libc calls that do not
-// allocate (pthread_setspecific for keys below PTHREAD_KEYS_2NDLEVEL_SIZE).
+// SAFETY: (1) a slot is owned from a successful CAS of its `CLAIMED` flag
+// (in `claim`, or `steal`) to the owner's own store of `false` (in
+// `release`: thread exit, a give-up, a claim whose exit hook failed; or
+// `unsteal`), and nobody else stores `false`, so two threads never own one
+// slot. A thread writes its slot into `SLOT`/`FAST` after the CAS and
+// clears them before the store, and `enter`/`try_enter` return only what
+// those cells hold, so only an owned slot. It stays owned until the
+// caller's `exit`: ownership ends only at thread exit (after all of the
+// thread's code) or in a give-up, which happens inside `enter`, and the
+// allocator calls `enter` only outside a hold (it holds one slot at a
+// time and pairs each `enter` with `exit` before the next); Rust code
+// does not re-enter a thread between enter and exit. The Release store /
+// Acquire CAS pair hands the slot's magazines to the next owner. (2) one
+// node. (3) ASYM is settled in `init`, before the first claim, and `FAST`
+// (what `try_enter` reads) holds ticks only when it is 1. (4) `steal`
+// claims by the same CAS, and `claim` cannot take the slot until
+// `unsteal` stores `false`. (5) TLS access, atomics, and libc calls that
+// do not allocate: pthread_setspecific (for keys below
+// PTHREAD_KEYS_2NDLEVEL_SIZE, and of null values), futex wait and wake
+// (`enter` may sleep, as a lock would, but only outside a hold and at
+// most [`WAIT_NS`] without a release); the arithmetic cannot overflow
+// (ticks never exceed `FAST_TICKS`; `left > used` is checked first).
 // (6) the group token lives in a per-thread cell.
 unsafe impl Platform for Threads {
     #[inline(always)]
@@ -145,16 +467,23 @@ unsafe impl Platform for Threads {
         // A const-initialised cell without a destructor never becomes
         // inaccessible, so `with` has no failure path here.
         let slot = SLOT.with(Cell::get);
-        if slot != NONE { Some(slot) } else { self.claim() }
+        if slot != NONE { self.turn(slot) } else { self.enter_slotless() }
     }
 
-    /// The thread's slot once it has one and membarrier is available
-    /// (`FAST` is set only then); the claim is left to `enter` on the slow
-    /// path, so the fast paths make no call and read no global.
+    /// The thread's slot while it has one, membarrier is available (`FAST`
+    /// has ticks only then) and its ticks last; a claim, and the quantum's
+    /// accounting, are left to `enter` on the slow path, so the fast paths
+    /// make no call and read no global.
     #[inline(always)]
     fn try_enter(&self) -> Option<usize> {
-        let slot = FAST.with(Cell::get);
-        if slot != NONE { Some(slot) } else { None }
+        FAST.with(|f| {
+            let v = f.get();
+            if v & TICK_MASK == 0 {
+                return None;
+            }
+            f.set(v - 1);
+            Some(v >> TICK_BITS)
+        })
     }
 
     #[inline(always)]
@@ -162,7 +491,7 @@ unsafe impl Platform for Threads {
 
     #[inline(always)]
     fn asymmetric(&self) -> bool {
-        ASYM.load(Ordering::Relaxed) == 1
+        fast_ok()
     }
 
     fn heavy_barrier(&self) {
@@ -171,10 +500,11 @@ unsafe impl Platform for Threads {
     }
 
     fn steal(&self, slot: usize) -> bool {
-        CLAIMED[slot].compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        // Acquire: the drainer adopts the magazines, like a claimer.
+        CLAIMED[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
     fn unsteal(&self, slot: usize) {
-        CLAIMED[slot].store(false, Ordering::Release);
+        release(slot);
     }
 }
