@@ -302,7 +302,7 @@ impl<'k, S: PageSource, R: RawMutex, P: Platform> Cgroup<'k, S, R, P> {
         self.g().counter.failcnt()
     }
 
-    /// An [`Allocator`] that charges this group, from any thread.
+    /// An [`Allocator`](allocator_api2::alloc::Allocator) that charges this group, from any thread.
     pub fn allocator(&self) -> CgroupAllocator<'k, S, R, P> {
         CgroupAllocator { handle: self.clone() }
     }
@@ -478,7 +478,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> 
     }
 }
 
-/// An [`Allocator`] charging one group; see [`Cgroup::allocator`].
+/// An [`Allocator`](allocator_api2::alloc::Allocator) charging one group; see [`Cgroup::allocator`].
 pub struct CgroupAllocator<
     'k,
     S: PageSource = DefaultSource,

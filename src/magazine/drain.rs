@@ -62,7 +62,7 @@ impl<R: RawMutex> MagCache<R> {
     /// Bonwick's working-set reap: give back the depot magazines unused
     /// since the last reap, drain slots nobody holds, and drain the slots
     /// `idle` marks (unused for a whole reap interval, see
-    /// [`Slots::reap_idle_mask`]). Returns objects flushed.
+    /// [`Slots::reap_idle_mask`](super::Slots::reap_idle_mask)). Returns objects flushed.
     pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
         let mut n = 0;
         for (slot, &idle) in idle.iter().enumerate() {

@@ -11,7 +11,7 @@
 //! (an OS chunk) never merges, so it can be handed back whole once its
 //! `used` count returns to zero.
 //!
-//! Invariants (checked by [`Buddy::check`]):
+//! Invariants (checked by `Buddy::check` in tests):
 //! * every free block is on exactly the list of its order, and its meta byte
 //!   is `FREE | order`; no two free blocks overlap;
 //! * two free buddies of one order never coexist when they may merge;
@@ -28,7 +28,7 @@ const ORDERS: usize = MAX_ORDER as usize;
 ///
 /// Addresses are kept as integers for lookups and arithmetic; every pointer
 /// the buddy forms or hands out is derived from `base` with
-/// [`pointer::with_addr`], so it carries the provenance of the memory the
+/// `pointer::with_addr`, so it carries the provenance of the memory the
 /// zone was given (strict provenance: no integer is ever cast to a pointer).
 #[derive(Clone, Copy)]
 struct Zone {
