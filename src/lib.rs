@@ -117,9 +117,14 @@
 //! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |
 //! | `Group::caches[i]` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |
 //! | `Group::first_child`, `Kmem::all_groups` | `create_child`, under `tree_lock` | `Release` | `Acquire` in walks and reports |
-//! | `Kmem::registry` | `create_cache`, after writing the descriptor | `Release` | `Acquire` in reports and `shrink` |
+//! | `Kmem::registry`, `CacheDesc::next` | `create_cache` (push, after writing the descriptor) and `destroy_cache` (unlink), under `registry_lock` | `Release` | `Acquire` in iterations, which hold a read guard: an unlinked descriptor is freed only once none runs |
 //! | `CacheDesc::live` | create/destroy, under `registry_lock` | `Relaxed` | readers under the lock; reports tolerate a stale flag (rows of a cache being destroyed) |
-//! | `Group::refs` | handles, guards, children, child caches, large objects | `Relaxed` inc, `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
+//! | `Group::refs` | handles, guards, a thread's current-group slot, children, child caches, large objects | `Relaxed` inc (`try_get` by CAS for walks), `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
+//! | `Group::next_zombie`, `MagCache::retired_next`, `CacheDesc::retired_next` | the zombie push (before its `Release` CAS), the tree lock's limbo lists | `Relaxed` | the push's `Release` / the swap's `Acquire`, or the tree lock |
+//! | `Kmem::readers` | read guards (`fetch_add`, then `fence(SeqCst)`), slow frees | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
+//! | `Group::visited` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound |
+//! | `PageCounter::setting` | limit setters (a spin flag) | `Acquire` CAS, `Release` store | the previous setter's writes to the limits |
+//! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group`, shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
 //! | `Group::state` | `remove`, under `tree_lock` | `Release` | `Acquire` in `is_offline` on the allocation path |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
 //! | `Kmem::readers` | iterations of groups (`read_guard`) | `Relaxed` inc + `fence(SeqCst)`, `Release` dec | the fence in `reclaim_groups` before it frees unlinked groups |
