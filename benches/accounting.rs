@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use kmemcg::{CacheFlags, Error, Kmem, OsPages, PAGE_SIZE};
 
+#[path = "../examples/support/results.rs"]
 mod results;
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());

@@ -15,7 +15,7 @@
 //!   (through a lock-free ring that does not allocate); time per object.
 //! * `realloc-grow`: 8 B grown to 1 MiB by doubling, then freed.
 
-#[path = "common/workloads.rs"]
+#[path = "../examples/support/workloads.rs"]
 mod workloads;
 
 use std::alloc::{Layout, System};

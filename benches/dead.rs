@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use kmemcg::{Kmem, OsPages};
 
+#[path = "../examples/support/results.rs"]
 mod results;
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());

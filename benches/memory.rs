@@ -8,7 +8,7 @@
 //! bytes, pages in use from the page source, pages mapped, and the ratio of
 //! bytes held to peak live bytes; then the slabs left per cache.
 
-#[path = "common/workloads.rs"]
+#[path = "../examples/support/workloads.rs"]
 mod workloads;
 
 use std::alloc::{GlobalAlloc, Layout};

@@ -10,7 +10,7 @@
 //! producer thread allocates 64-byte blocks, a consumer thread frees
 //! them; ns per object).
 
-#[path = "../benches/common/workloads.rs"]
+#[path = "support/workloads.rs"]
 mod workloads;
 
 use std::alloc::{Layout, System};

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use kmemcg::{GroupId, Kmem, Region, ShrinkControl, Shrinker};
 
-#[path = "../benches/results/mod.rs"]
+#[path = "support/results.rs"]
 mod results;
 
 const MB: usize = 1 << 20;

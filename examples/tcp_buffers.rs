@@ -9,7 +9,7 @@
 //! and a greedy one (8 connections, 256 KiB requests) run for three
 //! seconds; the table shows bytes echoed, pressure entries and refusals.
 
-#[path = "../tests/support/tcp_demo.rs"]
+#[path = "support/tcp_demo.rs"]
 mod tcp_demo;
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The tcp_buffers example's behaviour, in a short run: the greedy tenant
 //! is held at its `max`, the others are unaffected.
 
-#[path = "support/tcp_demo.rs"]
+#[path = "../examples/support/tcp_demo.rs"]
 mod tcp_demo;
 
 use std::sync::atomic::Ordering;

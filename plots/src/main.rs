@@ -29,7 +29,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// The benches' results module (where their CSVs are), shared by path
 /// with the benches that write them.
-#[path = "../../benches/results/mod.rs"]
+#[path = "../../examples/support/results.rs"]
 mod results;
 
 const FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");

@@ -1,5 +1,6 @@
-//! Workloads shared by `benches/alloc.rs` and `examples/profile.rs`
-//! (included with `#[path]`; each includer uses part of it).
+//! Workloads shared by `examples/profile.rs`, `benches/alloc.rs` and
+//! `benches/memory.rs`; owned by the examples, included with `#[path]`
+//! (each includer uses part of it).
 
 #![allow(dead_code)]
 

@@ -1,5 +1,7 @@
 //! Where the benches and `examples/soft_limits.rs` leave their numbers for
-//! `plots/` (`cargo run --release -p kmemcg-plots`): small CSV files under `<target dir>/kmemcg-results/`.
+//! `plots/` (`cargo run --release -p kmemcg-plots`): small CSV files under
+//! `<target dir>/kmemcg-results/`. Owned by the examples, included with
+//! `#[path]` by the benches and the plots.
 //! Writing one never fails the run: a problem is reported on stderr, and
 //! stdout keeps only the tables.
 
