@@ -77,10 +77,10 @@
 //! | platform | `platform` | [`PageSource`], [`Region`] (buddy over handed-in memory), `OsPages`; [`Platform`]: CPU slot, node, current group |
 //! | counter | `counter` | [`PageCounter`]: charge, try_charge, uncharge, limits, watermark, failcnt, stock |
 //! | page | `page` | exact page runs, pointer → slab lookup |
-//! | slab | `slab` | caches: slabs, per-node partial/full/empty lists; charges slab pages |
-//! | magazine | `magazine` | per-CPU loaded/previous magazines, per-node depots, the slot handshake |
+//! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`) |
+//! | magazine | `magazine` | per-CPU loaded/previous magazines and the fast paths (`magazine.rs`), the slot handshake (`slots`), per-node depots (`depot`), draining (`drain`) |
 //! | cgroup | `cgroup` | groups, child caches, subtree walks |
-//! | heap | `heap` | [`Kmem`]: size classes, page path, typed caches, group API, removal, reclaim and shrinkers, reports |
+//! | heap | `heap` | [`Kmem`]: size classes, alloc/free/realloc (`heap.rs`), page path (`large`), typed caches (`typed`), the group API (`groups`, `pressure`), the group lifecycle: references, tokens, zombies, reclamation after readers (`lifecycle`), reclaim, shrinkers, shrink and reap (`reclaim`), reports (`report`), invariant checks (`check`) |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] |
 //!
 //! # Lock order

@@ -26,8 +26,9 @@ use lock_api::RawMutex;
 use super::Kmem;
 use crate::cgroup::{Group, RECLAIMING, untag};
 use crate::error::Error;
-use crate::magazine::{Acct, MagCache};
+use crate::magazine::{Acct, MagCache, drain_many};
 use crate::platform::{PageSource, Platform};
+use crate::slab::Pages;
 use crate::sync::Ordering;
 
 /// Shrinkers one `Kmem` can hold at once; one more gives
@@ -416,6 +417,93 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             c.cache.shrink(&c.pages(self, None));
         });
         self.root.counter.drain_stock();
+    }
+}
+
+/// Shrinking and reaping: what every cache holds unused goes back.
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// Gives back what `g`'s subtree holds unused in its caches: magazines,
+    /// empty slabs, stocks. Returns the pages uncharged. (One step of
+    /// [`Kmem::reclaim`], which adds the shrinkers.)
+    pub(crate) fn reclaim_caches(&self, g: &Group<R>) -> usize {
+        let _tree = self.tree_lock.lock();
+        let _read = self.read_guard();
+        drain_many(self, |f| self.subtree_caches(g, f), None);
+        let mut pages = 0;
+        self.subtree_caches(g, &mut |c| pages += c.cache.shrink(&c.pages(self, None)));
+        g.walk_subtree(|grp| pages += grp.counter.drain_stock());
+        pages
+    }
+
+    /// Calls `f` on every cache charging a group of `g`'s subtree (for the
+    /// root, its own are the base caches it is charged for).
+    pub(super) fn subtree_caches(&self, g: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
+        g.walk_subtree(|grp| {
+            if core::ptr::eq(grp, &self.root) {
+                self.for_each_base_cache(|c| {
+                    if c.acct == Acct::Root {
+                        f(c)
+                    }
+                });
+            } else {
+                grp.for_each_cache(|_, c| f(c));
+            }
+        });
+    }
+
+    /// Calls `f` on the base caches: the size classes, then the live typed
+    /// caches.
+    pub(super) fn for_each_base_cache(&self, mut f: impl FnMut(&MagCache<R>)) {
+        self.classes.iter().for_each(&mut f);
+        self.for_each_desc(|d| f(&d.cache));
+    }
+
+    /// Calls `f` on every cache: base caches and every group's child caches.
+    pub(super) fn for_each_cache(&self, f: &mut dyn FnMut(&MagCache<R>)) {
+        let _read = self.read_guard();
+        self.for_each_base_cache(&mut *f);
+        self.for_each_group(|g| g.for_each_cache(|_, c| f(c)));
+    }
+
+    /// Empties every magazine on every CPU and in every depot, gives every
+    /// empty slab back to the page source, drains every charge stock, and
+    /// trims the source. Returns the pages given back. (Linux
+    /// `kmem_cache_shrink` on all caches.)
+    pub fn shrink(&self) -> usize {
+        let _read = self.read_guard();
+        drain_many(self, |f| self.for_each_cache(f), None);
+        let mut pages = 0;
+        self.for_each_cache(&mut |c| pages += c.cache.shrink(&c.pages(self, None)));
+        self.root.counter.drain_stock();
+        self.for_each_group(|g| {
+            g.counter.drain_stock();
+        });
+        drop(_read);
+        self.release_empty_dead();
+        self.reclaim_groups(&mut self.tree_lock.lock());
+        self.magazines.shrink(&Pages::plain(&self.source));
+        self.child_caches.shrink(&Pages::plain(&self.source));
+        self.groups.shrink(&Pages::plain(&self.source));
+        pages + self.source.trim()
+    }
+
+    /// Bonwick's working-set reap, for a periodic timer (he used 15 s):
+    /// depot magazines unused since the last reap, the magazines of slots no
+    /// thread holds, and those of slots unused since the last reap go back
+    /// to the slabs; then empty slabs go back to the page source and the
+    /// source is trimmed. Returns the pages given back. What a burst freed
+    /// just before a reap is the working set of that interval: the next
+    /// reap returns it if it stays unused.
+    pub fn reap(&self) -> usize {
+        let idle = self.slots.reap_idle_mask();
+        let mut pages = 0;
+        self.for_each_cache(&mut |c| {
+            c.reap(self, &idle);
+            pages += c.cache.shrink(&c.pages(self, None));
+        });
+        self.release_empty_dead();
+        self.reclaim_groups(&mut self.tree_lock.lock());
+        pages + self.source.trim()
     }
 }
 

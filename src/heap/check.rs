@@ -1,0 +1,85 @@
+//! Invariant checks for tests and the `paranoid` feature: every list,
+//! bitmap and counter walked and compared with the accounting equations.
+
+#![cfg(any(test, feature = "paranoid"))]
+
+use lock_api::RawMutex;
+
+use super::Kmem;
+#[cfg(test)]
+use super::classes::class_of;
+use crate::cgroup::Group;
+use crate::magazine::Acct;
+use crate::platform::{PageSource, Platform};
+#[cfg(test)]
+use crate::slab::Cache;
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// The cache serving `size`/`align` requests, for tests and reports.
+    #[cfg(test)]
+    pub(crate) fn class_cache(&self, size: usize, align: usize) -> Option<&Cache<R>> {
+        class_of(size, align).map(|c| &self.classes[c].cache)
+    }
+
+    /// Checks every cache's lists and accounting (tests, `paranoid`).
+    #[cfg(any(test, feature = "paranoid"))]
+    pub(crate) fn check(&self) {
+        self.for_each_cache(&mut |c| c.cache.check());
+        self.descriptors.check();
+    }
+
+    /// Walks every slab list, free bitmap and counter and checks the
+    /// invariants, panicking on the first violation: each cache's
+    /// `inuse + free == capacity` per slab and `active` per
+    /// node; then, after emptying magazines and stocks (so it changes what
+    /// is cached, never what is live), every group's usage equals the pages
+    /// of the slabs it owns plus its large objects plus its children's
+    /// usage, and nothing has wrapped. For fuzzing and tests (feature
+    /// `paranoid`); it takes locks and drains, so never call it from an
+    /// allocation path.
+    #[cfg(feature = "paranoid")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "paranoid")))]
+    pub fn check_invariants(&self) {
+        self.check();
+        self.check_accounting();
+    }
+
+    /// The accounting equations, checked after draining magazines and
+    /// stocks; see [`Kmem::check_invariants`].
+    #[cfg(any(test, feature = "paranoid"))]
+    pub(crate) fn check_accounting(&self) {
+        self.shrink();
+        let own = |g: &Group<R>| -> usize {
+            let mut pages = 0;
+            if core::ptr::eq(g, &self.root) {
+                self.for_each_base_cache(|c| {
+                    if c.acct == Acct::Root {
+                        pages += c.cache.stats().pages;
+                    }
+                });
+            } else {
+                g.for_each_cache(|_, c| pages += c.cache.stats().pages);
+            }
+            pages + g.counter.stocked()
+        };
+        // Large pages charged to the root itself: all minus the groups'.
+        let mut in_groups = 0;
+        self.for_each_group(|x| in_groups += x.large_pages.get());
+        let root_large = self.large_pages.get() - in_groups;
+        let check = |g: &Group<R>| {
+            let mut children = 0;
+            self.for_each_group(|x| {
+                if core::ptr::eq(x.parent, g) {
+                    children += x.counter.usage();
+                }
+            });
+            let is_root = core::ptr::eq(g, &self.root);
+            let large = if is_root { root_large } else { g.large_pages.get() };
+            let usage = g.counter.usage();
+            assert!(usage < usize::MAX / 2, "usage of {} wrapped: {usage}", g.name.as_str());
+            assert_eq!(usage, own(g) + large + children, "accounting of group {}", g.name.as_str());
+        };
+        check(&self.root);
+        self.for_each_group(|g| check(g));
+    }
+}
