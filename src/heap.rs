@@ -28,7 +28,7 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
-use crate::cgroup::{Group, MAX_ACCOUNTED};
+use crate::cgroup::Group;
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName, Name};
 use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
@@ -38,7 +38,7 @@ use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership
 use crate::slab::{Cache, GrowError, Pages};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
 use classes::{GEOMETRIES, NCLASSES, class_of};
-use typed::CacheDesc;
+use typed::{AcctIndices, CacheDesc};
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -111,33 +111,6 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     large_pages: Stat,
     bad_frees: Stat,
 }
-
-/// The accounting indices of typed caches (`NCLASSES..MAX_ACCOUNTED`)
-/// that no live cache holds: bit `i` stands for index `NCLASSES + i`.
-/// A destroyed accounted cache gives its index back.
-pub(crate) struct AcctIndices(u64);
-
-impl AcctIndices {
-    const ALL: AcctIndices = AcctIndices((1u64 << (MAX_ACCOUNTED - NCLASSES)) - 1);
-
-    /// Takes the lowest free index.
-    pub(crate) fn take(&mut self) -> Option<usize> {
-        if self.0 == 0 {
-            return None;
-        }
-        let i = self.0.trailing_zeros() as usize;
-        self.0 &= !(1 << i);
-        Some(NCLASSES + i)
-    }
-
-    /// Gives index `idx` back.
-    pub(crate) fn give(&mut self, idx: usize) {
-        self.0 |= 1 << (idx - NCLASSES);
-    }
-}
-
-static_assertions::const_assert!(MAX_ACCOUNTED - NCLASSES <= 64);
-static_assertions::const_assert_eq!(MAX_ACCOUNTED - NCLASSES, crate::cgroup::MAX_ACCOUNTED_CACHES);
 
 /// Hardened mode: marks `p` handed out by `cache`; an object handed out
 /// twice means the heap is corrupt.

@@ -9,6 +9,8 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Kmem;
+use super::classes::NCLASSES;
+use crate::cgroup::MAX_ACCOUNTED;
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
@@ -65,6 +67,33 @@ pub(crate) struct CacheDesc<R: RawMutex> {
     /// Link in the tree lock's list of descriptors waiting to be freed.
     pub(crate) retired_next: AtomicPtr<CacheDesc<R>>,
 }
+
+/// The accounting indices of typed caches (`NCLASSES..MAX_ACCOUNTED`)
+/// that no live cache holds: bit `i` stands for index `NCLASSES + i`.
+/// A destroyed accounted cache gives its index back.
+pub(crate) struct AcctIndices(u64);
+
+impl AcctIndices {
+    pub(super) const ALL: AcctIndices = AcctIndices((1u64 << (MAX_ACCOUNTED - NCLASSES)) - 1);
+
+    /// Takes the lowest free index.
+    pub(crate) fn take(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let i = self.0.trailing_zeros() as usize;
+        self.0 &= !(1 << i);
+        Some(NCLASSES + i)
+    }
+
+    /// Gives index `idx` back.
+    pub(crate) fn give(&mut self, idx: usize) {
+        self.0 |= 1 << (idx - NCLASSES);
+    }
+}
+
+static_assertions::const_assert!(MAX_ACCOUNTED - NCLASSES <= 64);
+static_assertions::const_assert_eq!(MAX_ACCOUNTED - NCLASSES, crate::cgroup::MAX_ACCOUNTED_CACHES);
 
 /// Drain-and-look rounds before a destroyed cache that still holds slabs
 /// is taken to have leaked objects.
