@@ -27,6 +27,40 @@ pub(crate) struct Limbo<R: RawMutex> {
     descs: *mut CacheDesc<R>,
 }
 
+/// Unlinks `item` from the singly linked list at `head` (links `next`)
+/// and returns the pointer the list held: the one made when the item was
+/// allocated, with the provenance of its memory, which it is freed
+/// through (a pointer made from a shared reference may only read). An
+/// item not found (not linked) comes back as given.
+///
+/// # Safety
+///
+/// Every item linked from `head` is live, and the caller holds the lock
+/// under which the links change.
+pub(super) unsafe fn unlink<T>(head: &AtomicPtr<T>, item: &T, next: impl Fn(&T) -> &AtomicPtr<T>) -> NonNull<T> {
+    let me = item as *const T as *mut T;
+    let after = next(item).load(Ordering::Relaxed);
+    let first = head.load(Ordering::Relaxed);
+    if first == me {
+        head.store(after, Ordering::Release);
+        // SAFETY: equal to `me`, which is not null.
+        return unsafe { NonNull::new_unchecked(first) };
+    }
+    let mut cur = first;
+    while let Some(c) = NonNull::new(cur) {
+        // SAFETY: linked items are live (caller contract).
+        let c = unsafe { c.as_ref() };
+        let n = next(c).load(Ordering::Relaxed);
+        if n == me {
+            next(c).store(after, Ordering::Release);
+            // SAFETY: equal to `me`, which is not null.
+            return unsafe { NonNull::new_unchecked(n) };
+        }
+        cur = n;
+    }
+    NonNull::from(item)
+}
+
 // SAFETY: what is in limbo is owned by the lists, which are only reached
 // under the tree lock.
 unsafe impl<R: RawMutex> Send for Limbo<R> {}
@@ -197,33 +231,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Unlinks `g` from `all_groups` (tree lock held) and returns the
-    /// pointer the list held: the one made when the group was allocated,
-    /// with the provenance of its memory, which reclamation frees through
-    /// (a pointer made from a `&Group` may only read).
+    /// pointer the list held, which reclamation frees through (see
+    /// [`unlink`]).
     pub(super) fn unlink_all(&self, g: &Group<R>) -> NonNull<Group<R>> {
-        let gp = g as *const Group<R> as *mut Group<R>;
-        let next = g.next_all.load(Ordering::Relaxed);
-        let head = self.all_groups.load(Ordering::Relaxed);
-        if head == gp {
-            self.all_groups.store(next, Ordering::Release);
-            // SAFETY: equal to `gp`, which is not null.
-            return unsafe { NonNull::new_unchecked(head) };
-        }
-        let mut cur = head;
-        while let Some(c) = NonNull::new(cur) {
-            // SAFETY: linked groups are live; links change only under the
-            // tree lock, which we hold.
-            let c = unsafe { c.as_ref() };
-            let n = c.next_all.load(Ordering::Relaxed);
-            if n == gp {
-                c.next_all.store(next, Ordering::Release);
-                // SAFETY: equal to `gp`, which is not null.
-                return unsafe { NonNull::new_unchecked(n) };
-            }
-            cur = n;
-        }
-        // Every group but the root is linked until it is reclaimed here.
-        NonNull::from(g)
+        // SAFETY: linked groups are live, and links change only under the
+        // tree lock, which the caller holds.
+        unsafe { unlink(&self.all_groups, g, |x| &x.next_all) }
     }
 
     /// Frees a reclaimed group's caches and the group, and drops its

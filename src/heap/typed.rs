@@ -221,32 +221,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Unlinks `desc` from the registry (registry lock held) and returns
-    /// the pointer the registry held: the one made when the descriptor was
-    /// allocated, which it is freed through.
+    /// the pointer the registry held, which it is freed through.
     fn unlink_desc(&self, desc: &CacheDesc<R>) -> NonNull<CacheDesc<R>> {
-        let me = desc as *const CacheDesc<R> as *mut CacheDesc<R>;
-        let next = desc.next.load(Ordering::Relaxed);
-        let head = self.registry.load(Ordering::Relaxed);
-        if head == me {
-            self.registry.store(next, Ordering::Release);
-            // SAFETY: equal to `me`, which is not null.
-            return unsafe { NonNull::new_unchecked(head) };
-        }
-        let mut cur = head;
-        while let Some(c) = NonNull::new(cur) {
-            // SAFETY: linked descriptors are live; links change only under
-            // the registry lock, which we hold.
-            let c = unsafe { c.as_ref() };
-            let n = c.next.load(Ordering::Relaxed);
-            if n == me {
-                c.next.store(next, Ordering::Release);
-                // SAFETY: equal to `me`, which is not null.
-                return unsafe { NonNull::new_unchecked(n) };
-            }
-            cur = n;
-        }
-        // A live cache's descriptor is linked until it is destroyed here.
-        NonNull::from(desc)
+        // SAFETY: linked descriptors are live, and links change only under
+        // the registry lock, which the caller holds.
+        unsafe { super::lifecycle::unlink(&self.registry, desc, |d| &d.next) }
     }
 
     /// Calls `f` on the cache of `desc` and, if it is accounted, on its
