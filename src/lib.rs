@@ -168,7 +168,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
-#[cfg(any(feature = "std", test))]
+// Loom itself needs std, so a loom build links it whatever the features.
+#[cfg(any(feature = "std", test, loom))]
 extern crate std;
 
 mod error;
