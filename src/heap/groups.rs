@@ -62,9 +62,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`Cgroup::enter`]). Guards still alive restore what they saved when
     /// they drop, as usual.
     pub fn reset_current_group(&self) {
-        // Keep the mark of a context that is running shrinkers.
-        let tag = self.platform.current_group().addr() & crate::cgroup::RECLAIMING;
-        let out = self.platform.set_current_group(core::ptr::null::<()>().map_addr(|_| tag));
+        let out = self.swap_token(core::ptr::null());
         // SAFETY: the slot owned a reference on the token it held (see
         // `TokenHead`); having swapped it out, it is ours to release.
         unsafe { crate::cgroup::release_token(out) };
@@ -383,10 +381,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Cgroup<'static, S, R, P> {
             // The reference the current-group slot owns while `g` is current.
             g.get();
         }
-        // A shrinker that enters a group stays marked as reclaiming.
-        let tag = self.kmem.platform.current_group().addr() & crate::cgroup::RECLAIMING;
         // The swapped-out token's reference passes to the guard.
-        let prev = self.kmem.platform.set_current_group(token.map_addr(|a| a | tag));
+        let prev = self.kmem.swap_token(token);
         CgroupGuard { kmem: self.kmem, prev }
     }
 }
@@ -465,13 +461,10 @@ pub struct CgroupGuard<'k, S: PageSource = DefaultSource, R: RawMutex = DefaultR
 
 impl<S: PageSource, R: RawMutex, P: Platform> Drop for CgroupGuard<'_, S, R, P> {
     fn drop(&mut self) {
-        // The reclaiming mark belongs to the running context, not to the
-        // token saved: keep what is current now (a guard made inside a
-        // shrinker and dropped after it, or the reverse, must neither leave
-        // the mark behind nor clear it early).
-        let tag = self.kmem.platform.current_group().addr() & crate::cgroup::RECLAIMING;
-        let prev = crate::cgroup::untag(self.prev).map_addr(|a| a | tag);
-        let out = self.kmem.platform.set_current_group(prev);
+        // The saved token's mark is dropped and the running context's kept
+        // (a guard made inside a shrinker and dropped after it, or the
+        // reverse, neither leaves the mark behind nor clears it early).
+        let out = self.kmem.swap_token(self.prev);
         // SAFETY: the slot owned a reference on the token it held (see
         // `TokenHead`); having swapped it out, it is ours to release.
         unsafe { crate::cgroup::release_token(out) };

@@ -10,7 +10,7 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use super::typed::CacheDesc;
-use crate::cgroup::{Group, TokenHead};
+use crate::cgroup::{Group, RECLAIMING, TokenHead, untag};
 use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::{Cache, Pages};
@@ -59,6 +59,23 @@ pub(super) unsafe fn unlink<T>(head: &AtomicPtr<T>, item: &T, next: impl Fn(&T) 
         cur = n;
     }
     NonNull::from(item)
+}
+
+/// Calls `f` on every item of the singly linked list at `head` (links
+/// `next`), first to last.
+///
+/// # Safety
+///
+/// Every item reachable from `head` stays live during the walk (the
+/// caller holds a read guard, or the lock under which links change).
+unsafe fn walk<T>(head: &AtomicPtr<T>, next: impl Fn(&T) -> &AtomicPtr<T>, mut f: impl FnMut(&T)) {
+    let mut cur = head.load(Ordering::Acquire);
+    while let Some(p) = NonNull::new(cur) {
+        // SAFETY: reachable, so live (caller contract).
+        let item = unsafe { p.as_ref() };
+        f(item);
+        cur = next(item).load(Ordering::Acquire);
+    }
 }
 
 // SAFETY: what is in limbo is owned by the lists, which are only reached
@@ -126,6 +143,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// The token head of a new group of this allocator.
     pub(crate) fn token_head(&self) -> TokenHead {
         TokenHead { owner: self.id(), release: Self::release_token }
+    }
+
+    /// Makes `token` (untagged) the calling context's current group and
+    /// returns the token it replaces, with its reference. The context's
+    /// `RECLAIMING` mark stays as it is: it belongs to the running context
+    /// (a shrinker that enters or leaves a group stays marked), not to the
+    /// token. The caller hands over the reference `token` carries.
+    pub(crate) fn swap_token(&self, token: *const ()) -> *const () {
+        let mark = self.platform.current_group().addr() & RECLAIMING;
+        self.platform.set_current_group(untag(token).map_addr(|a| a | mark))
     }
 
     /// Starts an iteration of groups or their caches: groups unlinked from
@@ -308,29 +335,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// Calls `f` on every typed cache's descriptor in the registry, newest
     /// first.
-    pub(crate) fn for_each_desc(&self, mut f: impl FnMut(&CacheDesc<R>)) {
+    pub(crate) fn for_each_desc(&self, f: impl FnMut(&CacheDesc<R>)) {
         let _read = self.read_guard();
-        let mut d = self.registry.load(Ordering::Acquire);
-        while let Some(desc) = NonNull::new(d) {
-            // SAFETY: the read guard keeps every descriptor reachable from
-            // the registry alive, unlinked or not.
-            let desc = unsafe { desc.as_ref() };
-            f(desc);
-            d = desc.next.load(Ordering::Acquire);
-        }
+        // SAFETY: the read guard keeps every descriptor reachable from the
+        // registry alive, unlinked or not.
+        unsafe { walk(&self.registry, |d| &d.next, f) }
     }
 
     /// Calls `f` on every group but the root that is not yet reclaimed
     /// (removed ones included).
-    pub(crate) fn for_each_group(&self, mut f: impl FnMut(&Group<R>)) {
+    pub(crate) fn for_each_group(&self, f: impl FnMut(&Group<R>)) {
         let _read = self.read_guard();
-        let mut g = self.all_groups.load(Ordering::Acquire);
-        while let Some(p) = NonNull::new(g) {
-            // SAFETY: the read guard keeps every group reachable from the
-            // list alive, unlinked or not.
-            let grp = unsafe { p.as_ref() };
-            f(grp);
-            g = grp.next_all.load(Ordering::Acquire);
-        }
+        // SAFETY: the read guard keeps every group reachable from the list
+        // alive, unlinked or not.
+        unsafe { walk(&self.all_groups, |g| &g.next_all, f) }
     }
 }
