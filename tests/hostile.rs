@@ -67,6 +67,15 @@ impl Shrinker for Greedy {
             // Changing the limit from inside reclaim must not deadlock or
             // recurse either.
             let _ = g.set_max(g.max());
+            // Nor may resetting the thread's current group clear the mark
+            // that keeps this shrinker's allocations out of reclaim.
+            self.kmem.reset_current_group();
+            let _in = g.enter();
+            if let Ok(p) = (&self.kmem).allocate(OBJ) {
+                self.nested_ok.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: just allocated with this layout.
+                unsafe { (&self.kmem).deallocate(p.cast(), OBJ) };
+            }
         }
         0
     }

@@ -760,3 +760,60 @@ fn create_cache_does_not_walk_dropped_caches() {
     k.for_each_desc(|_| n += 1);
     assert_eq!(n, 0, "dropped descriptors stay in the registry");
 }
+
+/// `reset_current_group` with a guard still alive: the reset releases the
+/// group, the guard later restores what it saved; every reference is
+/// released exactly once, so the removed group is reclaimed. Resetting
+/// with nothing current, or twice, does nothing.
+#[test]
+fn reset_current_group_with_a_live_guard_and_twice() {
+    let k = kmem();
+    thread::scope(|s| {
+        s.spawn(|| {
+            k.reset_current_group();
+            k.reset_current_group();
+            assert_eq!(k.current_group().name(), "/");
+            let a = k.root().create_child("a").unwrap();
+            k.shrink();
+            let before = k.groups.stats().active_objects;
+            let guard = a.enter();
+            k.reset_current_group();
+            assert_eq!(k.current_group().name(), "/", "the reset made the root current");
+            drop(guard);
+            assert_eq!(k.current_group().name(), "/", "the guard restored the root it saved");
+            a.remove().unwrap();
+            drop(a);
+            k.shrink();
+            assert_eq!(k.groups.stats().active_objects, before - 1, "a was released once and reclaimed");
+        });
+    });
+    k.check_accounting();
+}
+
+/// Two threads creating and dropping accounted typed caches at once, with
+/// allocations in between: indices and descriptors are recycled under the
+/// registry lock, so neither runs out and nothing stays charged.
+#[test]
+fn typed_caches_created_and_dropped_from_two_threads() {
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    thread::scope(|s| {
+        for t in 0..2 {
+            let g = &g;
+            s.spawn(move || {
+                for i in 0..scaled(300, 30) {
+                    let c = k.create_cache::<[u64; 4]>(&std::format!("t{t}-{i}"), CacheFlags::ACCOUNT).unwrap();
+                    let b = c.alloc_in(g, [i as u64; 4]).unwrap();
+                    assert_eq!(b[3], i as u64);
+                }
+            });
+        }
+        // Same name from both sides at once: exactly one wins while live.
+        let a = s.spawn(|| k.create_cache::<u64>("same", CacheFlags::ACCOUNT).map(core::mem::forget).is_ok());
+        let b = s.spawn(|| k.create_cache::<u64>("same", CacheFlags::ACCOUNT).map(core::mem::forget).is_ok());
+        assert_eq!(a.join().unwrap() as u32 + b.join().unwrap() as u32, 1, "one name, one live cache");
+    });
+    k.shrink();
+    assert_eq!(g.usage(), 0);
+    k.check_accounting();
+}

@@ -155,3 +155,22 @@ fn refused_retune_changes_no_threshold() {
     assert_eq!(p.thresholds(), t(100, 200, 300));
     p.uncharge(250).unwrap();
 }
+
+/// Extreme amounts: nothing charged, 0 uncharges; the largest charge is
+/// refused at any max; more than held is refused at every level.
+#[test]
+fn pressure_extreme_amounts() {
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    let p = g.pressure("tcp", t(0, 10, 100)).unwrap();
+    p.uncharge(0).unwrap();
+    assert_eq!(p.charge(0), PressureState::Normal);
+    assert_eq!(p.charge(usize::MAX), PressureState::Refused);
+    assert_eq!(p.usage(), 0);
+    let u = g.pressure("udp", Thresholds::UNLIMITED).unwrap();
+    assert_ne!(u.charge(usize::MAX), PressureState::Refused, "an unlimited resource takes everything once");
+    assert_eq!(u.charge(1), PressureState::Refused, "and refuses the byte that would wrap");
+    assert_eq!(u.usage(), usize::MAX);
+    u.uncharge(usize::MAX).unwrap();
+    assert_eq!(u.uncharge(1).err(), Some(Error::UnchargeAboveUsage { usage: 0 }));
+}
