@@ -36,7 +36,7 @@ use crate::page::pages_for;
 pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Cache, GrowError, Pages};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u32, atomic_usize};
 use classes::{GEOMETRIES, NCLASSES, class_of};
 use typed::{AcctIndices, CacheDesc};
 
@@ -106,7 +106,7 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     /// reclaim; `usize::MAX`: only when the page source is exhausted.
     contention_mark: AtomicUsize,
     /// Contention-reclaim episodes started (see `reclaim::Episode`).
-    episodes: AtomicUsize,
+    episodes: AtomicU32,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
@@ -177,7 +177,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
             shrinkers: Mutex::const_new(R::INIT, [None; reclaim::MAX_SHRINKERS]),
             contention_mark: atomic_usize(usize::MAX),
-            episodes: atomic_usize(0),
+            episodes: atomic_u32(0),
             large_allocs: Stat::new(),
             large_pages: Stat::new(),
             bad_frees: Stat::new(),

@@ -318,7 +318,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // the mark of a group no episode reclaimed, after a wrap.
         let mut id = 0;
         while id == 0 {
-            id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u32;
+            id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         }
         Episode { id, steps: 0, most_online: 0, root: false }
     }
