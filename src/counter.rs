@@ -37,7 +37,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::platform::MAX_CPUS;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, spin_hint};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat, spin_hint};
 
 /// Pages a stock refill charges beyond the request.
 pub const STOCK_BATCH: usize = 8;
@@ -91,60 +91,34 @@ unsafe impl Sync for PageCounter {}
 unsafe impl Send for PageCounter {}
 
 impl PageCounter {
-    /// A root counter with no limits.
-    #[cfg(not(loom))]
-    pub const fn new_root() -> Self {
-        // SAFETY: a null parent makes this a root.
-        unsafe { Self::with_parent(core::ptr::null()) }
-    }
-
-    /// A root counter with no limits (loom: not `const`).
-    #[cfg(loom)]
-    pub fn new_root() -> Self {
-        // SAFETY: a null parent makes this a root.
-        unsafe { Self::with_parent(core::ptr::null()) }
-    }
-
-    /// A counter below `parent` (null for a root), with no limits.
-    ///
-    /// # Safety
-    ///
-    /// A non-null `parent` must stay valid for as long as the new counter
-    /// exists (or is used).
-    #[cfg(not(loom))]
-    pub const unsafe fn with_parent(parent: *const PageCounter) -> Self {
-        PageCounter {
-            usage: CachePadded::new(atomic_usize(0)),
-            watermark: atomic_usize(0),
-            max: atomic_usize(usize::MAX),
-            high: atomic_usize(usize::MAX),
-            soft: atomic_usize(usize::MAX),
-            low: atomic_usize(0),
-            failcnt: atomic_usize(0),
-            setting: atomic_bool(false),
-            parent,
-            stock: [const { atomic_usize(0) }; MAX_CPUS],
+    loom_const_fn! {
+        /// A root counter with no limits.
+        pub fn new_root() -> Self {
+            // SAFETY: a null parent makes this a root.
+            unsafe { Self::with_parent(core::ptr::null()) }
         }
     }
 
-    /// A counter below `parent` (loom: not `const`).
-    ///
-    /// # Safety
-    ///
-    /// As for the `const` version.
-    #[cfg(loom)]
-    pub unsafe fn with_parent(parent: *const PageCounter) -> Self {
-        PageCounter {
-            usage: CachePadded::new(atomic_usize(0)),
-            watermark: atomic_usize(0),
-            max: atomic_usize(usize::MAX),
-            high: atomic_usize(usize::MAX),
-            soft: atomic_usize(usize::MAX),
-            low: atomic_usize(0),
-            failcnt: atomic_usize(0),
-            setting: atomic_bool(false),
-            parent,
-            stock: core::array::from_fn(|_| atomic_usize(0)),
+    loom_const_fn! {
+        /// A counter below `parent` (null for a root), with no limits.
+        ///
+        /// # Safety
+        ///
+        /// A non-null `parent` must stay valid for as long as the new counter
+        /// exists (or is used).
+        pub unsafe fn with_parent(parent: *const PageCounter) -> Self {
+            PageCounter {
+                usage: CachePadded::new(atomic_usize(0)),
+                watermark: atomic_usize(0),
+                max: atomic_usize(usize::MAX),
+                high: atomic_usize(usize::MAX),
+                soft: atomic_usize(usize::MAX),
+                low: atomic_usize(0),
+                failcnt: atomic_usize(0),
+                setting: atomic_bool(false),
+                parent,
+                stock: repeat!(atomic_usize(0); MAX_CPUS),
+            }
         }
     }
 

@@ -61,7 +61,7 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u64, fence,
+    AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u64, fence, loom_const_fn, repeat,
 };
 
 mod depot;
@@ -310,35 +310,20 @@ impl<R: RawMutex> MagCache<R> {
         None => panic!("MagCache does not fit a slab"),
     };
 
-    /// A cache of `geo` objects with empty magazines.
-    #[cfg(not(loom))]
-    pub(crate) const fn new(geo: Geometry, acct: Acct) -> Self {
-        MagCache {
-            cache: Cache::new(geo),
-            acct,
-            rounds: rounds_for(geo.size),
-            depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
-            used_slots: atomic_u64(0),
-            released: atomic_bool(false),
-            retired_next: atomic_null(),
-            cpus: [const { UnsafeCell::new(CpuMags::EMPTY) }; MAX_CPUS],
-            depots: [const { CachePadded::new(Mutex::const_new(R::INIT, Depot::new())) }; MAX_NODES],
-        }
-    }
-
-    /// A cache of `geo` objects (loom: not `const`).
-    #[cfg(loom)]
-    pub(crate) fn new(geo: Geometry, acct: Acct) -> Self {
-        MagCache {
-            cache: Cache::new(geo),
-            acct,
-            rounds: rounds_for(geo.size),
-            depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
-            used_slots: atomic_u64(0),
-            released: atomic_bool(false),
-            retired_next: atomic_null(),
-            cpus: core::array::from_fn(|_| UnsafeCell::new(CpuMags::EMPTY)),
-            depots: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, Depot::new()))),
+    loom_const_fn! {
+        /// A cache of `geo` objects with empty magazines.
+        pub(crate) fn new(geo: Geometry, acct: Acct) -> Self {
+            MagCache {
+                cache: Cache::new(geo),
+                acct,
+                rounds: rounds_for(geo.size),
+                depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
+                used_slots: atomic_u64(0),
+                released: atomic_bool(false),
+                retired_next: atomic_null(),
+                cpus: repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS),
+                depots: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Depot::new())); MAX_NODES),
+            }
         }
     }
 

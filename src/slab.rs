@@ -32,7 +32,7 @@ use crate::page::slab_base;
 #[cfg(any(test, feature = "paranoid"))]
 use crate::platform::PAGE_SIZE;
 use crate::platform::{MAX_NODES, PageRun, PageSource};
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
 
 mod geometry;
 mod node;
@@ -161,25 +161,15 @@ pub(crate) struct Cache<R: RawMutex> {
 }
 
 impl<R: RawMutex> Cache<R> {
-    /// A cache with no slabs yet.
-    #[cfg(not(loom))]
-    pub(crate) const fn new(geo: Geometry) -> Self {
-        Cache {
-            geo,
-            dead: atomic_bool(false),
-            nslabs: atomic_usize(0),
-            nodes: [const { CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())) }; MAX_NODES],
-        }
-    }
-
-    /// A cache with no slabs yet (loom: not `const`).
-    #[cfg(loom)]
-    pub(crate) fn new(geo: Geometry) -> Self {
-        Cache {
-            geo,
-            dead: atomic_bool(false),
-            nslabs: atomic_usize(0),
-            nodes: core::array::from_fn(|_| CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new()))),
+    loom_const_fn! {
+        /// A cache with no slabs yet.
+        pub(crate) fn new(geo: Geometry) -> Self {
+            Cache {
+                geo,
+                dead: atomic_bool(false),
+                nslabs: atomic_usize(0),
+                nodes: repeat!(CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())); MAX_NODES),
+            }
         }
     }
 

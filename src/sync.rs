@@ -26,13 +26,14 @@ pub(crate) fn compiler_fence(order: Ordering) {
 pub(crate) struct UnsafeCell<T>(#[cfg(not(loom))] core::cell::UnsafeCell<T>, #[cfg(loom)] loom::cell::UnsafeCell<T>);
 
 impl<T> UnsafeCell<T> {
-    #[cfg(not(loom))]
-    pub(crate) const fn new(v: T) -> Self {
-        UnsafeCell(core::cell::UnsafeCell::new(v))
-    }
-    #[cfg(loom)]
-    pub(crate) fn new(v: T) -> Self {
-        UnsafeCell(loom::cell::UnsafeCell::new(v))
+    loom_const_fn! {
+        pub(crate) fn new(v: T) -> Self {
+            #[cfg(not(loom))]
+            let cell = core::cell::UnsafeCell::new(v);
+            #[cfg(loom)]
+            let cell = loom::cell::UnsafeCell::new(v);
+            UnsafeCell(cell)
+        }
     }
     /// Runs `f` with a mutable raw pointer to the contents.
     #[inline(always)]
@@ -89,40 +90,61 @@ pub(crate) fn spin_hint() {
     core::hint::spin_loop();
 }
 
-/// `const` constructors for atomics in normal builds; loom's atomics are not
-/// `const`, so under loom these become ordinary functions (crossbeam's
-/// `const_fn!` pattern). Components built in loom models call them at run time.
-macro_rules! const_atomic_ctor {
-    ($name:ident, $ty:ty, $arg:ty) => {
+/// Defines a function `const` in normal builds and plain under loom, whose
+/// atomics are built at run time (crossbeam's `const_fn!` pattern): one
+/// body serves both, and loom models call it at run time.
+macro_rules! loom_const_fn {
+    ($(#[$m:meta])* $vis:vis fn $($rest:tt)*) => {
         #[cfg(not(loom))]
-        #[inline]
-        pub(crate) const fn $name(v: $arg) -> $ty {
-            <$ty>::new(v)
-        }
+        $(#[$m])* $vis const fn $($rest)*
         #[cfg(loom)]
-        #[inline]
-        pub(crate) fn $name(v: $arg) -> $ty {
-            <$ty>::new(v)
+        $(#[$m])* $vis fn $($rest)*
+    };
+    ($(#[$m:meta])* $vis:vis unsafe fn $($rest:tt)*) => {
+        #[cfg(not(loom))]
+        $(#[$m])* $vis const unsafe fn $($rest)*
+        #[cfg(loom)]
+        $(#[$m])* $vis unsafe fn $($rest)*
+    };
+}
+pub(crate) use loom_const_fn;
+
+/// `[$e; $n]` with `$e` built `$n` times: a `const` block in normal builds,
+/// `array::from_fn` under loom (whose atomics are not `const`).
+macro_rules! repeat {
+    ($e:expr; $n:expr) => {{
+        #[cfg(not(loom))]
+        let a = [const { $e }; $n];
+        #[cfg(loom)]
+        let a = core::array::from_fn(|_| $e);
+        a
+    }};
+}
+pub(crate) use repeat;
+
+/// Constructors for atomics, `const` in normal builds.
+macro_rules! atomic_ctor {
+    ($name:ident, $ty:ty, $arg:ty) => {
+        loom_const_fn! {
+            #[inline]
+            pub(crate) fn $name(v: $arg) -> $ty {
+                <$ty>::new(v)
+            }
         }
     };
 }
-const_atomic_ctor!(atomic_usize, AtomicUsize, usize);
-const_atomic_ctor!(atomic_bool, AtomicBool, bool);
-const_atomic_ctor!(atomic_u8, AtomicU8, u8);
-const_atomic_ctor!(atomic_u32, AtomicU32, u32);
-const_atomic_ctor!(atomic_u64, AtomicU64, u64);
+atomic_ctor!(atomic_usize, AtomicUsize, usize);
+atomic_ctor!(atomic_bool, AtomicBool, bool);
+atomic_ctor!(atomic_u8, AtomicU8, u8);
+atomic_ctor!(atomic_u32, AtomicU32, u32);
+atomic_ctor!(atomic_u64, AtomicU64, u64);
 
-/// A null `AtomicPtr`, `const` in normal builds.
-#[cfg(not(loom))]
-#[inline]
-pub(crate) const fn atomic_null<T>() -> AtomicPtr<T> {
-    AtomicPtr::new(core::ptr::null_mut())
-}
-/// A null `AtomicPtr` (loom: not `const`).
-#[cfg(loom)]
-#[inline]
-pub(crate) fn atomic_null<T>() -> AtomicPtr<T> {
-    AtomicPtr::new(core::ptr::null_mut())
+loom_const_fn! {
+    /// A null `AtomicPtr`.
+    #[inline]
+    pub(crate) fn atomic_null<T>() -> AtomicPtr<T> {
+        AtomicPtr::new(core::ptr::null_mut())
+    }
 }
 
 /// A statistics counter: `Relaxed` increments and reads.
