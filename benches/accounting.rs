@@ -198,7 +198,7 @@ fn main() {
 /// One seed-000 table: every mode, 7 interleaved rounds, medians. Returns
 /// its rows as CSV (`mode,median_ms,ratio,shrinks`).
 fn seed_table(title: &str, dir: &str, entries: &[u64], with_walk: bool) -> Vec<String> {
-    static FIND: std::sync::OnceLock<kmemcg::Cgroup<'static, OsPages>> = std::sync::OnceLock::new();
+    static FIND: std::sync::OnceLock<kmemcg::Cgroup<'static, Kmem<OsPages>>> = std::sync::OnceLock::new();
     let find = FIND.get_or_init(|| KMEM.root().create_child("find").unwrap());
     let limits: [(&str, usize); 6] =
         [("16M", 16 << 20), ("8M", 8 << 20), ("4M", 4 << 20), ("2M", 2 << 20), ("1M", 1 << 20), ("512K", 512 << 10)];

@@ -21,7 +21,7 @@ use kmemcg::{Kmem, OsPages, Pressure, PressureState, Thresholds};
 #[global_allocator]
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
-fn round(tcp: Option<Arc<Pressure<'static, OsPages>>>) -> f64 {
+fn round(tcp: Option<Arc<Pressure<'static, Kmem<OsPages>>>>) -> f64 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = thread::spawn(move || {

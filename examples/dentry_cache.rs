@@ -47,8 +47,8 @@ use kmemcg::{CacheBox, CacheFlags, Cgroup, GroupId, Kmem, KmemCache, OsPages, PA
 #[global_allocator]
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
-type Cache = KmemCache<'static, Dentry, OsPages>;
-type DBox = CacheBox<'static, Dentry, OsPages>;
+type Cache = KmemCache<'static, Dentry, Kmem<OsPages>>;
+type DBox = CacheBox<'static, Dentry, Kmem<OsPages>>;
 
 /// Halvings of the unlimited peak tried as limits (1/2 .. 1/64).
 const STEPS: u32 = 6;
@@ -424,7 +424,7 @@ struct Walk<'a> {
     /// `'static`: the dcache keeps its boxes across calls.
     cache: &'static Cache,
     /// The group dentries are charged to, with `alloc_in` (`None`: none).
-    group: Option<&'a Cgroup<'static, OsPages>>,
+    group: Option<&'a Cgroup<'static, Kmem<OsPages>>>,
     dev: u64,
     bound: usize,
     deadline: Option<Instant>,
@@ -612,7 +612,7 @@ struct Plan {
 }
 
 /// One timed pass: the walks, then the dcache emptied (untimed).
-fn pass(label: String, cache: &'static Cache, group: Option<&Cgroup<'static, OsPages>>, plan: &Plan) -> Row {
+fn pass(label: String, cache: &'static Cache, group: Option<&Cgroup<'static, Kmem<OsPages>>>, plan: &Plan) -> Row {
     let ev0 = group.map_or(0, |g| g.stat().events_max);
     if let Some(g) = group {
         g.reset_peak();
@@ -774,7 +774,7 @@ fn main() -> ExitCode {
 
 /// The unaccounted and the accounted cache (both kept for the program's
 /// life), the group, and the registered shrinker.
-fn setup() -> Result<(&'static Cache, &'static Cache, Cgroup<'static, OsPages>), kmemcg::Error> {
+fn setup() -> Result<(&'static Cache, &'static Cache, Cgroup<'static, Kmem<OsPages>>), kmemcg::Error> {
     let base: &'static Cache = Box::leak(Box::new(KMEM.create_cache::<Dentry>("dentry-base", CacheFlags::NONE)?));
     let dentry: &'static Cache = Box::leak(Box::new(KMEM.create_cache::<Dentry>("dentry", CacheFlags::ACCOUNT)?));
     let group = KMEM.root().create_child("find")?;

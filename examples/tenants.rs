@@ -59,12 +59,12 @@ impl Shrinker for Lru {
 
 struct Tenant {
     name: &'static str,
-    group: Cgroup<'static, OsPages>,
+    group: Cgroup<'static, Kmem<OsPages>>,
     ops: AtomicUsize,
     failures: AtomicUsize,
 }
 
-fn lru_for(group: &Cgroup<'static, OsPages>) -> &'static Lru {
+fn lru_for(group: &Cgroup<'static, Kmem<OsPages>>) -> &'static Lru {
     let lru: &'static Lru =
         Box::leak(Box::new(Lru { group: group.id(), blobs: Mutex::new(VecDeque::with_capacity(1 << 16)) }));
     KMEM.register_shrinker(lru).expect("shrinker slot");

@@ -1,6 +1,5 @@
-//! Cgroup layer: groups, their tree links, per-group child caches, and
-//! the current-group tokens platforms keep (reclaim and the lifecycle are
-//! in `heap` for now).
+//! Cgroup layer: the group tree and everything that lives and dies with
+//! it.
 //!
 //! A [`Group`] owns a [`PageCounter`] whose parent is its parent group's
 //! counter, so charges propagate up the tree. For every accounted cache a
@@ -12,35 +11,60 @@
 //! group that owns the slab, whoever frees it. The root group uses the
 //! base caches themselves (`Acct::Root`).
 //!
-//! Groups are created and linked under the tree lock of their `Kmem`;
-//! `caches` entries are published with `Release` and read with `Acquire` on
-//! the allocation path without locks.
+//! | file | holds |
+//! | --- | --- |
+//! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree; current-group tokens |
+//! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the tree lock, readers, zombies and limbo, the metadata caches; creating, removing, reclaiming groups; child caches |
+//! | `registry` | the typed caches' descriptors, their accounting indices, destroying a cache |
+//! | `reclaim` | charging with reclaim, reclaim passes, `high` throttling, contention steps, shrinkers; the one drain-and-shrink every reclaim, `shrink` and `reap` use |
+//! | `pressure` | the named pressure resources of a group |
+//!
+//! Every operation on the tree takes the allocator above as an [`Env`]:
+//! the page source, the platform, the CPU slots and the magazines' cache.
+//! The tree is built without a whole `Kmem`, as loom models do.
+//!
+//! Groups are created and linked under the tree lock; `caches` entries are
+//! published with `Release` and read with `Acquire` on the allocation path
+//! without locks.
 
 use core::ptr::{self, NonNull};
 
 use lock_api::RawMutex;
 
-use crate::counter::{PageCounter, PressureCounter};
+use crate::counter::PageCounter;
 use crate::error::Name;
 use crate::magazine::MagCache;
+use crate::platform::Platform;
+use crate::slab::classes::NCLASSES;
 use crate::sync::{
-    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, UnsafeCell, atomic_null, atomic_u8, atomic_u32,
-    atomic_usize, fence,
+    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_u32, atomic_usize,
+    fence, loom_const_fn, repeat,
 };
 
+mod pressure;
+mod reclaim;
+mod registry;
+mod tree;
+
+pub use pressure::MAX_PRESSURES;
+pub(crate) use pressure::PressureRow;
+pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
+pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
+pub(crate) use tree::Tree;
+
 /// `Group::state` of a live group.
-pub(crate) const ONLINE: u8 = 0;
+const ONLINE: u8 = 0;
 /// `Group::state` after `remove`: no new charges, caches dead.
-pub(crate) const OFFLINE: u8 = 1;
+const OFFLINE: u8 = 1;
 
 /// Accounted typed caches (`CacheFlags::ACCOUNT`) that can be live at once
 /// in one allocator; one more gives [`crate::Error::TooManyAccountedCaches`].
 /// A dropped cache gives its index back.
 pub const MAX_ACCOUNTED_CACHES: usize = 21;
 
-/// Accounting indices: 43 size classes and [`MAX_ACCOUNTED_CACHES`]
-/// accounted typed caches (the heap asserts the split).
-pub(crate) const MAX_ACCOUNTED: usize = 43 + MAX_ACCOUNTED_CACHES;
+/// Accounting indices: the size classes, then [`MAX_ACCOUNTED_CACHES`]
+/// accounted typed caches.
+pub(crate) const MAX_ACCOUNTED: usize = NCLASSES + MAX_ACCOUNTED_CACHES;
 
 /// What a platform's current-group token points to: a field of every
 /// group at the same offset whatever its lock type ([`HEAD_OFFSET`]).
@@ -53,8 +77,8 @@ pub(crate) const MAX_ACCOUNTED: usize = 43 + MAX_ACCOUNTED_CACHES;
 ///
 /// **Tokens hold references.** A platform's current-group slot owns one
 /// reference on the group its token names (none for the root, whose token
-/// is null): [`crate::heap`]'s `Cgroup::enter` takes a reference and swaps
-/// the token in; the guard keeps the token it swapped out (and so that
+/// is null): `Cgroup::enter` takes a reference and swaps the token in
+/// ([`swap_token`]); the guard keeps the token it swapped out (and so that
 /// reference); dropping the guard swaps that token back and releases
 /// whatever token it swapped out, through `release`. Each swap moves
 /// references, never copies them, so in any drop order (or after
@@ -62,17 +86,22 @@ pub(crate) const MAX_ACCOUNTED: usize = 43 + MAX_ACCOUNTED_CACHES;
 /// referenced and cannot be freed; a forgotten guard only pins its group.
 #[repr(C)]
 pub(crate) struct TokenHead {
-    /// The `Kmem` that made the group (null for a root): a token of
+    /// The [`Tree`] the group belongs to (null for a root): a token of
     /// another allocator is never charged here.
-    pub(crate) owner: *const (),
+    owner: *const (),
     /// Drops one reference on the group this head starts (the
-    /// monomorphised `Kmem::release_token` of its allocator).
-    pub(crate) release: unsafe fn(NonNull<TokenHead>),
+    /// monomorphised `Tree::release_token` of its tree).
+    release: unsafe fn(NonNull<TokenHead>),
+    /// The parent group's head, or null for the root; derived from a
+    /// pointer to the whole parent group, so it leads back to it. Fixed;
+    /// the parent outlives us. Here rather than in `Group<R>`, so a walk
+    /// up the tree needs no lock type (`ShrinkControl::contains`).
+    parent: *const TokenHead,
 }
 
 /// Where the token head sits in every `Group<R>`: after the counter, so
 /// the same for every lock type.
-pub(crate) const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, head);
+const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, head);
 
 // Two groups and a slab header fit one page, so the group cache needs no
 // larger runs (an order-3 slab for groups made `create_child` fail in a
@@ -88,12 +117,22 @@ static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounte
 /// shrinkers, so an allocation a shrinker makes skips reclaim instead of
 /// re-entering it. A tagged token names the same group, with the same
 /// reference, as the untagged one (groups are aligned to at least 8).
-pub(crate) const RECLAIMING: usize = 1;
+const RECLAIMING: usize = 1;
 
 /// `token` without the [`RECLAIMING`] tag.
 #[inline(always)]
-pub(crate) fn untag(token: *const ()) -> *const () {
+fn untag(token: *const ()) -> *const () {
     token.map_addr(|a| a & !RECLAIMING)
+}
+
+/// Makes `token` (untagged) the calling context's current group and
+/// returns the token it replaces, with its reference. The context's
+/// [`RECLAIMING`] mark stays as it is: it belongs to the running context
+/// (a shrinker that enters or leaves a group stays marked), not to the
+/// token. The caller hands over the reference `token` carries.
+pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const () {
+    let mark = platform.current_group().addr() & RECLAIMING;
+    platform.set_current_group(untag(token).map_addr(|a| a | mark))
 }
 
 /// Releases the reference a current-group token holds; null (the root)
@@ -106,9 +145,24 @@ pub(crate) fn untag(token: *const ()) -> *const () {
 pub(crate) unsafe fn release_token(token: *const ()) {
     if let Some(t) = NonNull::new(untag(token).cast_mut().cast::<TokenHead>()) {
         // SAFETY: a live group's head (caller contract); `release` is its
-        // allocator's, for the reference the caller hands over.
+        // tree's, for the reference the caller hands over.
         unsafe { (t.as_ref().release)(t) }
     }
+}
+
+/// Event counters of a group (Linux `memory.events` and friends).
+pub(crate) struct Events {
+    /// Charges that would have gone over `max`.
+    pub(crate) max: Stat,
+    /// Charges that failed even after reclaim.
+    pub(crate) oom: Stat,
+    /// Times an allocating task reclaimed because usage was above `high`.
+    pub(crate) high: Stat,
+    /// Soft-limit reclaim passes run on this group, and pages they freed.
+    pub(crate) soft: Stat,
+    pub(crate) soft_pages: Stat,
+    /// Times contention reclaim skipped this group as protected by `low`.
+    pub(crate) low: Stat,
 }
 
 /// One group of the tree.
@@ -116,98 +170,52 @@ pub(crate) unsafe fn release_token(token: *const ()) {
 /// `repr(C)`: the counter first (the counter that refused a charge leads
 /// back to its group, [`Group::of_counter`]), then the token head at
 /// [`HEAD_OFFSET`] (see [`TokenHead`]). Two groups fit a page (the group
-/// cache's slabs stay single pages; asserted below).
+/// cache's slabs stay single pages; asserted above).
+///
+/// Fields are private to this layer; the layers above read a group through
+/// its methods.
 #[repr(C)]
 pub(crate) struct Group<R: RawMutex> {
     /// Pages charged to this group and its descendants.
-    pub(crate) counter: PageCounter,
-    /// Who made this group, and how a token drops a reference on it.
-    pub(crate) head: TokenHead,
-    /// The parent, or null for the root. Fixed; the parent outlives us.
-    pub(crate) parent: *const Group<R>,
-    pub(crate) name: Name,
+    counter: PageCounter,
+    /// Which tree made this group, and how a token drops a reference on it.
+    head: TokenHead,
+    name: Name,
     /// (`state` and `visited` sit in the padding after the name.)
     /// `ONLINE` until `remove`, then `OFFLINE`.
-    pub(crate) state: AtomicU8,
+    state: AtomicU8,
     /// The last contention-reclaim episode that reclaimed this group (0:
     /// none): how an episode reaches every group once, however many there
     /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
     /// visit, within the episode's step bound.
-    pub(crate) visited: AtomicU32,
+    visited: AtomicU32,
     /// References: one while the group is online, and one per handle,
     /// guard, allocator handle, child group, child cache and large object.
     /// The group's memory is reclaimed when it reaches zero.
-    pub(crate) refs: AtomicUsize,
+    refs: AtomicUsize,
     /// Children, linked through `next_sibling`; changed under the tree lock.
-    pub(crate) first_child: AtomicPtr<Group<R>>,
-    pub(crate) next_sibling: AtomicPtr<Group<R>>,
-    /// The next older group of the same `Kmem`; changed under the tree
-    /// lock when a group is unlinked, read by iterations that hold a read
-    /// guard (which keeps unlinked groups from being freed).
-    pub(crate) next_all: AtomicPtr<Group<R>>,
+    first_child: AtomicPtr<Group<R>>,
+    next_sibling: AtomicPtr<Group<R>>,
+    /// The next older group of the same tree; changed under the tree lock
+    /// when a group is unlinked, read by iterations that hold a read guard
+    /// (which keeps unlinked groups from being freed).
+    next_all: AtomicPtr<Group<R>>,
     /// Link on the zombie stack (written before the push, whose `Release`
     /// publishes it) and then in the tree lock's limbo list. An atomic, so
     /// it is written through shared references like every other field.
-    pub(crate) next_zombie: AtomicPtr<Group<R>>,
+    next_zombie: AtomicPtr<Group<R>>,
     /// Child caches by accounting index; null until first use.
-    pub(crate) caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
+    caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
     /// Pages of large (page-run) objects charged to this group itself.
-    pub(crate) large_pages: Stat,
-    /// Charges that would have gone over `max` (Linux `memory.events max`).
-    pub(crate) ev_max: Stat,
-    /// Charges that failed even after reclaim (`memory.events oom`).
-    pub(crate) ev_oom: Stat,
-    /// Times an allocating task reclaimed because usage was above `high`.
-    pub(crate) ev_high: Stat,
-    /// Soft-limit reclaim passes run on this group, and pages they freed.
-    pub(crate) ev_soft: Stat,
-    pub(crate) soft_pages: Stat,
-    /// Times contention reclaim skipped this group as protected by `low`.
-    pub(crate) ev_low: Stat,
+    large_pages: Stat,
+    events: Events,
     /// Named pressure resources (see `counter::pressure`).
-    pub(crate) pressures: [PressureSlot; MAX_PRESSURES],
+    pressures: [pressure::PressureSlot; MAX_PRESSURES],
 }
 
 /// `TokenHead::release` of a root group: never called (a root's token is
 /// null), and a root is never freed anyway.
 fn release_root(_: NonNull<TokenHead>) {}
-
-/// Named pressure resources one group can hold; a fifth name gives
-/// [`crate::Error::TooManyResources`]. Resources live as long as their group.
-pub const MAX_PRESSURES: usize = 4;
-
-/// `PressureSlot::state`: unused.
-pub(crate) const SLOT_EMPTY: u8 = 0;
-/// `PressureSlot::state`: published; `inner` is fixed except for atomics.
-pub(crate) const SLOT_LIVE: u8 = 2;
-
-/// One named pressure resource of a group. `inner` is written once, under
-/// the tree lock, before `state` becomes `SLOT_LIVE` with `Release`;
-/// readers load `state` with `Acquire` first.
-pub(crate) struct PressureSlot {
-    pub(crate) state: AtomicU8,
-    pub(crate) inner: UnsafeCell<(Name, PressureCounter)>,
-}
-
-impl PressureSlot {
-    const fn new() -> Self {
-        PressureSlot {
-            state: atomic_u8(SLOT_EMPTY),
-            // SAFETY: a null parent is always valid.
-            inner: UnsafeCell::new((Name::EMPTY, unsafe { PressureCounter::new(ptr::null()) })),
-        }
-    }
-
-    /// The name and counter, once published.
-    pub(crate) fn get(&self) -> Option<(&Name, &PressureCounter)> {
-        if self.state.load(Ordering::Acquire) != SLOT_LIVE {
-            return None;
-        }
-        // SAFETY: published slots are never written again (their counter
-        // is all atomics).
-        self.inner.with_mut(|p| unsafe { Some((&(*p).0, &(*p).1)) })
-    }
-}
 
 // SAFETY: all mutable state is atomic or written under the tree lock; the
 // raw pointers refer to groups and caches that outlive this group.
@@ -223,30 +231,41 @@ impl<R: RawMutex> Group<R> {
             None => panic!("Group does not fit a slab"),
         };
 
-    /// The root group of a `Kmem`.
-    #[cfg(not(loom))]
-    pub(crate) const fn new_root(name: Name) -> Self {
-        Group {
-            head: TokenHead { owner: ptr::null(), release: release_root },
-            counter: PageCounter::new_root(),
-            parent: ptr::null(),
-            name,
-            refs: atomic_usize(1),
-            state: atomic_u8(ONLINE),
-            first_child: atomic_null(),
-            next_sibling: atomic_null(),
-            next_all: atomic_null(),
-            next_zombie: atomic_null(),
-            visited: atomic_u32(0),
-            caches: [const { atomic_null() }; MAX_ACCOUNTED],
-            large_pages: Stat::new(),
-            ev_max: Stat::new(),
-            ev_oom: Stat::new(),
-            ev_high: Stat::new(),
-            ev_soft: Stat::new(),
-            soft_pages: Stat::new(),
-            ev_low: Stat::new(),
-            pressures: [const { PressureSlot::new() }; MAX_PRESSURES],
+    loom_const_fn! {
+        /// A group with `counter` below `parent` (null: a root), online,
+        /// with its online reference, not yet linked.
+        fn with(counter: PageCounter, head: TokenHead, name: Name) -> Self {
+            Group {
+                counter,
+                head,
+                name,
+                state: atomic_u8(ONLINE),
+                visited: atomic_u32(0),
+                refs: atomic_usize(1),
+                first_child: atomic_null(),
+                next_sibling: atomic_null(),
+                next_all: atomic_null(),
+                next_zombie: atomic_null(),
+                caches: repeat!(atomic_null(); MAX_ACCOUNTED),
+                large_pages: Stat::new(),
+                events: Events {
+                    max: Stat::new(),
+                    oom: Stat::new(),
+                    high: Stat::new(),
+                    soft: Stat::new(),
+                    soft_pages: Stat::new(),
+                    low: Stat::new(),
+                },
+                pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
+            }
+        }
+    }
+
+    loom_const_fn! {
+        /// The root group of a tree.
+        fn new_root(name: Name) -> Self {
+            let head = TokenHead { owner: ptr::null(), release: release_root, parent: ptr::null() };
+            Self::with(PageCounter::new_root(), head, name)
         }
     }
 
@@ -255,31 +274,16 @@ impl<R: RawMutex> Group<R> {
     /// # Safety
     ///
     /// `parent` must outlive the new group.
-    #[cfg(not(loom))]
-    pub(crate) unsafe fn new_child(parent: &Group<R>, head: TokenHead, name: Name, next_all: *mut Group<R>) -> Self {
-        Group {
-            head,
-            // SAFETY: forwarded: the parent (and so its counter) outlives us.
-            counter: unsafe { PageCounter::with_parent(&parent.counter) },
-            parent,
-            name,
-            refs: atomic_usize(1),
-            state: atomic_u8(ONLINE),
-            first_child: atomic_null(),
-            next_sibling: atomic_null(),
-            next_all: AtomicPtr::new(next_all),
-            next_zombie: atomic_null(),
-            visited: atomic_u32(0),
-            caches: [const { atomic_null() }; MAX_ACCOUNTED],
-            large_pages: Stat::new(),
-            ev_max: Stat::new(),
-            ev_oom: Stat::new(),
-            ev_high: Stat::new(),
-            ev_soft: Stat::new(),
-            soft_pages: Stat::new(),
-            ev_low: Stat::new(),
-            pressures: [const { PressureSlot::new() }; MAX_PRESSURES],
-        }
+    unsafe fn new_child(
+        parent: &Group<R>,
+        owner: *const (),
+        release: unsafe fn(NonNull<TokenHead>),
+        name: Name,
+    ) -> Self {
+        let parent_head = ptr::from_ref(parent).cast::<u8>().wrapping_add(HEAD_OFFSET).cast::<TokenHead>();
+        let head = TokenHead { owner, release, parent: parent_head };
+        // SAFETY: forwarded: the parent (and so its counter) outlives us.
+        Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
     }
 
     /// The group whose counter `c` is.
@@ -293,21 +297,21 @@ impl<R: RawMutex> Group<R> {
         unsafe { &*c.byte_sub(core::mem::offset_of!(Group<R>, counter)).cast::<Group<R>>() }
     }
 
-    /// The group a token names, if `kmem` made it.
+    /// The group a token names, if the tree `owner` made it.
     ///
     /// # Safety
     ///
     /// `token` is null or points to the head of a live group (of any
-    /// allocator), and if `kmem` made it, that group is a `Group<R>`.
+    /// allocator), and if `owner` made it, that group is a `Group<R>`.
     #[inline]
-    pub(crate) unsafe fn of_token<'a>(token: *const (), kmem: *const ()) -> Option<&'a Group<R>> {
+    unsafe fn of_token<'a>(token: *const (), owner: *const ()) -> Option<&'a Group<R>> {
         let head = untag(token).cast::<TokenHead>();
         // SAFETY: a live group's head (caller contract); only the head is
         // read before the owner check.
-        if head.is_null() || unsafe { (*head).owner } != kmem {
+        if head.is_null() || unsafe { (*head).owner } != owner {
             return None;
         }
-        // SAFETY: made by `kmem`, so the head of a `Group<R>` (caller
+        // SAFETY: made by `owner`, so the head of a `Group<R>` (caller
         // contract), at `HEAD_OFFSET` from its start.
         Some(unsafe { Self::of_head(head) })
     }
@@ -317,14 +321,35 @@ impl<R: RawMutex> Group<R> {
     /// # Safety
     ///
     /// `head` points to the `head` field of a live `Group<R>`.
-    pub(crate) unsafe fn of_head<'a>(head: *const TokenHead) -> &'a Group<R> {
+    unsafe fn of_head<'a>(head: *const TokenHead) -> &'a Group<R> {
         // SAFETY: per the contract, at this fixed offset of the group.
         unsafe { &*head.byte_sub(HEAD_OFFSET).cast::<Group<R>>() }
     }
 
     /// The token that makes this group current: its head.
-    pub(crate) fn token(&self) -> *const () {
+    fn token(&self) -> *const () {
         ptr::addr_of!(self.head).cast()
+    }
+
+    /// Pages charged to this group and its descendants, and its limits.
+    #[inline(always)]
+    pub(crate) fn counter(&self) -> &PageCounter {
+        &self.counter
+    }
+
+    /// The group's name ("/" for a root).
+    pub(crate) fn name(&self) -> &Name {
+        &self.name
+    }
+
+    /// Pages of large objects charged to this group itself.
+    pub(crate) fn large_pages(&self) -> &Stat {
+        &self.large_pages
+    }
+
+    /// The group's event counters.
+    pub(crate) fn events(&self) -> &Events {
+        &self.events
     }
 
     /// Whether `remove` has run.
@@ -354,7 +379,7 @@ impl<R: RawMutex> Group<R> {
     /// Takes a reference unless the last one is gone (the group is then
     /// on its way to reclamation and must not be revived); for walks that
     /// find a group without holding a reference on it.
-    pub(crate) fn try_get(&self) -> bool {
+    fn try_get(&self) -> bool {
         let mut n = self.refs.load(Ordering::Relaxed);
         while n != 0 {
             match self.refs.compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed) {
@@ -368,7 +393,7 @@ impl<R: RawMutex> Group<R> {
     /// Drops a reference; `true` if it was the last (the caller then
     /// hands the group to reclamation).
     #[inline]
-    pub(crate) fn put(&self) -> bool {
+    fn put(&self) -> bool {
         if self.refs.fetch_sub(1, Ordering::Release) == 1 {
             // Pairs with the Release of every other `put`: their uses of
             // the group happen before its reclamation.
@@ -378,19 +403,16 @@ impl<R: RawMutex> Group<R> {
         false
     }
 
-    /// The published pressure resource `name`, if any.
-    pub(crate) fn pressure(&self, name: &Name) -> Option<&PressureCounter> {
-        self.pressures.iter().filter_map(PressureSlot::get).find(|(n, _)| *n == name).map(|(_, c)| c)
-    }
-
     /// The parent group.
     pub(crate) fn parent(&self) -> Option<&Group<R>> {
-        // SAFETY: the parent outlives its children.
-        unsafe { self.parent.as_ref() }
+        let p = self.head.parent;
+        // SAFETY: the parent outlives its children, and its head (made by
+        // the same tree, so a `Group<R>`'s) leads back to it.
+        (!p.is_null()).then(|| unsafe { Self::of_head(p) })
     }
 
     /// The children, first to last.
-    pub(crate) fn children(&self) -> impl Iterator<Item = &Group<R>> {
+    fn children(&self) -> impl Iterator<Item = &Group<R>> {
         let mut cur = self.first_child.load(Ordering::Acquire);
         core::iter::from_fn(move || {
             let g = NonNull::new(cur)?;
@@ -403,7 +425,7 @@ impl<R: RawMutex> Group<R> {
 
     /// Calls `f` on this group and every descendant (pre-order), without
     /// recursion or allocation. The caller holds the tree lock.
-    pub(crate) fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
+    fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
         let top: *const Group<R> = self;
         let mut cur: &Group<R> = self;
         loop {
@@ -430,15 +452,27 @@ impl<R: RawMutex> Group<R> {
         }
     }
 
-    /// Calls `f` on every child cache of this group.
+    /// The child cache at accounting index `idx`, once published.
+    #[inline(always)]
+    pub(crate) fn child_cache(&self, idx: usize) -> Option<&MagCache<R>> {
+        let c = self.caches[idx].load(Ordering::Acquire);
+        // SAFETY: a published child cache lives as long as its group, or
+        // until its typed cache is destroyed, which needs the `KmemCache`
+        // the caller allocates or frees through (or an iteration's read
+        // guard, which holds its freeing off).
+        (!c.is_null()).then(|| unsafe { &*c })
+    }
+
+    /// Calls `f` on every child cache of this group, with its accounting
+    /// index.
     pub(crate) fn for_each_cache(&self, mut f: impl FnMut(usize, &MagCache<R>)) {
-        for (i, c) in self.caches.iter().enumerate() {
-            if let Some(c) = NonNull::new(c.load(Ordering::Acquire)) {
-                // SAFETY: published child caches live as long as the group,
-                // or until their typed cache is destroyed and no iteration
+        for i in 0..MAX_ACCOUNTED {
+            if let Some(c) = self.child_cache(i) {
+                // Published child caches live as long as the group, or
+                // until their typed cache is destroyed and no iteration
                 // (read guard) or tree-lock holder runs: callers hold one
                 // of those, or the typed cache's handle.
-                f(i, unsafe { c.as_ref() });
+                f(i, c);
             }
         }
     }

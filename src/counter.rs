@@ -37,7 +37,9 @@
 use crossbeam_utils::CachePadded;
 
 use crate::platform::MAX_CPUS;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat, spin_hint};
+use crate::sync::{
+    AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat, spin_hint,
+};
 
 /// Pages a stock refill charges beyond the request.
 pub const STOCK_BATCH: usize = 8;

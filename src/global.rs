@@ -8,7 +8,9 @@ use core::ptr::{self, NonNull};
 
 use lock_api::RawMutex;
 
-use crate::heap::{CgroupAllocator, Kmem, dangling};
+use crate::cgroup::Group;
+use crate::handle::CgroupAllocator;
+use crate::heap::{Heap, Kmem, dangling};
 use crate::platform::{PageSource, Platform};
 
 // SAFETY: `alloc_layout` returns null or a block of at least `layout.size()`
@@ -57,38 +59,44 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for &Kmem<S, R,
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// `Allocator::allocate` of `&Kmem`: `None` for `AllocError`.
+    /// `Allocator::allocate` charging `g` (null: root): `None` for
+    /// `AllocError`.
     #[inline]
-    fn block_allocate(&self, layout: Layout) -> Option<NonNull<[u8]>> {
+    fn block_allocate(&self, g: *const Group<R>, layout: Layout) -> Option<NonNull<[u8]>> {
         if layout.size() == 0 {
             return Some(dangling(layout));
         }
-        let p = self.alloc_layout(layout)?;
+        let p = self.alloc_layout_in(g, layout)?;
         Some(NonNull::slice_from_raw_parts(p, Self::usable_size(layout.size(), layout.align())))
     }
 
-    /// `grow`/`shrink` of the `Allocator` impl: `None` for `AllocError`,
-    /// leaving the block as it was.
+    /// `grow`/`shrink` of the `Allocator` impls, charging a new block to
+    /// `g` (null: root): `None` for `AllocError`, leaving the block as it
+    /// was. In place when the class or page count allows.
     ///
     /// # Safety
     ///
     /// `ptr` is a live block of ours allocated with a layout that `old` fits.
-    unsafe fn block_resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
-        let len = Self::usable_size(new.size(), new.align());
+    unsafe fn block_resize(
+        &self,
+        g: *const Group<R>,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Option<NonNull<[u8]>> {
         if old.size() == 0 {
-            return self.block_allocate(new);
+            return self.block_allocate(g, new);
         }
         if new.size() == 0 {
             // SAFETY: forwarded.
             unsafe { self.free_raw(ptr, old.size(), old.align()) };
             return Some(dangling(new));
         }
-        if old.align() == new.align() {
-            // SAFETY: forwarded.
-            let p = unsafe { self.realloc_raw(ptr, old.size(), old.align(), new.size()) }?;
-            return Some(NonNull::slice_from_raw_parts(p, len));
+        // SAFETY: forwarded.
+        if old.align() == new.align() && unsafe { self.resize_in_place(ptr, old.size(), old.align(), new.size()) } {
+            return Some(NonNull::slice_from_raw_parts(ptr, Self::usable_size(new.size(), new.align())));
         }
-        let fresh = self.block_allocate(new)?;
+        let fresh = self.block_allocate(g, new)?;
         // SAFETY: both blocks are live and distinct; the copy is no longer
         // than either.
         unsafe {
@@ -128,7 +136,11 @@ unsafe trait Blocks {
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for &Kmem<S, R, P> {
     #[inline]
     fn alloc_block(&self, layout: Layout) -> Option<NonNull<[u8]>> {
-        self.block_allocate(layout)
+        if layout.size() == 0 {
+            return Some(dangling(layout));
+        }
+        let p = self.alloc_layout(layout)?;
+        Some(NonNull::slice_from_raw_parts(p, Kmem::<S, R, P>::usable_size(layout.size(), layout.align())))
     }
     #[inline]
     unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
@@ -138,7 +150,7 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for &Kmem<S, R, P> {
     }
     unsafe fn resize_block(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.block_resize(ptr, old, new) }
+        unsafe { self.block_resize(self.current(), ptr, old, new) }
     }
 }
 
@@ -146,9 +158,9 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for &Kmem<S, R, P> {
 // the same reasons), only charged to a fixed group; all clones share one
 // `Kmem`, so a block from one clone can be freed by another; frees find
 // the owning cache from the slab, not the handle.
-unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for CgroupAllocator<'_, S, R, P> {
+unsafe impl<K: Heap> Blocks for CgroupAllocator<'_, K> {
     fn alloc_block(&self, layout: Layout) -> Option<NonNull<[u8]>> {
-        self.block_allocate(layout)
+        self.kmem().block_allocate(self.charged(), layout)
     }
     unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: forwarded; frees uncharge the slab's owner.
@@ -156,16 +168,33 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for CgroupAllocator<
     }
     unsafe fn resize_block(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Option<NonNull<[u8]>> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.block_resize(ptr, old, new) }
+        unsafe { self.kmem().block_resize(self.charged(), ptr, old, new) }
     }
+}
+
+/// One resize method of an `Allocator` impl (`grow` or `shrink`), over
+/// [`Blocks::resize_block`].
+macro_rules! resize_method {
+    ($api:ident, $name:ident) => {
+        unsafe fn $name(
+            &self,
+            ptr: NonNull<u8>,
+            old: Layout,
+            new: Layout,
+        ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
+            // SAFETY: forwarded from the caller (`grow`: `new.size() >=
+            // old.size()`, `shrink`: `<=`; `resize_block` takes both).
+            unsafe { self.resize_block(ptr, old, new) }.ok_or($api::alloc::AllocError)
+        }
+    };
 }
 
 /// Implements one `allocator-api2` version's `Allocator` for a handle
 /// type, over its [`Blocks`].
 macro_rules! allocator_impl {
-    ($api:ident, $handle:ty) => {
+    ($api:ident, [$($generics:tt)*] $handle:ty) => {
         // SAFETY: `Blocks`'s contract is `Allocator`'s.
-        unsafe impl<S: PageSource, R: RawMutex, P: Platform> $api::alloc::Allocator for $handle {
+        unsafe impl<$($generics)*> $api::alloc::Allocator for $handle {
             #[inline]
             fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
                 self.alloc_block(layout).ok_or($api::alloc::AllocError)
@@ -177,32 +206,15 @@ macro_rules! allocator_impl {
                 unsafe { self.free_block(ptr, layout) }
             }
 
-            unsafe fn grow(
-                &self,
-                ptr: NonNull<u8>,
-                old: Layout,
-                new: Layout,
-            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
-                // SAFETY: forwarded from the caller (`new.size() >= old.size()`).
-                unsafe { self.resize_block(ptr, old, new) }.ok_or($api::alloc::AllocError)
-            }
-
-            unsafe fn shrink(
-                &self,
-                ptr: NonNull<u8>,
-                old: Layout,
-                new: Layout,
-            ) -> Result<NonNull<[u8]>, $api::alloc::AllocError> {
-                // SAFETY: forwarded from the caller (`new.size() <= old.size()`).
-                unsafe { self.resize_block(ptr, old, new) }.ok_or($api::alloc::AllocError)
-            }
+            resize_method!($api, grow);
+            resize_method!($api, shrink);
         }
     };
 }
 
-allocator_impl!(allocator_api2, &Kmem<S, R, P>);
-allocator_impl!(allocator_api2, CgroupAllocator<'_, S, R, P>);
+allocator_impl!(allocator_api2, [S: PageSource, R: RawMutex, P: Platform] &Kmem<S, R, P>);
+allocator_impl!(allocator_api2, [K: Heap] CgroupAllocator<'_, K>);
 #[cfg(feature = "allocator-api2-04")]
-allocator_impl!(allocator_api2_04, &Kmem<S, R, P>);
+allocator_impl!(allocator_api2_04, [S: PageSource, R: RawMutex, P: Platform] &Kmem<S, R, P>);
 #[cfg(feature = "allocator-api2-04")]
-allocator_impl!(allocator_api2_04, CgroupAllocator<'_, S, R, P>);
+allocator_impl!(allocator_api2_04, [K: Heap] CgroupAllocator<'_, K>);

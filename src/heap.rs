@@ -6,39 +6,25 @@
 //! source, and no allocation path panics or logs.
 
 mod check;
-mod classes;
-mod groups;
 mod large;
-mod lifecycle;
-
-pub(crate) use lifecycle::Limbo;
-mod pressure;
-mod reclaim;
 mod report;
-mod typed;
 
-pub use classes::MAX_CLASS_SIZE;
-pub use groups::{Cgroup, CgroupAllocator, CgroupGuard, GroupStat};
-pub use pressure::Pressure;
-pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 pub use report::{KmemStats, SlabInfo};
-pub use typed::{CacheBox, CacheFlags, KmemCache};
 
 use core::ptr::NonNull;
 
-use lock_api::{Mutex, RawMutex};
+use lock_api::RawMutex;
 
-use crate::cgroup::Group;
+use crate::cgroup::{Group, GroupId, Shrinker, Tree};
 use crate::counter::PageCounter;
-use crate::error::{Error, GroupName, Name};
-use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::error::Error;
+use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::page::pages_for;
 pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
-use crate::slab::{Cache, GrowError, Pages};
-use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u32, atomic_usize};
-use classes::{GEOMETRIES, NCLASSES, class_of};
-use typed::{AcctIndices, CacheDesc};
+use crate::slab::Cache;
+use crate::slab::classes::{GEOMETRIES, class_of};
+use crate::sync::Stat;
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -68,49 +54,42 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     slots: Slots,
     /// Self-hosted metadata: magazines of every cache.
     magazines: Cache<R>,
-    /// The size classes; they are also the root group's caches.
-    classes: [MagCache<R>; NCLASSES],
-    /// The root group: its counter is the parent of every group's.
-    root: Group<R>,
-    /// Self-hosted metadata: groups.
-    groups: Cache<R>,
-    /// Self-hosted metadata: the child caches of groups.
-    child_caches: Cache<R>,
-    /// Every group but the root that is not yet reclaimed, newest first.
-    /// Pushed with `Release` and unlinked under `tree_lock`; iterated under
-    /// a read guard.
-    all_groups: AtomicPtr<Group<R>>,
-    /// Serialises changes to the group tree, subtree reclaim, and group
-    /// reclamation (never taken on an allocation fast path). Holds the
-    /// groups unlinked from `all_groups` but not yet freed.
-    tree_lock: Mutex<R, Limbo<R>>,
-    /// Iterations of `all_groups` (and of groups' caches) in progress; an
-    /// unlinked group is freed only when none is (see [`Kmem::reclaim_groups`]).
-    readers: AtomicUsize,
-    /// Groups whose last reference is gone, pushed lock-free (a Treiber
-    /// stack: push by CAS, taken whole by swap, so no ABA).
-    zombies: AtomicPtr<Group<R>>,
-    /// Self-hosted metadata: descriptors of typed caches.
-    descriptors: Cache<R>,
-    /// Typed caches, newest first. Pushed with `Release` and unlinked
-    /// under `registry_lock`; read with `Acquire` without it, under a read
-    /// guard: a destroyed cache's descriptor is unlinked and freed once no
-    /// iteration is in progress (see `Limbo`), like a group.
-    registry: AtomicPtr<CacheDesc<R>>,
-    /// Serialises cache creation and destruction (never taken on an
-    /// allocation path); holds the free accounting indices.
-    registry_lock: Mutex<R, AcctIndices>,
-    /// Registered shrinkers (copied out before they are called).
-    shrinkers: Mutex<R, [Option<&'static dyn Shrinker>; reclaim::MAX_SHRINKERS]>,
-    /// Root usage (pages) above which allocations trigger soft-limit
-    /// reclaim; `usize::MAX`: only when the page source is exhausted.
-    contention_mark: AtomicUsize,
-    /// Contention-reclaim episodes started (see `reclaim::Episode`).
-    episodes: AtomicU32,
+    /// The groups, the size classes (the root's caches), the typed caches,
+    /// and reclaim.
+    tree: Tree<R>,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
 }
+
+/// A [`Kmem`] type, named by one parameter: the handles ([`crate::Cgroup`],
+/// [`crate::KmemCache`], ...) are generic over it, so code that names
+/// them writes `Cgroup<'_, K>` (or `Cgroup<'_, Kmem<Region>>`) instead of
+/// repeating the source, lock and platform types. Implemented by every
+/// `Kmem` and nothing else.
+pub trait Heap: sealed::Sealed {
+    /// The page source.
+    type Source: PageSource;
+    /// The lock type of the allocator's caches and tree.
+    type Lock: RawMutex;
+    /// The platform.
+    type Platform: Platform;
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Heap for Kmem<S, R, P> {
+    type Source = S;
+    type Lock = R;
+    type Platform = P;
+}
+
+mod sealed {
+    /// Keeps [`super::Heap`] to `Kmem`s.
+    pub trait Sealed {}
+    impl<S: super::PageSource, R: super::RawMutex, P: super::Platform> Sealed for super::Kmem<S, R, P> {}
+}
+
+/// The `Kmem` a [`Heap`] names.
+pub(crate) type KmemOf<K> = Kmem<<K as Heap>::Source, <K as Heap>::Lock, <K as Heap>::Platform>;
 
 /// Hardened mode: marks `p` handed out by `cache`; an object handed out
 /// twice means the heap is corrupt.
@@ -161,23 +140,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             platform,
             slots: Slots::new(),
             magazines: Cache::new(MAGAZINE_GEOMETRY),
-            classes: class_caches(),
-            root: Group::new_root(match Name::new_const("/") {
-                Some(n) => n,
-                None => panic!("\"/\" is a valid name"),
-            }),
-            groups: Cache::new(Group::<R>::GEOMETRY),
-            child_caches: Cache::new(MagCache::<R>::GEOMETRY),
-            all_groups: atomic_null(),
-            tree_lock: Mutex::const_new(R::INIT, Limbo::new()),
-            readers: atomic_usize(0),
-            zombies: atomic_null(),
-            descriptors: Cache::new(CacheDesc::<R>::GEOMETRY),
-            registry: atomic_null(),
-            registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
-            shrinkers: Mutex::const_new(R::INIT, [None; reclaim::MAX_SHRINKERS]),
-            contention_mark: atomic_usize(usize::MAX),
-            episodes: atomic_u32(0),
+            tree: Tree::new(),
             large_allocs: Stat::new(),
             large_pages: Stat::new(),
             bad_frees: Stat::new(),
@@ -194,138 +157,76 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         &self.platform
     }
 
+    /// The group tree.
+    #[inline(always)]
+    pub(crate) fn tree(&self) -> &Tree<R> {
+        &self.tree
+    }
+
     /// The node new slabs and runs should come from when no slot is held.
     #[inline]
     fn node(&self) -> usize {
         0
     }
 
-    /// Whether no group but the root was ever created: then every object
-    /// of a class is in its base cache, and the fast paths skip the group
-    /// lookups. `Relaxed`: a group created concurrently is not current on
-    /// this thread yet, and its caches hold no object this thread frees
-    /// without having synchronised with its creation.
-    #[inline(always)]
-    fn no_groups(&self) -> bool {
-        self.all_groups.load(Ordering::Relaxed).is_null()
-    }
-
-    /// This allocator's identity, recorded in its groups' token heads.
-    #[inline]
-    fn id(&self) -> *const () {
-        (self as *const Self).cast()
-    }
-
     /// The identity of the calling context's current group, for shrinkers
     /// that record which group their objects were charged to.
     pub fn current_group_id(&self) -> GroupId {
-        // `current` is null for the root, which is `GroupId::ROOT`.
-        GroupId(self.current().cast())
+        // SAFETY: the current group is live (the context holds a reference).
+        match unsafe { self.current().as_ref() } {
+            Some(g) => self.tree.group_id(g),
+            None => GroupId::ROOT,
+        }
     }
 
     /// The calling context's current group, or null for the root (also for
     /// a token that belongs to another allocator).
     #[inline]
-    fn current(&self) -> *const Group<R> {
-        if self.no_groups() {
-            return core::ptr::null();
-        }
-        let token = self.platform.current_group();
-        // SAFETY: a non-null token names a group that the context's slot
-        // holds a reference on (see `TokenHead`), so it is live; one this
-        // allocator made is a `Group<R>`.
-        match unsafe { Group::<R>::of_token(token, self.id()) } {
-            Some(g) => self.effective(g),
-            None => core::ptr::null(),
-        }
+    pub(crate) fn current(&self) -> *const Group<R> {
+        self.tree.charged_for(self.platform.current_group())
     }
 
-    /// The group to charge for `g`: itself while online, else its nearest
-    /// online ancestor (a removed group takes no new charges); null for
-    /// the root.
-    #[inline]
-    pub(crate) fn effective(&self, g: &Group<R>) -> *const Group<R> {
-        let g = if g.is_offline() { g.online() } else { g };
-        if core::ptr::eq(g, &self.root) { core::ptr::null() } else { g }
+    /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
+    /// uses the list it copied). Registering one twice is a no-op; more
+    /// than [`crate::MAX_SHRINKERS`] gives [`Error::TooManyShrinkers`].
+    pub fn register_shrinker(&self, s: &'static dyn Shrinker) -> Result<(), Error> {
+        self.tree.register_shrinker(s)
     }
 
-    /// The cache of group `g` (null: root) for the accounted cache `base`
-    /// at accounting index `idx`, created on first use.
-    #[inline]
-    fn cache_for<'a>(&'a self, g: *const Group<R>, idx: usize, base: &'a MagCache<R>) -> Option<&'a MagCache<R>> {
-        if g.is_null() {
-            return Some(base);
-        }
-        // SAFETY: callers pass a live group of this allocator.
-        let g = unsafe { &*g };
-        Self::published_child(g, idx).or_else(|| self.make_child_cache(g, idx, base))
+    /// Unregisters a shrinker; a reclaim already running may still call it
+    /// once (it is `'static`, so that is safe).
+    pub fn unregister_shrinker(&self, s: &'static dyn Shrinker) {
+        self.tree.unregister_shrinker(s)
     }
 
-    /// Group `g`'s child cache at accounting index `idx`, once published.
-    #[inline(always)]
-    fn published_child(g: &Group<R>, idx: usize) -> Option<&MagCache<R>> {
-        let c = g.caches[idx].load(Ordering::Acquire);
-        // SAFETY: a published child cache lives as long as its group, or
-        // until its typed cache is destroyed, which needs the `KmemCache`
-        // the caller allocates or frees through (or an iteration's read
-        // guard, which holds its freeing off).
-        (!c.is_null()).then(|| unsafe { &*c })
+    /// Sets the contention mark: when the root's usage is above `bytes`,
+    /// allocation slow paths reclaim from groups over their soft limits
+    /// (largest excess first). `usize::MAX` (the default): only when the
+    /// page source is exhausted.
+    pub fn set_contention_mark(&self, bytes: usize) {
+        self.tree.set_contention_mark(if bytes == usize::MAX { usize::MAX } else { bytes / PAGE_SIZE });
     }
 
-    /// Creates group `g`'s child cache at `idx`, or returns the one another
-    /// thread published first.
-    #[cold]
-    #[inline(never)]
-    fn make_child_cache<'a>(&'a self, g: &'a Group<R>, idx: usize, base: &MagCache<R>) -> Option<&'a MagCache<R>> {
-        let mem = self.alloc_meta(&self.child_caches)?;
-        let fresh = mem.cast::<MagCache<R>>().as_ptr();
-        // SAFETY: a fresh object of the child-cache cache, sized and aligned
-        // for a `MagCache`.
-        unsafe { fresh.write(MagCache::new(*base.cache.geometry(), Acct::Counter(&g.counter))) };
-        match g.caches[idx].compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                g.get();
-                // SAFETY: just published; lives as long as the group, on
-                // which it holds a reference until it is dead and empty.
-                let c = unsafe { &*fresh };
-                // Pairs with the fence in `Cgroup::remove` (Dekker): either
-                // removal sees this cache and marks it dead, or this sees
-                // the group offline and does; a cache published after
-                // removal never stays live, pinning its group.
-                crate::sync::fence(Ordering::SeqCst);
-                if g.is_offline() {
-                    c.cache.mark_dead();
-                }
-                Some(c)
-            }
-            Err(winner) => {
-                // SAFETY: ours, never published, holds nothing.
-                unsafe { self.child_caches.free(&Pages::plain(&self.source), mem) };
-                // SAFETY: the published one lives as long as the group.
-                Some(unsafe { &*winner })
-            }
-        }
+    /// Empties every magazine on every CPU and in every depot, gives every
+    /// empty slab back to the page source, drains every charge stock, and
+    /// trims the source. Returns the pages given back. (Linux
+    /// `kmem_cache_shrink` on all caches.)
+    pub fn shrink(&self) -> usize {
+        let pages = self.tree.shrink(self);
+        self.magazines.shrink(&crate::slab::Pages::plain(&self.source));
+        pages + self.source.trim()
     }
 
-    /// An object of an internal metadata cache (groups, child caches); when
-    /// the page source is exhausted, contention reclaim runs step by step
-    /// until it can be had, as for any allocation.
-    pub(crate) fn alloc_meta(&self, cache: &Cache<R>) -> Option<NonNull<u8>> {
-        let pages = Pages::plain(&self.source);
-        if let Ok(p) = cache.alloc(&pages, self.node()) {
-            return Some(p);
-        }
-        // Other threads may take what each step frees before we retry, so
-        // metadata (which everything else waits on) gets a few rounds.
-        for _ in 0..8 {
-            let mut done = self.episode();
-            while self.contention_step(&mut done) {
-                if let Ok(p) = cache.alloc(&pages, self.node()) {
-                    return Some(p);
-                }
-            }
-        }
-        None
+    /// Bonwick's working-set reap, for a periodic timer (he used 15 s):
+    /// depot magazines unused since the last reap, the magazines of slots no
+    /// thread holds, and those of slots unused since the last reap go back
+    /// to the slabs; then empty slabs go back to the page source and the
+    /// source is trimmed. Returns the pages given back. What a burst freed
+    /// just before a reap is the working set of that interval: the next
+    /// reap returns it if it stays unused.
+    pub fn reap(&self) -> usize {
+        let idle = self.slots.reap_idle_mask();
+        self.tree.reap(self, &idle) + self.source.trim()
     }
 
     /// `size` bytes aligned to `align` for the current group, or `None`.
@@ -340,7 +241,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// two: the `GlobalAlloc` and `Allocator` entry, inlined into them.
     #[inline(always)]
     pub(crate) fn alloc_layout(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
-        self.alloc_pow2(self.current(), layout.size(), layout.align())
+        self.alloc_layout_in(self.current(), layout)
+    }
+
+    /// [`Kmem::alloc_layout`] charging group `g` (null: root).
+    #[inline(always)]
+    pub(crate) fn alloc_layout_in(&self, g: *const Group<R>, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
+        self.alloc_pow2(g, layout.size(), layout.align())
     }
 
     /// As `alloc_raw`, charging group `g` (null: root).
@@ -361,12 +268,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { self.classes.get_unchecked(c) };
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
                 let cache = if g.is_null() {
                     base
                 } else {
                     // SAFETY: callers pass a live group of this allocator.
-                    match Self::published_child(unsafe { &*g }, c) {
+                    match unsafe { &*g }.child_cache(c) {
                         Some(child) => child,
                         None => return self.alloc_in_new_child(g, c, base),
                     }
@@ -388,7 +295,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_in_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
-        let cache = self.cache_for(g, c, base)?;
+        let cache = self.tree.cache_for(self, g, c, base)?;
         let p = self.alloc_from(cache).ok()?;
         hardened_on_alloc(cache, p);
         Some(p)
@@ -411,10 +318,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     fn alloc_slow_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
         let r = match cache.alloc_slow(self) {
             Ok(p) => Ok(p),
-            Err(e) => self.alloc_failed(cache, e),
+            Err(e) => self.tree.grow_failed(self, cache, e),
         };
         if r.is_ok() {
-            self.after_refill(cache);
+            self.tree.after_refill(self, cache);
         }
         r
     }
@@ -426,62 +333,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     fn alloc_slow_opt(&self, cache: &MagCache<R>) -> Option<NonNull<u8>> {
         self.alloc_slow_from(cache).ok()
-    }
-
-    /// A cache could not grow: for a refused charge, reclaim the refusing
-    /// group's subtree and retry once; for an exhausted page source,
-    /// reclaim from groups over their soft limits, then from all groups
-    /// that are not protected, and retry. The error names the group whose
-    /// limit held.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn alloc_failed(&self, cache: &MagCache<R>, e: GrowError) -> Result<NonNull<u8>, Error> {
-        let GrowError::Limit(k) = e else {
-            // The page source is exhausted: reclaim step by step, soft
-            // limits first, until the request can be met.
-            let mut done = self.episode();
-            while self.contention_step(&mut done) {
-                if let Ok(p) = cache.alloc(self) {
-                    return Ok(p);
-                }
-            }
-            return cache.alloc(self).map_err(|e| self.refused(e));
-        };
-        // SAFETY: every counter that refuses a charge is a group's.
-        let g = unsafe { Group::<R>::of_counter(k) };
-        g.ev_max.add(1);
-        self.reclaim(g, Self::reclaim_goal(g, cache.cache.geometry().slab_pages()));
-        cache.alloc(self).map_err(|e| self.refused(e))
-    }
-
-    /// The error for a charge that failed after reclaim, counted as an
-    /// `oom` event of the group that refused it.
-    fn refused(&self, e: GrowError) -> Error {
-        match e {
-            GrowError::OutOfMemory => Error::OutOfMemory,
-            GrowError::Limit(k) => {
-                // SAFETY: every counter that refuses a charge is a group's.
-                let g = unsafe { Group::<R>::of_counter(k) };
-                g.ev_oom.add(1);
-                Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
-            }
-        }
-    }
-
-    /// Charges `pages` to `g`'s counter (root's for null), reclaiming and
-    /// retrying once if a limit refuses. Returns the counter charged.
-    pub(crate) fn charge_pages(&self, g: *const Group<R>, pages: usize) -> Result<&PageCounter, Error> {
-        // SAFETY: callers pass a live group of this allocator or null.
-        let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
-        let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
-        // SAFETY: every counter is a group's.
-        let refuser = unsafe { Group::<R>::of_counter(k) };
-        refuser.ev_max.add(1);
-        self.reclaim(refuser, Self::reclaim_goal(refuser, pages));
-        match counter.try_charge(pages) {
-            Ok(()) => Ok(counter),
-            Err(k) => Err(self.refused(GrowError::Limit(k))),
-        }
     }
 
     /// Frees what `alloc_raw(size, align)` returned.
@@ -498,13 +349,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { self.classes.get_unchecked(c) };
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
                 if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
                     self.bad_frees.add(1);
                     hardened_abort("kmemcg: free of a pointer that no cache owns");
                     return;
                 }
-                if self.no_groups() {
+                if self.tree.no_groups() {
                     hardened_on_free(base, ptr);
                     // SAFETY: with no groups, every object of class `c` is
                     // in the base cache.
@@ -528,11 +379,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// one of its child caches.
     #[inline(never)]
     unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
-        // SAFETY: per the contract; a slab header names its `MagCache`.
-        unsafe {
-            let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
-            self.free_into(owner, ptr);
-        }
+        // SAFETY: forwarded.
+        unsafe { self.free_into(Self::owner(base, ptr), ptr) }
+    }
+
+    /// The cache that owns the slab of `ptr`: `base` or one of its child
+    /// caches.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `base` or of one of its child caches.
+    #[inline(always)]
+    pub(crate) unsafe fn owner<'a>(base: &'a MagCache<R>, ptr: NonNull<u8>) -> &'a MagCache<R> {
+        // SAFETY: per the contract, a slab of `base`'s geometry whose
+        // header names its `MagCache`, which outlives its live objects.
+        unsafe { &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>) }
     }
 
     /// Frees `ptr` into `owner`, the cache its slab names: a magazine push
@@ -565,10 +426,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
-        let _read = self.read_guard();
+        let _read = self.tree.read_guard();
         // SAFETY: forwarded.
         unsafe { owner.free_slow(self, ptr) };
-        self.after_free(owner);
+        self.tree.after_free(owner);
     }
 
     /// Whether `ptr` is a live-looking object of the class `base` serves,
@@ -591,7 +452,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             if !base.cache.slab_is_live(ptr.as_ptr()) {
                 return false;
             }
-            let owner = &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>);
+            let owner = Self::owner(base, ptr);
             owner.cache.geometry() == base.cache.geometry() && owner.cache.is_object(ptr)
         }
     }
@@ -613,11 +474,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if new_size == 0 || old_size == 0 {
             return None;
         }
-        match (class_of(old_size, align), class_of(new_size, align)) {
-            (Some(a), Some(b)) if a == b => return Some(ptr),
-            // SAFETY: forwarded: a live large object.
-            (None, None) if unsafe { self.resize_large_in_place(ptr, new_size) } => return Some(ptr),
-            _ => {}
+        // SAFETY: forwarded.
+        if unsafe { self.resize_in_place(ptr, old_size, align, new_size) } {
+            return Some(ptr);
         }
         // The new block is charged to the current group, like any
         // allocation; the old one is uncharged from its owner.
@@ -628,6 +487,28 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             self.free_raw(ptr, old_size, align);
         }
         Some(new)
+    }
+
+    /// Resizes a block of `old_size` to `new_size` (both non-zero) without
+    /// moving it, if the class stays, or the page run can give back its
+    /// tail or take the pages after it; returns whether it did.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`] with `old_size`.
+    pub(crate) unsafe fn resize_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        old_size: usize,
+        align: usize,
+        new_size: usize,
+    ) -> bool {
+        match (class_of(old_size, align), class_of(new_size, align)) {
+            (Some(a), Some(b)) => a == b,
+            // SAFETY: forwarded: a live large object.
+            (None, None) => unsafe { self.resize_large_in_place(ptr, new_size) },
+            _ => false,
+        }
     }
 
     /// The bytes actually usable in a block of `size` and `align`: its class
@@ -661,25 +542,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     }
     #[inline(always)]
     fn root_counter(&self) -> &PageCounter {
-        &self.root.counter
+        self.tree.root().counter()
     }
 }
-
-/// One cache per size class, built in a `const` context.
-#[cfg(not(loom))]
-const fn class_caches<R: RawMutex>() -> [MagCache<R>; NCLASSES] {
-    let mut out = core::mem::MaybeUninit::<[MagCache<R>; NCLASSES]>::uninit();
-    let first = out.as_mut_ptr() as *mut MagCache<R>;
-    let mut i = 0;
-    while i < NCLASSES {
-        // SAFETY: `i < NCLASSES`, so the slot is inside the array; each slot
-        // is written once and none is read before all are written.
-        unsafe { first.add(i).write(MagCache::new(GEOMETRIES[i], Acct::Root)) };
-        i += 1;
-    }
-    // SAFETY: the loop initialised every element.
-    unsafe { out.assume_init() }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests;

@@ -187,11 +187,13 @@ mod slab;
 
 mod magazine;
 
-#[cfg(not(loom))]
 mod cgroup;
 
 #[cfg(not(loom))]
 mod heap;
+
+#[cfg(not(loom))]
+mod handle;
 
 #[cfg(not(loom))]
 mod global;
@@ -201,7 +203,7 @@ mod global;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-#[cfg(all(test, loom))]
+#[cfg(test)]
 mod tests;
 
 /// The `allocator-api2` whose `Allocator` the handles implement (0.2, the
@@ -212,15 +214,13 @@ pub use allocator_api2;
 #[cfg(feature = "allocator-api2-04")]
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
-#[cfg(not(loom))]
-pub use cgroup::{MAX_ACCOUNTED_CACHES, MAX_PRESSURES};
+pub use cgroup::{GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
 #[cfg(not(loom))]
-pub use heap::{
-    CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupId, GroupStat, Kmem, KmemCache, KmemStats,
-    MAX_CLASS_SIZE, MAX_SHRINKERS, Pressure, ShrinkControl, Shrinker, SlabInfo,
-};
+pub use handle::{CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure};
+#[cfg(not(loom))]
+pub use heap::{Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::MagazineStats;
 #[cfg(all(feature = "std", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
@@ -233,3 +233,4 @@ pub use platform::{
     PAGE_SIZE, PageRun, PageSource, Platform, Region, RegionError, SourceStats, order_for_pages,
 };
 pub use slab::CacheStats;
+pub use slab::classes::MAX_CLASS_SIZE;

@@ -32,8 +32,11 @@ use crate::page::slab_base;
 #[cfg(any(test, feature = "paranoid"))]
 use crate::platform::PAGE_SIZE;
 use crate::platform::{MAX_NODES, PageRun, PageSource};
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
+use crate::sync::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat,
+};
 
+pub(crate) mod classes;
 mod geometry;
 mod node;
 

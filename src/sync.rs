@@ -156,13 +156,10 @@ loom_const_fn! {
 pub(crate) struct Stat(AtomicUsize);
 
 impl Stat {
-    #[cfg(not(loom))]
-    pub(crate) const fn new() -> Self {
-        Stat(AtomicUsize::new(0))
-    }
-    #[cfg(loom)]
-    pub(crate) fn new() -> Self {
-        Stat(AtomicUsize::new(0))
+    loom_const_fn! {
+        pub(crate) fn new() -> Self {
+            Stat(atomic_usize(0))
+        }
     }
     #[inline]
     pub(crate) fn add(&self, n: usize) {

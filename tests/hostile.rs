@@ -39,7 +39,7 @@ const OBJ: Layout = match Layout::from_size_align(64 << 10, 8) {
 /// for (which is at its max) and frees nothing.
 struct Greedy {
     kmem: &'static K,
-    group: std::sync::OnceLock<Cgroup<'static, OsPages>>,
+    group: std::sync::OnceLock<Cgroup<'static, Kmem<OsPages>>>,
     scans: AtomicUsize,
     nested_ok: AtomicUsize,
 }

@@ -96,9 +96,9 @@ mod stale_tag {
     use kmemcg::{Cgroup, CgroupGuard, Kmem, OsPages, ShrinkControl, Shrinker};
 
     static K: Kmem = Kmem::new(OsPages::new());
-    static OTHER: OnceLock<Cgroup<'static, OsPages>> = OnceLock::new();
+    static OTHER: OnceLock<Cgroup<'static, Kmem<OsPages>>> = OnceLock::new();
     static SCANS: AtomicUsize = AtomicUsize::new(0);
-    thread_local!(static STASH: RefCell<Option<CgroupGuard<'static, OsPages>>> = const { RefCell::new(None) });
+    thread_local!(static STASH: RefCell<Option<CgroupGuard<'static, Kmem<OsPages>>>> = const { RefCell::new(None) });
 
     struct Stasher;
     impl Shrinker for Stasher {
@@ -119,7 +119,7 @@ mod stale_tag {
         Err(_) => panic!(),
     };
 
-    fn fill_until_refused(g: &Cgroup<'static, OsPages>) -> Vec<std::ptr::NonNull<[u8]>> {
+    fn fill_until_refused(g: &Cgroup<'static, Kmem<OsPages>>) -> Vec<std::ptr::NonNull<[u8]>> {
         let mut v = Vec::new();
         while let Ok(p) = g.allocator().allocate(OBJ) {
             v.push(p);

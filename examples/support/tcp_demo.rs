@@ -26,8 +26,8 @@ const MAX_BUF: usize = 256 * KIB;
 /// One tenant: its group, its `"tcp"` resource, and what happened to it.
 pub struct Tenant {
     pub name: &'static str,
-    pub group: Cgroup<'static, OsPages>,
-    pub tcp: Pressure<'static, OsPages>,
+    pub group: Cgroup<'static, Kmem<OsPages>>,
+    pub tcp: Pressure<'static, Kmem<OsPages>>,
     /// Bytes the client got back.
     pub echoed: AtomicUsize,
     /// Connections the client opens, and the size of each request.

@@ -151,7 +151,7 @@ fuzz_target!(|ops: Vec<Op>| {
         (k, typed, baseline)
     });
     let k = *k;
-    let mut groups: Vec<Cgroup<'static, Region>> = vec![k.root()];
+    let mut groups: Vec<Cgroup<'static, Kmem<Region>>> = vec![k.root()];
     let mut objs: Vec<(usize, Layout)> = Vec::new();
     let mut boxes = Vec::new();
     let mut guards = Vec::new();

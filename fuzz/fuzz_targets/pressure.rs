@@ -44,7 +44,7 @@ fuzz_target!(|ops: Vec<Op>| {
     let host = k.root().create_child("host").unwrap();
     let kids = [host.create_child("a").unwrap(), host.create_child("b").unwrap()];
     let hp = host.pressure("tcp", Thresholds { min: 1000, pressure: 5000, max: 20000 }).unwrap();
-    let res: Vec<Pressure<'static, Region>> =
+    let res: Vec<Pressure<'static, Kmem<Region>>> =
         kids.iter().map(|g| g.pressure("tcp", Thresholds { min: 0, pressure: 10000, max: 20000 }).unwrap()).collect();
     let mut held: Vec<(usize, usize)> = Vec::new();
     for op in ops {

@@ -10,7 +10,7 @@
 //! a charge that would pass `max` at any level is refused and rolled back.
 //! No lock: the check is as cheap as the counter.
 
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, Stat, atomic_bool, atomic_usize, fence};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, Stat, atomic_bool, atomic_usize, fence, loom_const_fn};
 
 /// The three thresholds of a pressure resource, in bytes:
 /// `min <= pressure <= max`.
@@ -78,43 +78,24 @@ unsafe impl Sync for PressureCounter {}
 unsafe impl Send for PressureCounter {}
 
 impl PressureCounter {
-    /// A counter with no thresholds below `parent` (null: none).
-    ///
-    /// # Safety
-    ///
-    /// A non-null `parent` must outlive the new counter.
-    #[cfg(not(loom))]
-    pub const unsafe fn new(parent: *const PressureCounter) -> Self {
-        PressureCounter {
-            usage: atomic_usize(0),
-            min: atomic_usize(usize::MAX),
-            pressure: atomic_usize(usize::MAX),
-            max: atomic_usize(usize::MAX),
-            watermark: atomic_usize(0),
-            under: atomic_bool(false),
-            entered: Stat::new(),
-            refused: Stat::new(),
-            parent,
-        }
-    }
-
-    /// A counter with no thresholds below `parent` (loom: not `const`).
-    ///
-    /// # Safety
-    ///
-    /// As for the `const` version.
-    #[cfg(loom)]
-    pub unsafe fn new(parent: *const PressureCounter) -> Self {
-        PressureCounter {
-            usage: atomic_usize(0),
-            min: atomic_usize(usize::MAX),
-            pressure: atomic_usize(usize::MAX),
-            max: atomic_usize(usize::MAX),
-            watermark: atomic_usize(0),
-            under: atomic_bool(false),
-            entered: Stat::new(),
-            refused: Stat::new(),
-            parent,
+    loom_const_fn! {
+        /// A counter with no thresholds below `parent` (null: none).
+        ///
+        /// # Safety
+        ///
+        /// A non-null `parent` must outlive the new counter.
+        pub unsafe fn new(parent: *const PressureCounter) -> Self {
+            PressureCounter {
+                usage: atomic_usize(0),
+                min: atomic_usize(usize::MAX),
+                pressure: atomic_usize(usize::MAX),
+                max: atomic_usize(usize::MAX),
+                watermark: atomic_usize(0),
+                under: atomic_bool(false),
+                entered: Stat::new(),
+                refused: Stat::new(),
+                parent,
+            }
         }
     }
 

@@ -6,26 +6,23 @@
 use lock_api::RawMutex;
 
 use super::Kmem;
-#[cfg(test)]
-use super::classes::class_of;
 use crate::cgroup::Group;
-use crate::magazine::Acct;
 use crate::platform::{PageSource, Platform};
 #[cfg(test)]
-use crate::slab::Cache;
+use crate::slab::{Cache, classes::class_of};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// The cache serving `size`/`align` requests, for tests and reports.
     #[cfg(test)]
     pub(crate) fn class_cache(&self, size: usize, align: usize) -> Option<&Cache<R>> {
-        class_of(size, align).map(|c| &self.classes[c].cache)
+        class_of(size, align).map(|c| &self.tree().classes()[c].cache)
     }
 
     /// Checks every cache's lists and accounting (tests, `paranoid`).
     #[cfg(any(test, feature = "paranoid"))]
     pub(crate) fn check(&self) {
-        self.for_each_cache(&mut |c| c.cache.check());
-        self.descriptors.check();
+        self.tree().for_each_cache(&mut |c| c.cache.check());
+        self.tree().descriptors.check();
     }
 
     /// Walks every slab list, free bitmap and counter and checks the
@@ -49,37 +46,32 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cfg(any(test, feature = "paranoid"))]
     pub(crate) fn check_accounting(&self) {
         self.shrink();
+        let t = self.tree();
         let own = |g: &Group<R>| -> usize {
             let mut pages = 0;
-            if core::ptr::eq(g, &self.root) {
-                self.for_each_base_cache(|c| {
-                    if c.acct == Acct::Root {
-                        pages += c.cache.stats().pages;
-                    }
-                });
+            if t.is_root(g) {
+                t.root_caches(&mut |c| pages += c.cache.stats().pages);
             } else {
                 g.for_each_cache(|_, c| pages += c.cache.stats().pages);
             }
-            pages + g.counter.stocked()
+            pages + g.counter().stocked()
         };
         // Large pages charged to the root itself: all minus the groups'.
         let mut in_groups = 0;
-        self.for_each_group(|x| in_groups += x.large_pages.get());
-        let root_large = self.large_pages.get() - in_groups;
-        let check = |g: &Group<R>| {
+        t.for_each_group(|x| in_groups += x.large_pages().get());
+        let root_large = self.stats().large_pages - in_groups;
+        t.for_each_group_and_root(|g| {
             let mut children = 0;
-            self.for_each_group(|x| {
-                if core::ptr::eq(x.parent, g) {
-                    children += x.counter.usage();
+            t.for_each_group(|x| {
+                if x.parent().is_some_and(|p| core::ptr::eq(p, g)) {
+                    children += x.counter().usage();
                 }
             });
-            let is_root = core::ptr::eq(g, &self.root);
-            let large = if is_root { root_large } else { g.large_pages.get() };
-            let usage = g.counter.usage();
-            assert!(usage < usize::MAX / 2, "usage of {} wrapped: {usage}", g.name.as_str());
-            assert_eq!(usage, own(g) + large + children, "accounting of group {}", g.name.as_str());
-        };
-        check(&self.root);
-        self.for_each_group(|g| check(g));
+            let large = if t.is_root(g) { root_large } else { g.large_pages().get() };
+            let usage = g.counter().usage();
+            let name = g.name().as_str();
+            assert!(usage < usize::MAX / 2, "usage of {name} wrapped: {usage}");
+            assert_eq!(usage, own(g) + large + children, "accounting of group {name}");
+        });
     }
 }

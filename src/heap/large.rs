@@ -21,10 +21,11 @@ const LARGE_MAGIC: u64 = 0x6b6d_6c61_7267_6500;
 
 /// The page in front of a large object.
 #[repr(C)]
-struct LargeHeader<R: RawMutex> {
+struct LargeHeader {
     magic: u64,
-    /// The group charged; null for the root.
-    group: *const Group<R>,
+    /// The group charged (a `Group<R>` of this allocator, whose lock type
+    /// the header need not name); null for the root.
+    group: *const (),
     /// Pages of the object (the header page not included).
     pages: usize,
 }
@@ -41,21 +42,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
-        let counter = self.charge_pages(g, pages + 1).ok()?;
-        let mut run = alloc_exact(&self.source, lead + pages, align, self.node());
-        if run.is_none() {
-            // The page source is exhausted: contention reclaim, step by step.
-            let mut done = self.episode();
-            while run.is_none() && self.contention_step(&mut done) {
-                run = alloc_exact(&self.source, lead + pages, align, self.node());
-            }
-        }
-        let Some(run) = run else {
+        let counter = self.tree.charge(self, g, pages + 1).ok()?;
+        let alloc = || alloc_exact(&self.source, lead + pages, align, self.node());
+        // An exhausted page source: contention reclaim, step by step.
+        let Some(run) = alloc().or_else(|| self.tree.under_contention(self, alloc)) else {
             counter.uncharge(pages + 1);
             return None;
         };
         let obj = run.as_ptr().wrapping_add(align);
-        let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader<R>>();
+        let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
         if lead > 1 {
             // SAFETY: the pages before the header page are an unused,
             // naturally aligned piece at the start of the run.
@@ -63,13 +58,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // SAFETY: the header page is ours and page aligned.
         unsafe {
-            header.write(LargeHeader { magic: LARGE_MAGIC, group: g, pages });
+            header.write(LargeHeader { magic: LARGE_MAGIC, group: g.cast(), pages });
         }
         if let Some(grp) = NonNull::new(g as *mut Group<R>) {
             // SAFETY: a live group of this allocator; the object holds a
             // reference on it until freed.
             let grp = unsafe { grp.as_ref() };
-            grp.large_pages.add(pages + 1);
+            grp.large_pages().add(pages + 1);
             grp.get();
         }
         self.large_allocs.add(1);
@@ -79,7 +74,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// The header of the large object at `ptr`, if it looks live.
-    fn large_header(&self, ptr: NonNull<u8>) -> Option<*mut LargeHeader<R>> {
+    fn large_header(&self, ptr: NonNull<u8>) -> Option<*mut LargeHeader> {
         let a = ptr.as_ptr().addr();
         if (cfg!(debug_assertions) || cfg!(feature = "hardened"))
             && (!a.is_multiple_of(PAGE_SIZE)
@@ -88,7 +83,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         {
             return None;
         }
-        let h = ptr.as_ptr().wrapping_sub(PAGE_SIZE).cast::<LargeHeader<R>>();
+        let h = ptr.as_ptr().wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
         // SAFETY: the object's header page precedes it (checked readable in
         // debug builds); a volatile read, as a bad pointer may point anywhere.
         let magic = unsafe { core::ptr::addr_of!((*h).magic).read_volatile() };
@@ -118,20 +113,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         };
         self.large_allocs.sub(1);
         // SAFETY: the object's reference kept the group alive until now.
-        if let Some(g) = unsafe { group.as_ref() } {
-            self.put_group(g);
+        if let Some(g) = unsafe { group.cast::<Group<R>>().as_ref() } {
+            self.tree().put_group(g);
         }
     }
 
     /// Uncharges `pages` of large objects from `group` (null: root).
-    fn uncharge_large(&self, group: *const Group<R>, pages: usize) {
-        // SAFETY: a large object's group outlives it.
-        match unsafe { group.as_ref() } {
+    fn uncharge_large(&self, group: *const (), pages: usize) {
+        // SAFETY: a large object's group is a live `Group<R>` of ours.
+        match unsafe { group.cast::<Group<R>>().as_ref() } {
             Some(g) => {
-                g.counter.uncharge(pages);
-                g.large_pages.sub(pages);
+                g.counter().uncharge(pages);
+                g.large_pages().sub(pages);
             }
-            None => self.root.counter.uncharge(pages),
+            None => self.tree().root().counter().uncharge(pages),
         }
         self.large_pages.sub(pages);
     }
@@ -177,18 +172,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     unsafe fn grow_large_in_place(
         &self,
         ptr: NonNull<u8>,
-        h: *mut LargeHeader<R>,
+        h: *mut LargeHeader,
         pages: usize,
         new_pages: usize,
     ) -> bool {
         let extra = new_pages - pages;
         // SAFETY: a live header of ours.
         let group = unsafe { (*h).group };
-        // SAFETY: a large object's group outlives it.
-        let counter = match unsafe { group.as_ref() } {
-            Some(g) => &g.counter,
-            None => &self.root.counter,
-        };
+        // SAFETY: a large object's group is a live `Group<R>` of ours.
+        let group = unsafe { group.cast::<Group<R>>().as_ref() };
+        let counter = group.map_or(self.tree().root(), |g| g).counter();
         if counter.try_charge(extra).is_err() {
             return false;
         }
@@ -198,12 +191,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             counter.uncharge(extra);
             return false;
         }
-        // SAFETY: a live header of ours; the group outlives the object.
-        unsafe {
-            (*h).pages = new_pages;
-            if let Some(g) = group.as_ref() {
-                g.large_pages.add(extra);
-            }
+        // SAFETY: a live header of ours.
+        unsafe { (*h).pages = new_pages };
+        if let Some(g) = group {
+            g.large_pages().add(extra);
         }
         self.large_pages.add(extra);
         true

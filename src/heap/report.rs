@@ -8,16 +8,16 @@ use core::fmt;
 
 use lock_api::RawMutex;
 
-use super::Kmem;
-use super::classes::{CLASS_SIZES, NCLASSES};
+use super::{Heap, Kmem, KmemOf};
 use crate::magazine::{MagCache, MagazineStats};
-use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, PageSource, Platform, SourceStats};
+use crate::platform::{PageSource, Platform, SourceStats};
+use crate::slab::classes::{CLASS_SIZES, NCLASSES};
 use crate::slab::{Cache, CacheStats, Geometry};
 use crate::sync::Ordering;
 
 /// A `/proc/slabinfo`-like table; see [`Kmem::slabinfo`].
-pub struct SlabInfo<'a, S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P: Platform = DefaultPlatform> {
-    kmem: &'a Kmem<S, R, P>,
+pub struct SlabInfo<'a, K: Heap = Kmem> {
+    kmem: &'a KmemOf<K>,
 }
 
 /// Allocator-wide counters; see [`Kmem::stats`].
@@ -42,7 +42,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// (`group` is `/` for the root, `-` for the allocator's own caches), where
     /// `limit` is the rounds per magazine and `active_objs` counts objects
     /// out of the slabs (live or cached in magazines), as Linux does.
-    pub fn slabinfo(&self) -> SlabInfo<'_, S, R, P> {
+    pub fn slabinfo(&self) -> SlabInfo<'_, Self> {
         SlabInfo { kmem: self }
     }
 
@@ -130,7 +130,7 @@ fn row(f: &mut fmt::Formatter<'_>, name: fmt::Arguments<'_>, r: Row, group: &str
     )
 }
 
-impl<S: PageSource, R: RawMutex, P: Platform> fmt::Display for SlabInfo<'_, S, R, P> {
+impl<K: Heap> fmt::Display for SlabInfo<'_, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "slabinfo - version: kmemcg 1")?;
         let h = HEADER_ROW;
@@ -140,15 +140,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Display for SlabInfo<'_, S, R
             h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11]
         )?;
         let k = self.kmem;
+        let t = k.tree();
         for (c, size) in CLASS_SIZES.iter().enumerate().take(NCLASSES) {
-            row(f, format_args!("kmalloc-{size}"), Row::of(&k.classes[c]), "/")?;
+            row(f, format_args!("kmalloc-{size}"), Row::of(&t.classes()[c]), "/")?;
         }
-        row(f, format_args!("kmem_cache"), Row::of_plain(&k.descriptors), "-")?;
+        row(f, format_args!("kmem_cache"), Row::of_plain(&t.descriptors), "-")?;
         row(f, format_args!("kmem_magazine"), Row::of_plain(&k.magazines), "-")?;
-        row(f, format_args!("kmem_cgroup"), Row::of_plain(&k.groups), "-")?;
-        row(f, format_args!("kmem_child_cache"), Row::of_plain(&k.child_caches), "-")?;
+        row(f, format_args!("kmem_cgroup"), Row::of_plain(&t.groups), "-")?;
+        row(f, format_args!("kmem_child_cache"), Row::of_plain(&t.child_caches), "-")?;
         let mut res = Ok(());
-        k.for_each_desc(|desc| {
+        t.for_each_desc(|desc| {
             if res.is_ok() && desc.live.load(Ordering::Relaxed) {
                 res = row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache), "/");
             }
@@ -157,11 +158,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> fmt::Display for SlabInfo<'_, S, R
         // One row per (cache, group) for every group's child caches. The
         // read guard (taken by `for_each_group`) only delays the freeing of
         // removed groups, so writing to an allocating sink is fine.
-        k.for_each_group(|g| {
+        t.for_each_group(|g| {
             g.for_each_cache(|i, c| {
                 if res.is_ok() {
-                    let name = k.acct_name(i);
-                    res = row(f, format_args!("{}", name.as_str()), Row::of(c), g.name.as_str());
+                    let name = t.acct_name(i);
+                    res = row(f, format_args!("{}", name.as_str()), Row::of(c), g.name().as_str());
                 }
             })
         });

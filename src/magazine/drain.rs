@@ -55,6 +55,7 @@ impl<R: RawMutex> MagCache<R> {
 
     /// Empties every magazine of this cache (all slots and depots) into
     /// the slabs. Returns the objects flushed.
+    #[cfg(loom)]
     pub(crate) fn drain<E: Env<R>>(&self, cx: &E) -> usize {
         drain_many(cx, |f| f(self), None)
     }

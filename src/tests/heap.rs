@@ -4,11 +4,14 @@ use std::collections::BTreeMap;
 use std::string::ToString;
 use std::vec::Vec;
 
-use super::classes::{CLASS_SIZES, GEOMETRIES, NCLASSES, class_of};
-use super::*;
 use crate::error::Error;
+use crate::heap::Kmem;
+use crate::platform::{DefaultRawMutex, PageSource};
 use crate::platform::{Region, SourceStats};
+use crate::slab::classes::{CLASS_SIZES, GEOMETRIES, MAX_CLASS_SIZE, NCLASSES, class_of};
 use crate::testutil::{Rng, arena, scaled};
+use crate::{CacheFlags, PAGE_SIZE};
+use core::ptr::NonNull;
 
 type RKmem = Kmem<Region<DefaultRawMutex, 8>>;
 
@@ -358,15 +361,15 @@ fn typed_caches() {
     drop(dentries);
     assert!(!k.slabinfo().to_string().contains("dentry "), "destroyed caches leave the report");
     // Re-creating reuses the descriptor: create/destroy cycles do not grow.
-    let before = k.descriptors.stats().active_objects;
+    let before = k.tree().descriptors.stats().active_objects;
     for _ in 0..100 {
         let c = k.create_cache::<Dentry>("dentry", CacheFlags::HWCACHE_ALIGN).unwrap();
         let b = c.alloc(Dentry { name: [0; 40], parent: 1, hash: 2 }).unwrap();
         assert_eq!(b.hash, 2);
     }
-    assert_eq!(k.descriptors.stats().active_objects, before);
+    assert_eq!(k.tree().descriptors.stats().active_objects, before);
     k.shrink();
-    assert_eq!(k.source().stats().pages_in_use, k.descriptors.stats().pages);
+    assert_eq!(k.source().stats().pages_in_use, k.tree().descriptors.stats().pages);
 }
 
 #[test]

@@ -3,9 +3,8 @@ use std::string::ToString;
 use std::thread;
 use std::vec::Vec;
 
-use super::*;
-use crate::heap::Kmem;
 use crate::platform::OsPages;
+use crate::{Error, Kmem, PressureState, Thresholds};
 
 fn kmem() -> &'static Kmem<OsPages> {
     Box::leak(Box::new(Kmem::new(OsPages::new())))

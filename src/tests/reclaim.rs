@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::vec::Vec;
 
-use super::*;
 use crate::platform::{DefaultRawMutex, Region};
 use crate::testutil::arena;
+use crate::{GroupId, Kmem, ShrinkControl, Shrinker};
 
 type K = Kmem<Region<DefaultRawMutex, 8>>;
 

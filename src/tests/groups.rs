@@ -5,12 +5,12 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::vec::Vec;
 
-use super::*;
-use crate::heap::CacheFlags;
-use crate::heap::classes::class_of;
 #[cfg(not(miri))]
 use crate::platform::OsPages;
+use crate::slab::classes::class_of;
 use crate::testutil::{Rng, scaled};
+use crate::{CacheFlags, Kmem, PageSource};
+use crate::{Error, PAGE_SIZE};
 
 #[cfg(not(miri))]
 type K = Kmem<OsPages>;
@@ -447,9 +447,7 @@ fn seed_001_dead_cache_holds_nothing_and_goes_with_its_last_object() {
     // every slab it keeps has a live object, so the usage is what the live
     // objects need, and the parent still counts it.
     let c = class_of(64, 8).unwrap();
-    let dead = g.g().caches[c].load(Ordering::Acquire);
-    // SAFETY: the group (held by `g`) keeps its caches.
-    let dead = unsafe { &*dead };
+    let dead = g.g().child_cache(c).expect("the group's cache of the class");
     let st = dead.cache.stats();
     assert_eq!(st.empty_slabs, 0, "an empty slab stayed in a dead cache");
     assert_eq!(st.active_objects, objs.len(), "a free object stayed in a magazine");
@@ -475,10 +473,10 @@ fn seed_001_dead_cache_holds_nothing_and_goes_with_its_last_object() {
     assert_eq!(g.usage(), 0);
     assert_eq!(parent.usage(), 0, "no charge lost or left");
     // The group and its caches go with the last handle.
-    let groups_before = k.groups.stats().active_objects;
+    let groups_before = k.tree().groups.stats().active_objects;
     drop(g);
     k.shrink();
-    assert_eq!(k.groups.stats().active_objects, groups_before - 1, "the group's metadata was freed");
+    assert_eq!(k.tree().groups.stats().active_objects, groups_before - 1, "the group's metadata was freed");
     k.check_accounting();
 }
 
@@ -530,10 +528,10 @@ fn zombie_groups_leave_nothing_behind() {
     }
     drop(boxes);
     k.shrink();
-    assert_eq!(k.groups.stats().active_objects, 0, "group metadata left behind");
-    assert_eq!(k.child_caches.stats().active_objects, 0, "dead caches left behind");
+    assert_eq!(k.tree().groups.stats().active_objects, 0, "group metadata left behind");
+    assert_eq!(k.tree().child_caches.stats().active_objects, 0, "dead caches left behind");
     let mut n = 0;
-    k.for_each_group(|_| n += 1);
+    k.tree().for_each_group(|_| n += 1);
     assert_eq!(n, 0, "groups still listed");
     assert_eq!(k.root().usage() % PAGE_SIZE, 0);
     drop(typed);
@@ -633,11 +631,11 @@ fn forgotten_guards_pin_their_group() {
             drop(fresh);
             // `a` is still pinned; resetting lets it go.
             k.shrink();
-            let pinned = k.groups.stats().active_objects;
+            let pinned = k.tree().groups.stats().active_objects;
             assert!(pinned >= 1);
             k.reset_current_group();
             k.shrink();
-            assert_eq!(k.groups.stats().active_objects, pinned - 1, "the reset released the pinned group");
+            assert_eq!(k.tree().groups.stats().active_objects, pinned - 1, "the reset released the pinned group");
         });
     });
     k.check_accounting();
@@ -698,13 +696,13 @@ fn dropped_typed_caches_give_back_their_index_and_memory() {
     }
     k.shrink();
     let pages_after_50 = k.source().stats().pages_in_use;
-    let (descs, children) = (k.descriptors.stats().active_objects, k.child_caches.stats().active_objects);
+    let (descs, children) = (k.tree().descriptors.stats().active_objects, k.tree().child_caches.stats().active_objects);
     for i in 50..scaled(2000, 100) {
         cycle(i);
     }
     k.shrink();
-    assert_eq!(k.descriptors.stats().active_objects, descs, "descriptors of dropped caches were kept");
-    assert_eq!(k.child_caches.stats().active_objects, children, "child caches of dropped caches were kept");
+    assert_eq!(k.tree().descriptors.stats().active_objects, descs, "descriptors of dropped caches were kept");
+    assert_eq!(k.tree().child_caches.stats().active_objects, children, "child caches of dropped caches were kept");
     assert!(
         k.source().stats().pages_in_use <= pages_after_50,
         "memory grew with dropped caches: {} pages after 50 cycles, {} after 2000",
@@ -757,7 +755,7 @@ fn create_cache_does_not_walk_dropped_caches() {
         drop(k.create_cache::<u64>(&std::format!("c{i}"), CacheFlags::NONE).unwrap());
     }
     let mut n = 0;
-    k.for_each_desc(|_| n += 1);
+    k.tree().for_each_desc(|_| n += 1);
     assert_eq!(n, 0, "dropped descriptors stay in the registry");
 }
 
@@ -775,7 +773,7 @@ fn reset_current_group_with_a_live_guard_and_twice() {
             assert_eq!(k.current_group().name(), "/");
             let a = k.root().create_child("a").unwrap();
             k.shrink();
-            let before = k.groups.stats().active_objects;
+            let before = k.tree().groups.stats().active_objects;
             let guard = a.enter();
             k.reset_current_group();
             assert_eq!(k.current_group().name(), "/", "the reset made the root current");
@@ -784,7 +782,7 @@ fn reset_current_group_with_a_live_guard_and_twice() {
             a.remove().unwrap();
             drop(a);
             k.shrink();
-            assert_eq!(k.groups.stats().active_objects, before - 1, "a was released once and reclaimed");
+            assert_eq!(k.tree().groups.stats().active_objects, before - 1, "a was released once and reclaimed");
         });
     });
     k.check_accounting();

@@ -1,0 +1,556 @@
+//! Reclaim: shrinkers, subtree reclaim in passes, `high` throttling, and
+//! soft-limit reclaim under contention (with `low` protection).
+//!
+//! Reclaim of a group subtree has a goal (the pages a refused charge needs,
+//! plus a batch of 1/32 of the group's usage so the next charges do not
+//! all reclaim, as Linux reclaims at least `SWAP_CLUSTER_MAX` pages) and
+//! runs in passes: drain the subtree's magazines, free its empty slabs and
+//! stocks (under the tree lock), then call the shrinkers for the group on
+//! every node (with no allocator lock held), asking for a growing share of
+//! what they hold: 1/64, 1/16, 1/4, then all (Linux scans at rising
+//! priority). It stops as soon as the goal is met; a pass whose shrinkers
+//! freed nothing ends it, and there are at most [`RECLAIM_PASSES`]: with
+//! nothing reclaimable, reclaim terminates after one pass (seed 002's
+//! swapoff case).
+//!
+//! Under contention (the page source is exhausted, or root usage crosses
+//! the contention mark), the group with the largest excess over its soft
+//! limit is reclaimed first, then the next, until the contention is over
+//! or no group over its soft limit frees anything; then every group not
+//! protected by `low` is reclaimed. The candidates are found by a scan of
+//! the groups when contention strikes, not kept sorted on the fast path
+//! (seed 002's RB-tree): contention is rare and the scan takes no lock.
+
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::{Group, RECLAIMING, TokenHead, Tree, untag};
+use crate::counter::PageCounter;
+use crate::error::{Error, GroupName};
+use crate::magazine::{Acct, Env, MagCache, drain_many};
+use crate::platform::{PAGE_SIZE, Platform};
+use crate::slab::{Cache, GrowError, Pages};
+use crate::sync::Ordering;
+
+/// Shrinkers one allocator can hold at once; one more gives
+/// [`Error::TooManyShrinkers`]. Unregistering frees the slot.
+pub const MAX_SHRINKERS: usize = 64;
+/// The most passes one subtree reclaim runs.
+const RECLAIM_PASSES: usize = 4;
+/// The share of what they hold that shrinkers are asked for, pass by pass.
+const SHARES: [usize; RECLAIM_PASSES] = [64, 16, 4, 1];
+/// One contention-reclaim episode: the groups it reclaimed carry its id
+/// in `Group::visited`, so each is reclaimed once per episode however many
+/// groups there are. Episodes of other threads may overwrite a mark; the
+/// step bound ([`Episode::may_step`]) keeps an episode finite even then.
+pub(crate) struct Episode {
+    /// Where this episode started in the allocator's sequence (never 0;
+    /// wraps after 2^32 episodes, when a stale mark costs one extra visit).
+    id: u32,
+    /// Groups reclaimed so far.
+    steps: usize,
+    /// The most online groups a scan of this episode found.
+    most_online: usize,
+    /// Whether the root's own caches were reclaimed.
+    root: bool,
+}
+
+impl Episode {
+    /// Whether a group marked `mark` was reclaimed by this episode or one
+    /// that started after it (concurrent episodes share their work instead
+    /// of reclaiming the same largest group in turn).
+    fn done(&self, mark: u32) -> bool {
+        mark != 0 && mark.wrapping_sub(self.id) < (1 << 31)
+    }
+
+    /// Whether another group may be reclaimed: at most twice the most
+    /// groups a scan of this episode found, plus one (each group once, and
+    /// once more for each mark another episode overwrote), so an episode
+    /// ends however the tree changes under it.
+    fn may_step(&self) -> bool {
+        self.steps <= self.most_online.saturating_mul(2).saturating_add(1)
+    }
+}
+
+/// A group's identity for shrinkers: stable while the group has charged
+/// objects. It holds the address of the group's token head (null for the
+/// root) and is only compared, or followed up the tree by
+/// [`ShrinkControl::contains`] while the group is live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupId(pub(crate) *const ());
+
+// SAFETY: a `GroupId` is an identity: nothing dereferences it except
+// `ShrinkControl::contains`, whose contract requires the group to be live,
+// and groups are shared between threads (`Sync`) anyway.
+unsafe impl Send for GroupId {}
+// SAFETY: as above; it has no interior mutability.
+unsafe impl Sync for GroupId {}
+
+impl GroupId {
+    /// The root group.
+    pub const ROOT: GroupId = GroupId(core::ptr::null());
+}
+
+/// What a shrinker is asked to shrink: objects charged to `target` or to
+/// any of its descendants, on `node`.
+pub struct ShrinkControl {
+    target: GroupId,
+    node: usize,
+}
+
+impl ShrinkControl {
+    /// The group whose subtree is being reclaimed.
+    pub fn target(&self) -> GroupId {
+        self.target
+    }
+
+    /// The node being reclaimed.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+
+    /// Whether objects charged to `g` are in scope: `g` is the target or
+    /// one of its descendants. `g` must be a group that still has charged
+    /// objects (or a live handle), as any group a shrinker's objects were
+    /// charged to is.
+    pub fn contains(&self, g: GroupId) -> bool {
+        if self.target == GroupId::ROOT {
+            return true;
+        }
+        let mut cur = g.0.cast::<TokenHead>();
+        while !cur.is_null() {
+            if core::ptr::eq(cur.cast(), self.target.0) {
+                return true;
+            }
+            // SAFETY: the caller's group is live (contract above), and a
+            // live group's ancestors are live; every group's head names its
+            // parent's head, whatever the lock type.
+            cur = unsafe { (*cur).parent };
+        }
+        false
+    }
+}
+
+/// A cache of objects that can be freed on demand (Linux's group- and
+/// node-aware shrinkers): a dentry LRU, a connection pool.
+///
+/// Shrinkers are called with no allocator lock held, from whatever thread
+/// is reclaiming; they may free objects (which is the point), but should
+/// not allocate.
+pub trait Shrinker: Sync {
+    /// How many objects in scope could be freed.
+    fn count(&self, sc: &ShrinkControl) -> usize;
+    /// Frees up to `nr` objects in scope; returns how many it freed.
+    fn scan(&self, sc: &ShrinkControl, nr: usize) -> usize;
+}
+
+impl<R: RawMutex> Tree<R> {
+    /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
+    /// uses the list it copied). Registering one twice is a no-op.
+    pub(crate) fn register_shrinker(&self, s: &'static dyn Shrinker) -> Result<(), Error> {
+        let mut list = self.shrinkers.lock();
+        if list.iter().flatten().any(|x| core::ptr::addr_eq(*x, s)) {
+            return Ok(());
+        }
+        let slot = list.iter_mut().find(|x| x.is_none()).ok_or(Error::TooManyShrinkers)?;
+        *slot = Some(s);
+        Ok(())
+    }
+
+    /// Unregisters a shrinker; a reclaim already running may still call it
+    /// once (it is `'static`, so that is safe).
+    pub(crate) fn unregister_shrinker(&self, s: &'static dyn Shrinker) {
+        for x in self.shrinkers.lock().iter_mut() {
+            if x.is_some_and(|y| core::ptr::addr_eq(y, s)) {
+                *x = None;
+            }
+        }
+    }
+
+    /// Sets the contention mark, in pages (see `Kmem::set_contention_mark`).
+    pub(crate) fn set_contention_mark(&self, pages: usize) {
+        self.contention_mark.store(pages, Ordering::Relaxed);
+    }
+
+    /// The identity shrinkers see for `g`.
+    pub(crate) fn group_id(&self, g: &Group<R>) -> GroupId {
+        GroupId(self.token(g))
+    }
+
+    /// Charges `pages` to `g`'s counter (root's for null), reclaiming and
+    /// retrying once if a limit refuses. Returns the counter charged.
+    pub(crate) fn charge<E: Env<R>>(&self, env: &E, g: *const Group<R>, pages: usize) -> Result<&PageCounter, Error> {
+        // SAFETY: callers pass a live group of this tree or null.
+        let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
+        let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
+        self.reclaim_refuser(env, k, pages);
+        counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(GrowError::Limit(k)))
+    }
+
+    /// A cache could not grow: for a refused charge, reclaim the refusing
+    /// group's subtree and retry once; for an exhausted page source,
+    /// reclaim step by step (groups over their soft limits first, then
+    /// every group not protected) until the request can be met. The error
+    /// names the group whose limit held.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn grow_failed<E: Env<R>>(
+        &self,
+        env: &E,
+        cache: &MagCache<R>,
+        e: GrowError,
+    ) -> Result<NonNull<u8>, Error> {
+        match e {
+            GrowError::Limit(k) => self.reclaim_refuser(env, k, cache.cache.geometry().slab_pages()),
+            GrowError::OutOfMemory => {
+                if let Some(p) = self.under_contention(env, || cache.alloc(env).ok()) {
+                    return Ok(p);
+                }
+            }
+        }
+        cache.alloc(env).map_err(|e| self.refused(e))
+    }
+
+    /// Reclaims for a charge of `pages` that counter `k` refused.
+    fn reclaim_refuser<E: Env<R>>(&self, env: &E, k: *const PageCounter, pages: usize) {
+        // SAFETY: every counter that refuses a charge is a group's.
+        let g = unsafe { Group::<R>::of_counter(k) };
+        g.events.max.add(1);
+        self.reclaim(env, g, Self::reclaim_goal(g, pages));
+    }
+
+    /// The error for a charge that failed after reclaim, counted as an
+    /// `oom` event of the group that refused it.
+    fn refused(&self, e: GrowError) -> Error {
+        match e {
+            GrowError::OutOfMemory => Error::OutOfMemory,
+            GrowError::Limit(k) => {
+                // SAFETY: every counter that refuses a charge is a group's.
+                let g = unsafe { Group::<R>::of_counter(k) };
+                g.events.oom.add(1);
+                Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
+            }
+        }
+    }
+
+    /// With the page source exhausted: runs contention reclaim a step at a
+    /// time, calling `retry` after each, until it gives something or
+    /// nothing is left to reclaim.
+    pub(crate) fn under_contention<T, E: Env<R>>(&self, env: &E, mut retry: impl FnMut() -> Option<T>) -> Option<T> {
+        let mut episode = self.episode();
+        while self.contention_step(env, &mut episode) {
+            if let Some(x) = retry() {
+                return Some(x);
+            }
+        }
+        None
+    }
+
+    /// An object of an internal metadata cache (groups, child caches); when
+    /// the page source is exhausted, contention reclaim runs as for any
+    /// allocation.
+    pub(crate) fn alloc_meta<E: Env<R>>(&self, env: &E, cache: &Cache<R>) -> Option<NonNull<u8>> {
+        let pages = Pages::plain(env.src());
+        let mut alloc = || cache.alloc(&pages, 0).ok();
+        // Other threads may take what each step frees before we retry, so
+        // metadata (which everything else waits on) gets a few episodes.
+        alloc().or_else(|| (0..8).find_map(|_| self.under_contention(env, &mut alloc)))
+    }
+
+    /// Reclaims `g`'s subtree in passes until about `want` pages came
+    /// back (see the module docs); returns the pages uncharged.
+    pub(crate) fn reclaim<E: Env<R>>(&self, env: &E, g: &Group<R>, want: usize) -> usize {
+        if reclaiming(env) {
+            return 0;
+        }
+        // Progress is what the counter shows: pages drained from caches
+        // that other charges refill at once are no progress.
+        let start = g.counter.usage();
+        let freed = || start.saturating_sub(g.counter.usage());
+        self.reclaim_caches(env, g);
+        for share in SHARES {
+            // A pass may free nothing and still progress (a shrinker
+            // rotating referenced objects): only an empty scope ends it.
+            if freed() >= want || self.run_shrinkers(env, g, share).1 == 0 {
+                break;
+            }
+            self.reclaim_caches(env, g);
+        }
+        freed()
+    }
+
+    /// The goal of a reclaim after `g` refused a charge of `pages`: the
+    /// charge plus a batch of 1/32 of its usage.
+    fn reclaim_goal(g: &Group<R>, pages: usize) -> usize {
+        pages.saturating_add(g.counter.usage() / 32)
+    }
+
+    /// Calls every shrinker for `g` on every node, without locks held;
+    /// returns the objects they freed and the objects they held in scope.
+    /// What a shrinker reports is clamped (a `scan` frees at most what it
+    /// was asked for; sums saturate), so a shrinker that lies cannot make
+    /// reclaim overflow or loop. While they run, the context's current
+    /// group token carries the [`RECLAIMING`] tag: an allocation a shrinker
+    /// makes charges as usual but skips reclaim.
+    fn run_shrinkers<E: Env<R>>(&self, env: &E, g: &Group<R>, share: usize) -> (usize, usize) {
+        let list = *self.shrinkers.lock();
+        let (mut freed, mut held) = (0usize, 0usize);
+        if list.iter().all(Option::is_none) {
+            return (0, 0);
+        }
+        let platform = env.plat();
+        // The tagged token names the same group with the same reference,
+        // so the platform slot's reference is untouched.
+        let token = platform.current_group();
+        platform.set_current_group(token.map_addr(|a| a | RECLAIMING));
+        for s in list.iter().flatten() {
+            for node in 0..platform.nodes().max(1) {
+                let sc = ShrinkControl { target: self.group_id(g), node };
+                // A share per pass (at least one), as Linux scans at a
+                // priority rather than emptying a cache at once.
+                let n = s.count(&sc);
+                held = held.saturating_add(n);
+                if n > 0 {
+                    let nr = (n / share).saturating_add(1);
+                    freed = freed.saturating_add(s.scan(&sc, nr).min(nr));
+                }
+            }
+        }
+        // Clear the tag of whatever is current now: the token set above,
+        // or (if a shrinker dropped guards out of order) the group it left
+        // current, which keeps its reference either way.
+        let now = platform.current_group();
+        if now.addr() & RECLAIMING != 0 {
+            platform.set_current_group(untag(now));
+        }
+        (freed, held)
+    }
+
+    /// After a magazine refill from `cache`: an allocating task whose group
+    /// (or an ancestor) is above `high` reclaims from it before returning
+    /// (it never fails for `high`); above the contention mark, contention
+    /// reclaim runs.
+    pub(crate) fn after_refill<E: Env<R>>(&self, env: &E, cache: &MagCache<R>) {
+        let counter = match cache.acct {
+            Acct::None => return,
+            Acct::Root => &self.root.counter,
+            // SAFETY: a child cache's group outlives it.
+            Acct::Counter(c) => unsafe { &*c },
+        };
+        // SAFETY: every counter is a group's.
+        let mut level = Some(unsafe { Group::<R>::of_counter(counter) });
+        while let Some(l) = level {
+            if l.counter.usage() > l.counter.high() {
+                l.events.high.add(1);
+                let excess = l.counter.usage().saturating_sub(l.counter.high());
+                self.reclaim(env, l, Self::reclaim_goal(l, excess));
+            }
+            level = l.parent();
+        }
+        let mark = self.contention_mark.load(Ordering::Relaxed);
+        if self.root.counter.usage() > mark {
+            let over = || (self.root.counter.usage() <= mark).then_some(());
+            self.under_contention(env, over);
+        }
+    }
+
+    /// A new contention-reclaim episode.
+    fn episode(&self) -> Episode {
+        // `Relaxed`: only uniqueness matters (an RMW gives it). Skips 0,
+        // the mark of a group no episode reclaimed, after a wrap.
+        let mut id = 0;
+        while id == 0 {
+            id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        }
+        Episode { id, steps: 0, most_online: 0, root: false }
+    }
+
+    /// One step of contention reclaim: reclaims the group with the largest
+    /// excess over its soft limit, or if none is over, the largest group
+    /// not protected by `low`, or finally the root's own caches; groups
+    /// this episode reclaimed are skipped and the one reclaimed is marked.
+    /// `false` when nothing was left to try, or from inside a shrinker.
+    fn contention_step<E: Env<R>>(&self, env: &E, episode: &mut Episode) -> bool {
+        if reclaiming(env) {
+            return false;
+        }
+        for soft in [true, false] {
+            let Some(b) = self.candidate(episode, soft) else { continue };
+            if !episode.may_step() {
+                self.put_group(b);
+                break;
+            }
+            // Contention reclaim takes a little at a time (1/16 of what
+            // the shrinkers hold, one pass) and lets the caller retry, so
+            // groups settle near their soft limits instead of swinging.
+            let mut pages = self.reclaim_caches(env, b);
+            let before = b.counter.usage();
+            if self.run_shrinkers(env, b, 16).0 != 0 {
+                pages += before.saturating_sub(b.counter.usage());
+            }
+            if soft {
+                b.events.soft.add(1);
+                b.events.soft_pages.add(pages);
+            }
+            // Mark it, unless a later episode already did (its mark covers
+            // this one too). A race here costs a visit at most.
+            if !episode.done(b.visited.load(Ordering::Relaxed)) {
+                b.visited.store(episode.id, Ordering::Relaxed);
+            }
+            episode.steps += 1;
+            self.put_group(b);
+            return true;
+        }
+        if episode.root {
+            return false;
+        }
+        episode.root = true;
+        let _tree = self.lock.lock();
+        Self::drain_and_shrink(env, |f| self.root_caches(f));
+        self.root.counter.drain_stock();
+        true
+    }
+
+    /// The group a contention step of `episode` reclaims next, with a
+    /// reference: the largest excess over the soft limit (`soft`), or the
+    /// largest usage not protected by `low`, among the online groups the
+    /// episode has not reclaimed yet.
+    fn candidate(&self, episode: &mut Episode, soft: bool) -> Option<&Group<R>> {
+        let mut best: Option<&Group<R>> = None;
+        let mut best_score = 0;
+        let mut online = 0usize;
+        self.for_each_group(|g| {
+            if g.is_offline() {
+                return;
+            }
+            online += 1;
+            if episode.done(g.visited.load(Ordering::Relaxed)) {
+                return;
+            }
+            let (u, s, low) = (g.counter.usage(), g.counter.soft(), g.counter.low());
+            let score = if soft {
+                u.saturating_sub(s)
+            } else if u <= low {
+                g.events.low.add(1);
+                0
+            } else {
+                u
+            };
+            // A group whose last reference is gone is not revived; the
+            // candidate's reference keeps it alive past the iteration.
+            if score > best_score && g.try_get() {
+                if let Some(prev) = best {
+                    self.put_group(prev);
+                }
+                // SAFETY: referenced just above, so it outlives the walk.
+                best = Some(unsafe { &*(g as *const Group<R>) });
+                best_score = score;
+            }
+        });
+        episode.most_online = episode.most_online.max(online);
+        best
+    }
+
+    /// Empties the magazines of the caches `each` visits on every CPU and
+    /// gives their empty slabs back: the one drain-and-shrink of every
+    /// reclaim, removal, cache destruction, `shrink` and `reap`. Returns
+    /// the pages uncharged.
+    pub(crate) fn drain_and_shrink<E: Env<R>>(env: &E, each: impl Fn(&mut dyn FnMut(&MagCache<R>))) -> usize {
+        drain_many(env, &each, None);
+        let mut pages = 0;
+        each(&mut |c| pages += c.cache.shrink(&c.pages(env, None)));
+        pages
+    }
+
+    /// Gives back what `g`'s subtree holds unused in its caches: magazines,
+    /// empty slabs, stocks. Returns the pages uncharged. (One step of
+    /// [`Tree::reclaim`], which adds the shrinkers.)
+    fn reclaim_caches<E: Env<R>>(&self, env: &E, g: &Group<R>) -> usize {
+        let _tree = self.lock.lock();
+        let _read = self.read_guard();
+        let mut pages = Self::drain_and_shrink(env, |f| self.subtree_caches(g, f));
+        g.walk_subtree(|grp| pages += grp.counter.drain_stock());
+        pages
+    }
+
+    /// Calls `f` on every cache charging a group of `g`'s subtree.
+    fn subtree_caches(&self, g: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
+        g.walk_subtree(|grp| {
+            if self.is_root(grp) {
+                self.root_caches(f);
+            } else {
+                grp.for_each_cache(|_, c| f(c));
+            }
+        });
+    }
+
+    /// Calls `f` on the caches charging the root: its size classes and
+    /// its accounted typed caches.
+    pub(crate) fn root_caches(&self, f: &mut dyn FnMut(&MagCache<R>)) {
+        self.base_caches(|c| {
+            if c.acct == Acct::Root {
+                f(c)
+            }
+        });
+    }
+
+    /// Calls `f` on the base caches: the size classes, then the typed
+    /// caches.
+    fn base_caches(&self, mut f: impl FnMut(&MagCache<R>)) {
+        self.classes.iter().for_each(&mut f);
+        self.for_each_desc(|d| f(&d.cache));
+    }
+
+    /// Calls `f` on every cache: base caches and every group's child caches.
+    pub(crate) fn for_each_cache(&self, f: &mut dyn FnMut(&MagCache<R>)) {
+        let _read = self.read_guard();
+        self.base_caches(&mut *f);
+        self.for_each_group(|g| g.for_each_cache(|_, c| f(c)));
+    }
+
+    /// Empties every magazine and every charge stock, gives every empty
+    /// slab back, and reclaims what groups and caches wait for it. Returns
+    /// the pages given back.
+    pub(crate) fn shrink<E: Env<R>>(&self, env: &E) -> usize {
+        let read = self.read_guard();
+        let pages = Self::drain_and_shrink(env, |f| self.for_each_cache(f));
+        self.for_each_group_and_root(|g| {
+            g.counter.drain_stock();
+        });
+        drop(read);
+        self.finish_reclaim(env);
+        let plain = Pages::plain(env.src());
+        for meta in [&self.child_caches, &self.groups, &self.descriptors] {
+            meta.shrink(&plain);
+        }
+        pages
+    }
+
+    /// Bonwick's reap (see `Kmem::reap`): the magazines of the slots in
+    /// `idle` and the depot magazines unused since the last reap go back
+    /// to the slabs, and empty slabs to the page source.
+    pub(crate) fn reap<E: Env<R>>(&self, env: &E, idle: &[bool; crate::platform::MAX_CPUS]) -> usize {
+        let mut pages = 0;
+        self.for_each_cache(&mut |c| {
+            c.reap(env, idle);
+            pages += c.cache.shrink(&c.pages(env, None));
+        });
+        self.finish_reclaim(env);
+        pages
+    }
+
+    /// After caches gave back slabs: dead caches now empty let go of their
+    /// groups, and groups whose last reference went are reclaimed.
+    fn finish_reclaim<E: Env<R>>(&self, env: &E) {
+        self.release_empty_dead();
+        self.reclaim_groups(env, &mut self.lock.lock());
+    }
+}
+
+/// Whether the calling context is running shrinkers (an allocation from
+/// inside one): reclaim is then skipped, never re-entered.
+#[inline]
+fn reclaiming<R: RawMutex, E: Env<R>>(env: &E) -> bool {
+    env.plat().current_group().addr() & RECLAIMING != 0
+}

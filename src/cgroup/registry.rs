@@ -1,0 +1,236 @@
+//! The registry of typed caches: their descriptors, the accounting
+//! indices of accounted ones, and destroying a cache with every child
+//! cache groups made of it.
+
+use core::fmt;
+use core::mem::{align_of, size_of};
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::tree::{unlink, walk};
+use super::{MAX_ACCOUNTED, MAX_ACCOUNTED_CACHES, Tree};
+use crate::error::{Error, Name};
+use crate::magazine::{Acct, Env, MagCache};
+use crate::slab::classes::{CLASS_SIZES, NCLASSES};
+use crate::slab::{Geometry, Pages};
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, atomic_bool, atomic_null, spin_hint};
+
+/// A typed cache's descriptor, kept in the tree's own `descriptors` cache
+/// (self-hosting) and linked into its registry.
+///
+/// Everything but the atomics is fixed once the descriptor is published,
+/// so lock-free readers of the registry (under a read guard) may read it.
+/// When its `KmemCache` is dropped, the descriptor is unlinked and freed
+/// once no iteration is in progress, and its accounting index is given
+/// back, unless objects of it were leaked (`mem::forget` of a box): then
+/// it stays, dead, with its index, since slabs still name it.
+pub(crate) struct CacheDesc<R: RawMutex> {
+    pub(crate) cache: MagCache<R>,
+    pub(crate) name: Name,
+    /// Set while a `KmemCache` handle owns the descriptor.
+    pub(crate) live: AtomicBool,
+    /// Accounting index (groups' `caches` slot), or [`NOT_ACCOUNTED`].
+    pub(crate) acct_idx: usize,
+    /// The next older descriptor; changed under the registry lock
+    /// (`Release`), read by iterations (`Acquire`).
+    pub(super) next: AtomicPtr<CacheDesc<R>>,
+    /// Link in the tree lock's list of descriptors waiting to be freed.
+    pub(super) retired_next: AtomicPtr<CacheDesc<R>>,
+}
+
+/// The accounting indices of typed caches (`NCLASSES..MAX_ACCOUNTED`)
+/// that no live cache holds: bit `i` stands for index `NCLASSES + i`.
+/// A destroyed accounted cache gives its index back.
+pub(crate) struct AcctIndices(u64);
+
+impl AcctIndices {
+    pub(super) const ALL: AcctIndices = AcctIndices((1u64 << MAX_ACCOUNTED_CACHES) - 1);
+
+    /// Takes the lowest free index.
+    fn take(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let i = self.0.trailing_zeros() as usize;
+        self.0 &= !(1 << i);
+        Some(NCLASSES + i)
+    }
+
+    /// Gives index `idx` back.
+    fn give(&mut self, idx: usize) {
+        self.0 |= 1 << (idx - NCLASSES);
+    }
+}
+
+static_assertions::const_assert!(MAX_ACCOUNTED_CACHES <= 64);
+static_assertions::const_assert_eq!(MAX_ACCOUNTED - NCLASSES, MAX_ACCOUNTED_CACHES);
+
+/// Drain-and-look rounds before a destroyed cache that still holds slabs
+/// is taken to have leaked objects.
+const DESTROY_TRIES: usize = 64;
+
+/// `CacheDesc::acct_idx` of a cache created without `ACCOUNT`.
+pub(crate) const NOT_ACCOUNTED: usize = usize::MAX;
+
+impl<R: RawMutex> CacheDesc<R> {
+    /// Slab geometry of the descriptor cache.
+    pub(crate) const GEOMETRY: Geometry = match Geometry::new(size_of::<Self>(), align_of::<Self>()) {
+        Some(g) => g,
+        None => panic!("cache descriptor does not fit a slab"),
+    };
+}
+
+impl<R: RawMutex> Tree<R> {
+    /// Registers a cache of `geo` objects named `name` (unique among live
+    /// caches), with an accounting index if `accounted`.
+    pub(crate) fn register_cache<E: Env<R>>(
+        &self,
+        env: &E,
+        name: Name,
+        geo: Geometry,
+        accounted: bool,
+    ) -> Result<&CacheDesc<R>, Error> {
+        let mut indices = self.registry_lock.lock();
+        let mut taken = false;
+        self.for_each_desc(|d| taken |= d.name == name && d.live.load(Ordering::Relaxed));
+        if taken {
+            return Err(Error::NameTaken);
+        }
+        let acct_idx = if accounted { indices.take().ok_or(Error::TooManyAccountedCaches)? } else { NOT_ACCOUNTED };
+        let Ok(mem) = self.descriptors.alloc(&Pages::plain(env.src()), 0) else {
+            if accounted {
+                indices.give(acct_idx);
+            }
+            return Err(Error::OutOfMemory);
+        };
+        let p = mem.cast::<CacheDesc<R>>();
+        // SAFETY: `mem` is a fresh object of the descriptor cache, sized and
+        // aligned for `CacheDesc<R>`.
+        unsafe {
+            p.as_ptr().write(CacheDesc {
+                cache: MagCache::new(geo, if accounted { Acct::Root } else { Acct::None }),
+                name,
+                live: atomic_bool(true),
+                acct_idx,
+                next: AtomicPtr::new(self.registry.load(Ordering::Relaxed)),
+                retired_next: atomic_null(),
+            });
+        }
+        // Publishes the initialised descriptor to lock-free readers (pairs
+        // with their Acquire loads of `registry`).
+        self.registry.store(p.as_ptr(), Ordering::Release);
+        // SAFETY: just initialised; freed only after `destroy_cache`.
+        Ok(unsafe { &*p.as_ptr() })
+    }
+
+    /// Destroys the cache of `desc`, whose handle is being dropped and
+    /// whose objects are all freed (or leaked): see [`CacheDesc`].
+    pub(crate) fn destroy_cache<E: Env<R>>(&self, env: &E, desc: &CacheDesc<R>) {
+        let mut indices = self.registry_lock.lock();
+        desc.live.store(false, Ordering::Relaxed);
+        let idx = desc.acct_idx;
+        let mut limbo = self.lock.lock();
+        // Empty the cache (and its child caches) of cached objects and
+        // slabs; a slab left means a leaked object still names the cache.
+        // A concurrent drain (`reap`, `shrink`) may hold some of the
+        // cache's magazines for a moment: look again a few times before
+        // concluding that objects were leaked.
+        let mut leaked = true;
+        for _ in 0..DESTROY_TRIES {
+            leaked = false;
+            Self::drain_and_shrink(env, |f| self.for_each_cache_part(desc, |c| f(c)));
+            self.for_each_cache_part(desc, |c| leaked |= c.cache.nslabs() != 0);
+            if !leaked {
+                break;
+            }
+            spin_hint();
+        }
+        if leaked {
+            return;
+        }
+        if idx != NOT_ACCOUNTED {
+            self.for_each_group(|g| {
+                let c = g.caches[idx].swap(core::ptr::null_mut(), Ordering::AcqRel);
+                if let Some(cp) = NonNull::new(c) {
+                    // SAFETY: a published child cache; taken out of its
+                    // group here, it is freed only once no iteration runs.
+                    let c = unsafe { cp.as_ref() };
+                    c.cache.mark_dead();
+                    if c.take_empty_dead() {
+                        // The reference it held on its group.
+                        self.put_group(g);
+                    }
+                    limbo.retire_cache(cp);
+                }
+            });
+            indices.give(idx);
+        }
+        // SAFETY: linked descriptors are live, and links change only under
+        // the registry lock, which we hold.
+        let desc = unsafe { unlink(&self.registry, desc, |d| &d.next) };
+        limbo.retire_desc(desc);
+        self.reclaim_groups(env, &mut limbo);
+    }
+
+    /// Calls `f` on the cache of `desc` and, if it is accounted, on its
+    /// child cache in every group that has one.
+    pub(crate) fn for_each_cache_part(&self, desc: &CacheDesc<R>, mut f: impl FnMut(&MagCache<R>)) {
+        f(&desc.cache);
+        if desc.acct_idx != NOT_ACCOUNTED {
+            self.for_each_group(|g| {
+                if let Some(c) = g.child_cache(desc.acct_idx) {
+                    f(c)
+                }
+            });
+        }
+    }
+
+    /// Calls `f` on every typed cache's descriptor in the registry, newest
+    /// first.
+    pub(crate) fn for_each_desc(&self, f: impl FnMut(&CacheDesc<R>)) {
+        let _read = self.read_guard();
+        // SAFETY: the read guard keeps every descriptor reachable from the
+        // registry alive, unlinked or not.
+        unsafe { walk(&self.registry, |d| &d.next, f) }
+    }
+
+    /// The name of the accounted cache at accounting index `i`.
+    pub(crate) fn acct_name(&self, i: usize) -> Name {
+        if i < NCLASSES {
+            return class_name(i);
+        }
+        let mut found = Name::UNKNOWN;
+        self.for_each_desc(|d| {
+            if d.acct_idx == i {
+                found = d.name;
+            }
+        });
+        found
+    }
+}
+
+/// `kmalloc-<size>` for size class `c`.
+pub(crate) fn class_name(c: usize) -> Name {
+    let mut buf = [0u8; 16];
+    let mut w = Cursor { buf: &mut buf, len: 0 };
+    let _ = fmt::Write::write_fmt(&mut w, format_args!("kmalloc-{}", CLASS_SIZES[c]));
+    let len = w.len;
+    core::str::from_utf8(&buf[..len]).ok().and_then(|s| Name::new(s).ok()).unwrap_or(Name::UNKNOWN)
+}
+
+/// A `fmt::Write` into a byte buffer that truncates.
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl fmt::Write for Cursor<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = (self.len + s.len()).min(self.buf.len());
+        let n = end - self.len;
+        self.buf[self.len..end].copy_from_slice(&s.as_bytes()[..n]);
+        self.len = end;
+        Ok(())
+    }
+}

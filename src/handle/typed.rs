@@ -1,0 +1,236 @@
+//! Typed caches: `kmem_cache_create` for Rust types.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::{align_of, size_of};
+use core::ops::{BitOr, Deref, DerefMut};
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::Cgroup;
+use crate::cgroup::{CacheDesc, Group, NOT_ACCOUNTED};
+use crate::error::{Error, Name};
+use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc};
+use crate::magazine::MagCache;
+use crate::platform::{PageSource, Platform};
+use crate::slab::{CacheStats, Geometry};
+
+/// Options of a typed cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheFlags(u32);
+
+impl CacheFlags {
+    /// No options.
+    pub const NONE: CacheFlags = CacheFlags(0);
+    /// Align objects to a cache line (64 bytes), so that no two objects share
+    /// one (Linux `SLAB_HWCACHE_ALIGN`).
+    pub const HWCACHE_ALIGN: CacheFlags = CacheFlags(1);
+    /// Charge the cache's slabs to the allocating group (Linux
+    /// `SLAB_ACCOUNT`): each group that allocates from the cache gets a
+    /// child cache of its own, charged to it.
+    pub const ACCOUNT: CacheFlags = CacheFlags(2);
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: CacheFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for CacheFlags {
+    type Output = CacheFlags;
+    fn bitor(self, rhs: CacheFlags) -> CacheFlags {
+        CacheFlags(self.0 | rhs.0)
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// Creates a named cache of `T` objects (Linux `kmem_cache_create`).
+    ///
+    /// Names are unique among live caches and appear in [`Kmem::slabinfo`].
+    /// Dropping the handle gives the cache's slabs back and frees its
+    /// descriptor (and, for an accounted cache, its child cache in every
+    /// group, and its accounting index), so create/destroy cycles neither
+    /// grow memory nor run out of indices.
+    ///
+    /// With [`CacheFlags::ACCOUNT`], allocations charge the calling
+    /// context's current group.
+    ///
+    /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
+    /// [`Error::NameInvalid`], [`Error::NameTaken`], [`Error::BadLayout`]
+    /// (aligned above a page or larger than 1 MiB),
+    /// [`Error::TooManyAccountedCaches`] (at most 21 accounted typed caches
+    /// live at once; a dropped one gives its index back),
+    /// [`Error::OutOfMemory`] for the descriptor.
+    pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, Self>, Error> {
+        let name = Name::new(name)?;
+        let mut align = align_of::<T>();
+        if flags.contains(CacheFlags::HWCACHE_ALIGN) {
+            align = align.max(64);
+        }
+        let geo = Geometry::new(size_of::<T>(), align).ok_or(Error::BadLayout)?;
+        let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
+        Ok(KmemCache { kmem: self, desc, _type: PhantomData })
+    }
+}
+
+/// A named cache of `T` objects; created by [`Kmem::create_cache`].
+/// Dropping it destroys the cache (its boxes borrow it, so none is left).
+pub struct KmemCache<'k, T, K: Heap = Kmem> {
+    kmem: &'k KmemOf<K>,
+    pub(crate) desc: &'k CacheDesc<K::Lock>,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<'k, T, K: Heap> KmemCache<'k, T, K> {
+    /// Moves `value` into a new object of this cache, charged (for an
+    /// `ACCOUNT` cache) to the current group. Errors:
+    /// [`Error::LimitExceeded`] naming the group whose limit held,
+    /// [`Error::OutOfMemory`].
+    #[inline(always)]
+    pub fn alloc(&self, value: T) -> Result<CacheBox<'_, T, K>, Error> {
+        let p = self.alloc_object()?.cast::<T>();
+        // SAFETY: a fresh object of this cache, laid out for `T`.
+        unsafe { p.as_ptr().write(value) };
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+    }
+
+    /// Moves `value` into a new object of this cache charged to `group`
+    /// (for an `ACCOUNT` cache; otherwise as [`KmemCache::alloc`]), from
+    /// any thread, without entering it: how a cache kept for one tenant
+    /// (a dentry LRU, a connection pool) charges it while its owner's own
+    /// allocations stay where they are. A removed group charges its
+    /// nearest live ancestor. Errors: as for `alloc`, and
+    /// [`Error::ForeignGroup`] for a group of another allocator.
+    pub fn alloc_in(&self, group: &Cgroup<'k, K>, value: T) -> Result<CacheBox<'_, T, K>, Error> {
+        if !core::ptr::eq(group.kmem(), self.kmem) {
+            return Err(Error::ForeignGroup);
+        }
+        let g = self.kmem.tree().effective(group.g());
+        let p = self.alloc_object_for(g)?.cast::<T>();
+        // SAFETY: a fresh object of this cache, laid out for `T`.
+        unsafe { p.as_ptr().write(value) };
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+    }
+
+    /// An object for the current group: a pointer (so the hit path returns
+    /// in a register), with the error path out of line.
+    #[inline(always)]
+    fn alloc_object(&self) -> Result<NonNull<u8>, Error> {
+        self.alloc_object_for(self.kmem.current())
+    }
+
+    /// An object charged to `g` (null: root).
+    #[inline(always)]
+    fn alloc_object_for(&self, g: *const Group<K::Lock>) -> Result<NonNull<u8>, Error> {
+        let k = self.kmem;
+        let base = &self.desc.cache;
+        let cache = if self.desc.acct_idx == NOT_ACCOUNTED {
+            base
+        } else {
+            k.tree().cache_for(k, g, self.desc.acct_idx, base).ok_or(Error::OutOfMemory)?
+        };
+        let p = k.alloc_from(cache)?;
+        hardened_on_alloc(cache, p);
+        Ok(p)
+    }
+
+    /// The cache's name.
+    pub fn name(&self) -> &str {
+        self.desc.name.as_str()
+    }
+
+    /// The cache's counters: its own slabs plus, for an accounted cache,
+    /// the slabs of its child caches in every group.
+    pub fn stats(&self) -> CacheStats {
+        let mut sum = CacheStats::default();
+        self.for_each_part(|c| {
+            let s = c.cache.stats();
+            sum.active_objects += s.active_objects;
+            sum.total_objects += s.total_objects;
+            sum.slabs += s.slabs;
+            sum.empty_slabs += s.empty_slabs;
+            sum.pages += s.pages;
+        });
+        sum
+    }
+
+    /// Empties the cache's magazines and gives its empty slabs back;
+    /// returns the pages freed.
+    pub fn shrink(&self) -> usize {
+        let t = self.kmem.tree();
+        crate::cgroup::Tree::drain_and_shrink(self.kmem, |f| t.for_each_cache_part(self.desc, |c| f(c)))
+    }
+
+    /// Calls `f` on the cache itself and, if it is accounted, on its child
+    /// cache in every group that has one.
+    fn for_each_part(&self, f: impl FnMut(&MagCache<K::Lock>)) {
+        self.kmem.tree().for_each_cache_part(self.desc, f);
+    }
+}
+
+impl<T, K: Heap> Drop for KmemCache<'_, T, K> {
+    fn drop(&mut self) {
+        self.kmem.tree().destroy_cache(self.kmem, self.desc);
+    }
+}
+
+impl<T, K: Heap> fmt::Debug for KmemCache<'_, T, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KmemCache").field("name", &self.name()).field("stats", &self.stats()).finish()
+    }
+}
+
+// SAFETY: the handle holds shared references to a `Kmem` and a descriptor
+// whose mutable state sits behind locks and atomics; it holds no `T`.
+unsafe impl<T, K: Heap<Lock: Sync>> Send for KmemCache<'_, T, K> {}
+// SAFETY: as for Send: every method takes `&self` and synchronises inside.
+unsafe impl<T, K: Heap<Lock: Sync>> Sync for KmemCache<'_, T, K> {}
+
+/// An owned `T` in a typed cache; frees its object on drop.
+pub struct CacheBox<'c, T, K: Heap = Kmem> {
+    ptr: NonNull<T>,
+    kmem: &'c KmemOf<K>,
+    desc: &'c CacheDesc<K::Lock>,
+    _owns: PhantomData<T>,
+}
+
+impl<T, K: Heap> Deref for CacheBox<'_, T, K> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the box owns a live, initialised `T`.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T, K: Heap> DerefMut for CacheBox<'_, T, K> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the box owns a live `T` exclusively.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T, K: Heap> Drop for CacheBox<'_, T, K> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: the box owns a live `T` in an object of `desc.cache` or of
+        // a group's child cache of it; nothing uses it after.
+        unsafe {
+            self.ptr.as_ptr().drop_in_place();
+            let ptr = self.ptr.cast();
+            self.kmem.free_into(KmemOf::<K>::owner(&self.desc.cache, ptr), ptr);
+        }
+    }
+}
+
+impl<T: fmt::Debug, K: Heap> fmt::Debug for CacheBox<'_, T, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+// SAFETY: a box is an owned `T` plus shared references to synchronised
+// allocator state; sending it sends the `T`.
+unsafe impl<T: Send, K: Heap<Lock: Sync>> Send for CacheBox<'_, T, K> {}
+// SAFETY: `&CacheBox` only gives `&T`.
+unsafe impl<T: Sync, K: Heap<Lock: Sync>> Sync for CacheBox<'_, T, K> {}
