@@ -92,6 +92,20 @@ unsafe impl Sync for PageCounter {}
 // SAFETY: as above; nothing is tied to a thread.
 unsafe impl Send for PageCounter {}
 
+/// `pub fn $field(&self) -> usize`, a `Relaxed` load, for each field: the
+/// limits and statistics, which no decision needs ordered with anything
+/// (the charge paths order their own loads; see the table above).
+macro_rules! relaxed_getters {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(&self) -> usize {
+                self.$field.load(Ordering::Relaxed)
+            }
+        )*
+    };
+}
+
 impl PageCounter {
     loom_const_fn! {
         /// A root counter with no limits.
@@ -136,29 +150,19 @@ impl PageCounter {
         self.usage.load(Ordering::Relaxed)
     }
 
-    /// The hard limit, in pages.
-    pub fn max(&self) -> usize {
-        self.max.load(Ordering::Relaxed)
-    }
-    /// The throttling threshold, in pages.
-    pub fn high(&self) -> usize {
-        self.high.load(Ordering::Relaxed)
-    }
-    /// The soft limit, in pages.
-    pub fn soft(&self) -> usize {
-        self.soft.load(Ordering::Relaxed)
-    }
-    /// The protection, in pages.
-    pub fn low(&self) -> usize {
-        self.low.load(Ordering::Relaxed)
-    }
-    /// The largest usage since creation or the last reset.
-    pub fn watermark(&self) -> usize {
-        self.watermark.load(Ordering::Relaxed)
-    }
-    /// Charges refused at this level.
-    pub fn failcnt(&self) -> usize {
-        self.failcnt.load(Ordering::Relaxed)
+    relaxed_getters! {
+        /// The hard limit, in pages.
+        max,
+        /// The throttling threshold, in pages.
+        high,
+        /// The soft limit, in pages.
+        soft,
+        /// The protection, in pages.
+        low,
+        /// The largest usage since creation or the last reset.
+        watermark,
+        /// Charges refused at this level.
+        failcnt,
     }
 
     /// Sets the watermark to the current usage; the usage is untouched.

@@ -390,7 +390,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// `ptr` is a live object of `base` or of one of its child caches.
     #[inline(always)]
-    pub(crate) unsafe fn owner<'a>(base: &'a MagCache<R>, ptr: NonNull<u8>) -> &'a MagCache<R> {
+    pub(crate) unsafe fn owner(base: &MagCache<R>, ptr: NonNull<u8>) -> &MagCache<R> {
         // SAFETY: per the contract, a slab of `base`'s geometry whose
         // header names its `MagCache`, which outlives its live objects.
         unsafe { &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>) }

@@ -4,16 +4,21 @@ use core::ptr::{self, NonNull};
 
 use super::Magazine;
 
-/// One node's spare magazines of one cache.
+/// One node's spare magazines of one cache: a stack of full ones and a
+/// stack of empty ones.
 pub(super) struct Depot {
-    pub(super) full: *mut Magazine,
-    pub(super) empty: *mut Magazine,
-    pub(super) nfull: usize,
-    pub(super) nempty: usize,
-    /// Lowest `nfull`/`nempty` since the last reap: the magazines the
-    /// working set did not need, which `reap` gives back.
-    pub(super) min_full: usize,
-    pub(super) min_empty: usize,
+    pub(super) full: Stack,
+    pub(super) empty: Stack,
+}
+
+/// A stack of magazines linked through `Magazine::next`, with its depth.
+pub(super) struct Stack {
+    top: *mut Magazine,
+    /// Magazines on the stack.
+    pub(super) len: usize,
+    /// Lowest `len` since the last reap: the magazines the working set did
+    /// not need, which `reap` gives back.
+    pub(super) min: usize,
 }
 
 // SAFETY: the magazines are owned by the depot and only reached through
@@ -22,53 +27,44 @@ unsafe impl Send for Depot {}
 
 impl Depot {
     pub(super) const fn new() -> Self {
-        // No magazine has been used yet: everything is outside the
-        // working set until a pop lowers the minimum.
-        Depot {
-            full: ptr::null_mut(),
-            empty: ptr::null_mut(),
-            nfull: 0,
-            nempty: 0,
-            min_full: usize::MAX,
-            min_empty: usize::MAX,
-        }
+        Depot { full: Stack::new(), empty: Stack::new() }
+    }
+}
+
+impl Stack {
+    const fn new() -> Self {
+        // No magazine has been used yet: everything is outside the working
+        // set until a pop lowers the minimum.
+        Stack { top: ptr::null_mut(), len: 0, min: usize::MAX }
     }
 
+    /// Pushes `m`.
+    ///
     /// # Safety
     ///
-    /// `m` is a full magazine owned by the caller.
-    pub(super) unsafe fn push_full(&mut self, m: *mut Magazine) {
+    /// `m` is a magazine owned by the caller, full for the full stack and
+    /// empty for the empty one.
+    pub(super) unsafe fn push(&mut self, m: *mut Magazine) {
         // SAFETY: per the contract.
-        unsafe { (*m).next = self.full };
-        self.full = m;
-        self.nfull += 1;
+        unsafe { (*m).next = self.top };
+        self.top = m;
+        self.len += 1;
     }
 
-    /// # Safety
-    ///
-    /// `m` is an empty magazine owned by the caller.
-    pub(super) unsafe fn push_empty(&mut self, m: *mut Magazine) {
-        // SAFETY: per the contract.
-        unsafe { (*m).next = self.empty };
-        self.empty = m;
-        self.nempty += 1;
-    }
-
-    pub(super) fn pop_full(&mut self) -> Option<*mut Magazine> {
-        let m = NonNull::new(self.full)?.as_ptr();
-        // SAFETY: a magazine on our list.
-        self.full = unsafe { (*m).next };
-        self.nfull -= 1;
-        self.min_full = self.min_full.min(self.nfull);
+    /// Pops the top magazine, which becomes the caller's.
+    pub(super) fn pop(&mut self) -> Option<*mut Magazine> {
+        let m = NonNull::new(self.top)?.as_ptr();
+        // SAFETY: a magazine on our stack.
+        self.top = unsafe { (*m).next };
+        self.len -= 1;
+        self.min = self.min.min(self.len);
         Some(m)
     }
 
-    pub(super) fn pop_empty(&mut self) -> Option<*mut Magazine> {
-        let m = NonNull::new(self.empty)?.as_ptr();
-        // SAFETY: a magazine on our list.
-        self.empty = unsafe { (*m).next };
-        self.nempty -= 1;
-        self.min_empty = self.min_empty.min(self.nempty);
-        Some(m)
+    /// Magazines unused since the last reap; starts the next interval.
+    pub(super) fn take_unused(&mut self) -> usize {
+        let unused = self.min.min(self.len);
+        self.min = self.len;
+        unused
     }
 }

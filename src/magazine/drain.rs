@@ -71,13 +71,10 @@ impl<R: RawMutex> MagCache<R> {
         }
         for node in 0..MAX_NODES {
             let (full, empty) = {
-                let d = self.depots[node].lock();
-                (d.min_full.min(d.nfull), d.min_empty.min(d.nempty))
+                let mut d = self.depots[node].lock();
+                (d.full.take_unused(), d.empty.take_unused())
             };
             n += self.trim_depot(cx, node, full, empty);
-            let mut d = self.depots[node].lock();
-            d.min_full = d.nfull;
-            d.min_empty = d.nempty;
         }
         n
     }
@@ -85,15 +82,14 @@ impl<R: RawMutex> MagCache<R> {
     /// Frees up to `full` full and `empty` empty depot magazines of `node`.
     pub(super) fn trim_depot<E: Env<R>>(&self, cx: &E, node: usize, full: usize, empty: usize) -> usize {
         let mut n = 0;
-        for _ in 0..full {
-            let Some(m) = self.depots[node].lock().pop_full() else { break };
-            // SAFETY: popped from the depot, so ours.
-            n += unsafe { self.discard(cx, m) };
-        }
-        for _ in 0..empty {
-            let Some(m) = self.depots[node].lock().pop_empty() else { break };
-            // SAFETY: popped from the depot, so ours; empty, so no rounds.
-            n += unsafe { self.discard(cx, m) };
+        for (count, full) in [(full, true), (empty, false)] {
+            for _ in 0..count {
+                let mut depot = self.depots[node].lock();
+                let Some(m) = (if full { depot.full.pop() } else { depot.empty.pop() }) else { break };
+                drop(depot);
+                // SAFETY: popped from the depot, so ours.
+                n += unsafe { self.discard(cx, m) };
+            }
         }
         n
     }
