@@ -42,15 +42,12 @@ use crate::sync::{
 };
 
 mod pressure;
-mod reclaim;
-mod registry;
 mod tree;
 
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
-pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
-pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
-pub(crate) use tree::Tree;
+pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name};
+pub use tree::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 
 /// `Group::state` of a live group.
 const ONLINE: u8 = 0;
@@ -150,19 +147,36 @@ pub(crate) unsafe fn release_token(token: *const ()) {
     }
 }
 
-/// Event counters of a group (Linux `memory.events` and friends).
-pub(crate) struct Events {
+/// What a group counts (Linux `memory.events` and friends): an index
+/// into its [`Events`].
+#[derive(Clone, Copy)]
+pub(crate) enum Event {
     /// Charges that would have gone over `max`.
-    pub(crate) max: Stat,
+    Max,
     /// Charges that failed even after reclaim.
-    pub(crate) oom: Stat,
+    Oom,
     /// Times an allocating task reclaimed because usage was above `high`.
-    pub(crate) high: Stat,
+    High,
     /// Soft-limit reclaim passes run on this group, and pages they freed.
-    pub(crate) soft: Stat,
-    pub(crate) soft_pages: Stat,
+    Soft,
+    SoftPages,
     /// Times contention reclaim skipped this group as protected by `low`.
-    pub(crate) low: Stat,
+    Low,
+}
+
+/// A group's event counters, by [`Event`].
+pub(crate) struct Events([Stat; 6]);
+
+impl Events {
+    /// Adds `n` to `e`.
+    pub(crate) fn add(&self, e: Event, n: usize) {
+        self.0[e as usize].add(n);
+    }
+
+    /// The count of `e`.
+    pub(crate) fn get(&self, e: Event) -> usize {
+        self.0[e as usize].get()
+    }
 }
 
 /// One group of the tree.
@@ -248,14 +262,7 @@ impl<R: RawMutex> Group<R> {
                 next_zombie: atomic_null(),
                 caches: repeat!(atomic_null(); MAX_ACCOUNTED),
                 large_pages: Stat::new(),
-                events: Events {
-                    max: Stat::new(),
-                    oom: Stat::new(),
-                    high: Stat::new(),
-                    soft: Stat::new(),
-                    soft_pages: Stat::new(),
-                    low: Stat::new(),
-                },
+                events: Events(repeat!(Stat::new(); 6)),
                 pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
             }
         }

@@ -67,9 +67,11 @@
 //!
 //! # Layers, bottom to top
 //!
-//! A module uses only modules below it; imports are explicit (no globs), so
-//! the order can be read off each file's `use` lines. [`Error`] is a leaf
-//! every layer may name.
+//! A module uses only modules below it, and within a layer the sibling
+//! modules form no cycle (a module and its own children may use each
+//! other); imports are explicit (no globs), so the order can be read off
+//! each file's `use` lines, and `.ci/layers.py` checks both rules.
+//! [`Error`] is a leaf every layer may name.
 //!
 //! | layer | module | holds |
 //! | --- | --- | --- |
@@ -77,20 +79,22 @@
 //! | platform | `platform` | [`PageSource`], [`Region`] (buddy over handed-in memory), `OsPages`; [`Platform`]: CPU slot, node, current group |
 //! | counter | `counter` | [`PageCounter`]: charge, try_charge, uncharge, limits, watermark, failcnt, stock |
 //! | page | `page` | exact page runs, pointer → slab lookup |
-//! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`) |
+//! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`); the size classes (`classes`) |
 //! | magazine | `magazine` | per-CPU loaded/previous magazines and the fast paths (`magazine.rs`), the slot handshake (`slots`), per-node depots (`depot`), draining (`drain`) |
-//! | cgroup | `cgroup` | groups, child caches, subtree walks |
-//! | heap | `heap` | [`Kmem`]: size classes, alloc/free/realloc (`heap.rs`), page path (`large`), typed caches (`typed`), the group API (`groups`, `pressure`), the group lifecycle: references, tokens, zombies, reclamation after readers (`lifecycle`), reclaim, shrinkers, shrink and reap (`reclaim`), reports (`report`), invariant checks (`check`) |
-//! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] |
+//! | cgroup | `cgroup` | groups: counters, references, tokens, walks (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
+//! | heap | `heap` | [`Kmem`]: alloc/free/realloc over the tree's caches (`heap.rs`), the page path (`large`), reports (`report`), invariant checks (`check`); [`Heap`], the one type parameter of the handles |
+//! | handle | `handle` | the public handles: [`Cgroup`], [`CgroupGuard`], [`CgroupAllocator`] (`cgroup`), [`Pressure`] (`pressure`), [`KmemCache`], [`CacheBox`] (`typed`) |
+//! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] and [`CgroupAllocator`] |
 //!
 //! # Lock order
 //!
 //! Outer before inner; no path takes them the other way:
 //!
-//! 1. `Kmem::registry_lock` (cache creation and destruction only);
-//! 2. `Kmem::tree_lock` (group creation and removal, subtree reclaim, group
-//!    reclamation); shrinkers are called with no lock held, and the
-//!    shrinker list's own lock only while copying it;
+//! 1. `Tree::registry_lock` (cache creation and destruction only);
+//! 2. `Tree::lock`, the tree lock (group creation and removal, pressure
+//!    resources, subtree reclaim, group reclamation); shrinkers are called
+//!    with no lock held, and the shrinker list's own lock only while
+//!    copying it;
 //! 3. a slot's drainer flag (drains only; the slot *holder* takes no lock);
 //! 4. a depot lock (one magazine exchange per hold);
 //! 5. a cache's per-node list lock (one slab-list update, or one batch of
@@ -116,19 +120,19 @@
 //! | `MagCache::used_slots` | holders on their slow path, drainers | `Relaxed` | ordered by the slot handshake (see the field) |
 //! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |
 //! | `Group::caches[i]` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |
-//! | `Group::first_child`, `Kmem::all_groups` | `create_child`, under `tree_lock` | `Release` | `Acquire` in walks and reports |
-//! | `Kmem::registry`, `CacheDesc::next` | `create_cache` (push, after writing the descriptor) and `destroy_cache` (unlink), under `registry_lock` | `Release` | `Acquire` in iterations, which hold a read guard: an unlinked descriptor is freed only once none runs |
+//! | `Group::first_child`, `Tree::all_groups` | `create_child`, under the tree lock | `Release` | `Acquire` in walks and reports |
+//! | `Tree::registry`, `CacheDesc::next` | `register_cache` (push, after writing the descriptor) and `destroy_cache` (unlink), under `registry_lock` | `Release` | `Acquire` in iterations, which hold a read guard: an unlinked descriptor is freed only once none runs |
 //! | `CacheDesc::live` | create/destroy, under `registry_lock` | `Relaxed` | readers under the lock; reports tolerate a stale flag (rows of a cache being destroyed) |
 //! | `Group::refs` | handles, guards, a thread's current-group slot, children, child caches, large objects | `Relaxed` inc (`try_get` by CAS for walks), `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
 //! | `Group::next_zombie`, `MagCache::retired_next`, `CacheDesc::retired_next` | the zombie push (before its `Release` CAS), the tree lock's limbo lists | `Relaxed` | the push's `Release` / the swap's `Acquire`, or the tree lock |
-//! | `Kmem::readers` | read guards (`fetch_add`, then `fence(SeqCst)`), slow frees | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
-//! | `Group::visited` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound |
+//! | `Tree::contention_mark` | `set_contention_mark` | `Relaxed` | nothing: a stale mark delays or adds one contention check |
+//! | `Tree::readers` | read guards (iterations of groups, caches and descriptors; slow frees): `fetch_add`, then `fence(SeqCst)`; `Release` dec | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
+//! | `Group::visited`, `Tree::episodes` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound; episode ids need only be unique (an RMW) |
 //! | `PageCounter::setting` | limit setters (a spin flag) | `Acquire` CAS, `Release` store | the previous setter's writes to the limits |
-//! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group`, shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
-//! | `Group::state` | `remove`, under `tree_lock` | `Release` | `Acquire` in `is_offline` on the allocation path |
+//! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
+//! | `Group::state` | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
-//! | `Kmem::readers` | iterations of groups (`read_guard`) | `Relaxed` inc + `fence(SeqCst)`, `Release` dec | the fence in `reclaim_groups` before it frees unlinked groups |
-//! | `Kmem::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
+//! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
 //!
 //! # Bad input
@@ -162,8 +166,8 @@
 
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Loom builds compile only the layers below `heap`, so much of the crate
-// is unused there.
+// Loom builds compile only the layers up to `cgroup`, so much of the
+// crate is unused there.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]

@@ -450,9 +450,9 @@ impl<R: RawMutex> MagCache<R> {
                 return Self::pop(m);
             }
             let mut depot = self.depots[node].lock();
-            if let Some(full) = depot.pop_full() {
+            if let Some(full) = depot.full.pop() {
                 if !m.previous.is_null() {
-                    depot.push_empty(m.previous);
+                    depot.empty.push(m.previous);
                 }
                 drop(depot);
                 m.previous = m.loaded;
@@ -460,7 +460,7 @@ impl<R: RawMutex> MagCache<R> {
                 return Self::pop(m);
             }
             if m.loaded.is_null() {
-                m.loaded = match depot.pop_empty() {
+                m.loaded = match depot.empty.pop() {
                     Some(e) => e,
                     None => {
                         drop(depot);
@@ -588,9 +588,9 @@ impl<R: RawMutex> MagCache<R> {
                 core::mem::swap(&mut m.loaded, &mut m.previous);
             } else {
                 let mut depot = self.depots[node].lock();
-                let fresh = match depot.pop_empty() {
+                let fresh = match depot.empty.pop() {
                     Some(e) => Some(e),
-                    None if depot.nfull < self.depot_max || m.previous.is_null() => {
+                    None if depot.full.len < self.depot_max || m.previous.is_null() => {
                         drop(depot);
                         let e = Self::new_magazine(cx, node);
                         depot = self.depots[node].lock();
@@ -601,7 +601,7 @@ impl<R: RawMutex> MagCache<R> {
                 match fresh {
                     Some(e) => {
                         if !m.previous.is_null() {
-                            depot.push_full(m.previous);
+                            depot.full.push(m.previous);
                         }
                         m.previous = m.loaded;
                         m.loaded = e;
@@ -647,8 +647,8 @@ impl<R: RawMutex> MagCache<R> {
         let mut ms = MagazineStats { rounds: self.rounds, ..MagazineStats::default() };
         for d in &self.depots {
             let d = d.lock();
-            ms.depot_full += d.nfull;
-            ms.depot_empty += d.nempty;
+            ms.depot_full += d.full.len;
+            ms.depot_empty += d.empty.len;
         }
         (self.cache.stats(), ms)
     }

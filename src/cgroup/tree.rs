@@ -22,8 +22,7 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
-use super::registry::{AcctIndices, CacheDesc};
-use super::{Group, MAX_SHRINKERS, OFFLINE, Shrinker, TokenHead};
+use super::{Group, OFFLINE, TokenHead};
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
@@ -31,6 +30,13 @@ use crate::slab::{Cache, Pages};
 use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
 };
+
+mod reclaim;
+mod registry;
+
+pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
+use registry::AcctIndices;
+pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
 
 /// The group tree of one allocator: the root group with its base caches,
 /// every other group until it is reclaimed, the typed-cache registry, the

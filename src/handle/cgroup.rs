@@ -6,7 +6,9 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use crate::cgroup::{Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, swap_token};
+use crate::cgroup::{
+    Event, Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, swap_token,
+};
 use crate::error::{Error, GroupName, Name};
 use crate::heap::{Heap, Kmem, KmemOf};
 use crate::magazine::MagCache;
@@ -229,12 +231,12 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             soft_limit: to_bytes(c.soft()),
             low: to_bytes(c.low()),
             failcnt: c.failcnt(),
-            events_max: ev.max.get(),
-            events_oom: ev.oom.get(),
-            events_high: ev.high.get(),
-            events_low: ev.low.get(),
-            soft_reclaim_passes: ev.soft.get(),
-            soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
+            events_max: ev.get(Event::Max),
+            events_oom: ev.get(Event::Oom),
+            events_high: ev.get(Event::High),
+            events_low: ev.get(Event::Low),
+            soft_reclaim_passes: ev.get(Event::Soft),
+            soft_reclaim_bytes: to_bytes(ev.get(Event::SoftPages)),
             stocked: to_bytes(c.stocked()),
             large: to_bytes(g.large_pages().get()),
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],

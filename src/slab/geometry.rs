@@ -16,15 +16,14 @@ const fn bitmap_bytes(bytes: usize, size: usize) -> usize {
 /// How objects are laid out in a slab of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
-    /// Object stride in bytes (a multiple of `align`, at least a pointer).
+    /// Object stride in bytes (a multiple of `align`, at least a pointer),
+    /// and object alignment (at most `PAGE_SIZE`).
     pub(crate) size: usize,
-    /// Object alignment; at most `PAGE_SIZE`.
     pub(crate) align: usize,
     /// log2 of the pages per slab.
     pub(crate) order: u32,
-    /// Objects per slab.
+    /// Objects per slab, and the offset of the first from the slab start.
     pub(crate) capacity: usize,
-    /// Offset of the first object from the slab start.
     pub(crate) first: usize,
     /// `ceil(2^64 / size)`: [`Geometry::index_of`] divides by `size` with
     /// one multiplication (Lemire, Kaser & Kurz, "Faster remainder by

@@ -25,7 +25,8 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use super::{Group, RECLAIMING, TokenHead, Tree, untag};
+use super::Tree;
+use crate::cgroup::{Event, Group, RECLAIMING, TokenHead, untag};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
 use crate::magazine::{Acct, Env, MagCache, drain_many};
@@ -216,7 +217,7 @@ impl<R: RawMutex> Tree<R> {
     fn reclaim_refuser<E: Env<R>>(&self, env: &E, k: *const PageCounter, pages: usize) {
         // SAFETY: every counter that refuses a charge is a group's.
         let g = unsafe { Group::<R>::of_counter(k) };
-        g.events.max.add(1);
+        g.events.add(Event::Max, 1);
         self.reclaim(env, g, Self::reclaim_goal(g, pages));
     }
 
@@ -228,7 +229,7 @@ impl<R: RawMutex> Tree<R> {
             GrowError::Limit(k) => {
                 // SAFETY: every counter that refuses a charge is a group's.
                 let g = unsafe { Group::<R>::of_counter(k) };
-                g.events.oom.add(1);
+                g.events.add(Event::Oom, 1);
                 Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
             }
         }
@@ -342,7 +343,7 @@ impl<R: RawMutex> Tree<R> {
         let mut level = Some(unsafe { Group::<R>::of_counter(counter) });
         while let Some(l) = level {
             if l.counter.usage() > l.counter.high() {
-                l.events.high.add(1);
+                l.events.add(Event::High, 1);
                 let excess = l.counter.usage().saturating_sub(l.counter.high());
                 self.reclaim(env, l, Self::reclaim_goal(l, excess));
             }
@@ -390,8 +391,8 @@ impl<R: RawMutex> Tree<R> {
                 pages += before.saturating_sub(b.counter.usage());
             }
             if soft {
-                b.events.soft.add(1);
-                b.events.soft_pages.add(pages);
+                b.events.add(Event::Soft, 1);
+                b.events.add(Event::SoftPages, pages);
             }
             // Mark it, unless a later episode already did (its mark covers
             // this one too). A race here costs a visit at most.
@@ -432,7 +433,7 @@ impl<R: RawMutex> Tree<R> {
             let score = if soft {
                 u.saturating_sub(s)
             } else if u <= low {
-                g.events.low.add(1);
+                g.events.add(Event::Low, 1);
                 0
             } else {
                 u

@@ -8,8 +8,8 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use super::tree::{unlink, walk};
-use super::{MAX_ACCOUNTED, MAX_ACCOUNTED_CACHES, Tree};
+use super::{Tree, unlink, walk};
+use crate::cgroup::{MAX_ACCOUNTED, MAX_ACCOUNTED_CACHES};
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
 use crate::slab::classes::{CLASS_SIZES, NCLASSES};
