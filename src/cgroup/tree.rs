@@ -262,13 +262,9 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// The group to charge for a context whose current-group token is
-    /// `token`: null for the root, for a token of another allocator, and
-    /// when no group exists.
+    /// `token`: null for the root and for a token of another allocator.
     #[inline]
     pub(crate) fn charged_for(&self, token: *const ()) -> *const Group<R> {
-        if self.no_groups() {
-            return core::ptr::null();
-        }
         // SAFETY: a non-null token names a group that the context's slot
         // holds a reference on (see `TokenHead`), so it is live; one this
         // tree made is a `Group<R>`.

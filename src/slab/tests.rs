@@ -12,6 +12,25 @@ fn source(bytes: usize) -> &'static Src {
     r
 }
 
+/// A leaked cache of objects of `size` bytes aligned to `align`.
+fn leaked_cache(size: usize, align: usize) -> &'static Cache<DefaultRawMutex> {
+    std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(size, align).unwrap())))
+}
+
+/// A leaked cache of `size`-byte objects aligned to `align` on a region of
+/// `bytes`, and the objects of its first `slabs` slabs, all allocated.
+fn full_slabs(
+    bytes: usize,
+    size: usize,
+    align: usize,
+    slabs: usize,
+) -> (&'static Src, &'static Cache<DefaultRawMutex>, Vec<NonNull<u8>>) {
+    let src = source(bytes);
+    let cache = leaked_cache(size, align);
+    let objs = (0..cache.geometry().capacity * slabs).map(|_| cache.alloc(&Pages::plain(src), 0).unwrap()).collect();
+    (src, cache, objs)
+}
+
 #[test]
 fn geometry_waste_under_an_eighth() {
     for size in (8..=16384usize).step_by(8) {
@@ -33,11 +52,8 @@ fn geometry_waste_under_an_eighth() {
 
 #[test]
 fn alloc_free_reuse_and_reserve() {
-    let src = source(4 << 20);
-    let cache: &'static Cache<DefaultRawMutex> =
-        std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(128, 128).unwrap())));
+    let (src, cache, objs) = full_slabs(4 << 20, 128, 128, 4);
     let cap = cache.geometry().capacity;
-    let objs: Vec<_> = (0..cap * 4).map(|_| cache.alloc(&Pages::plain(src), 0).unwrap()).collect();
     cache.check();
     let st = cache.stats();
     assert_eq!(st.active_objects, cap * 4);
@@ -66,8 +82,7 @@ fn alloc_free_reuse_and_reserve() {
 fn random_alloc_free_keeps_invariants() {
     let src = source(8 << 20);
     for &(size, align) in &[(8usize, 8usize), (24, 8), (192, 64), (1000, 8), (4096, 4096), (16384, 4096)] {
-        let cache: &'static Cache<DefaultRawMutex> =
-            std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(size, align).unwrap())));
+        let cache = leaked_cache(size, align);
         let mut rng = Rng::new(size as u64);
         let mut live: Vec<(NonNull<u8>, u8)> = Vec::new();
         for step in 0..4000 {
@@ -106,8 +121,7 @@ fn random_alloc_free_keeps_invariants() {
 fn grows_on_the_node_the_source_gives() {
     let r: &'static Src = std::boxed::Box::leak(std::boxed::Box::new(Region::new()));
     r.add(arena(1 << 20), 1).unwrap();
-    let cache: &'static Cache<DefaultRawMutex> =
-        std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(64, 8).unwrap())));
+    let cache = leaked_cache(64, 8);
     // Node 0 has no memory: the slab comes from node 1 and is listed there.
     let p = cache.alloc(&Pages::plain(r), 0).unwrap();
     cache.check();
@@ -126,8 +140,7 @@ fn grows_on_the_node_the_source_gives() {
 fn bulk_alloc_free_model() {
     let src = source(8 << 20);
     for &(size, align) in &[(8usize, 8usize), (48, 16), (1024, 1024), (3072, 1024)] {
-        let cache: &'static Cache<DefaultRawMutex> =
-            std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(size, align).unwrap())));
+        let cache = leaked_cache(size, align);
         let mut rng = Rng::new(size as u64 ^ 0xb01c);
         let mut live: Vec<(*mut u8, u8)> = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
@@ -176,11 +189,7 @@ fn bulk_alloc_free_model() {
 /// slab hands out next.
 #[test]
 fn alloc_free_reuse_ignores_writes_after_free() {
-    let src = source(1 << 20);
-    let cache: &'static Cache<DefaultRawMutex> =
-        std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(48, 16).unwrap())));
-    let cap = cache.geometry().capacity;
-    let objs: Vec<_> = (0..cap * 3).map(|_| cache.alloc(&Pages::plain(src), 0).unwrap()).collect();
+    let (src, cache, objs) = full_slabs(1 << 20, 48, 16, 3);
     let mut target = [0u64; 8];
     for (i, o) in objs.iter().enumerate() {
         if i % 4 != 0 {
@@ -214,8 +223,7 @@ fn alloc_free_reuse_ignores_writes_after_free() {
 #[test]
 fn double_free_reaching_a_slab_is_refused() {
     let src = source(1 << 20);
-    let cache: &'static Cache<DefaultRawMutex> =
-        std::boxed::Box::leak(std::boxed::Box::new(Cache::new(Geometry::new(64, 8).unwrap())));
+    let cache = leaked_cache(64, 8);
     let a = cache.alloc(&Pages::plain(src), 0).unwrap();
     let b = cache.alloc(&Pages::plain(src), 0).unwrap();
     // SAFETY: `a` is live; the second free is the misuse under test, which

@@ -9,7 +9,7 @@ use std::vec::Vec;
 use crate::platform::OsPages;
 use crate::slab::classes::class_of;
 use crate::testutil::{Rng, scaled};
-use crate::{CacheFlags, Kmem, PageSource};
+use crate::{CacheFlags, Cgroup, Kmem, PageSource};
 use crate::{Error, PAGE_SIZE};
 
 #[cfg(not(miri))]
@@ -30,10 +30,95 @@ fn kmem() -> &'static K {
     k
 }
 
+/// A fresh allocator and a child of its root named `name`.
+fn kmem_with_child(name: &str) -> (&'static K, Cgroup<'static, K>) {
+    let k = kmem();
+    (k, k.root().create_child(name).unwrap())
+}
+
+/// Shrinks `k`, asserts that none of `groups` is still charged, and checks
+/// the accounting equations.
+fn assert_uncharged_after_shrink(k: &K, groups: &[&Cgroup<'_, K>]) {
+    k.shrink();
+    for g in groups {
+        assert_eq!(g.usage(), 0, "group {} still charged", g.name());
+    }
+    k.check_accounting();
+}
+
+/// Runs `f` on a thread of its own, which starts with no current group and
+/// whose guards and resets touch no other test's thread.
+fn on_own_thread(f: impl FnOnce() + Send) {
+    thread::scope(|s| {
+        s.spawn(f);
+    });
+}
+
+/// Calls `alloc` until it fails: what it gave, and the error.
+fn alloc_until_err<T>(mut alloc: impl FnMut() -> Result<T, Error>) -> (Vec<T>, Error) {
+    let mut held = Vec::new();
+    loop {
+        match alloc() {
+            Ok(x) => held.push(x),
+            Err(e) => return (held, e),
+        }
+    }
+}
+
+/// Allocates `n` blocks of `layout` for the current group: their addresses.
+fn alloc_blocks(k: &K, layout: Layout, n: usize) -> Vec<usize> {
+    // SAFETY: valid layout.
+    (0..n).map(|_| unsafe { k.alloc(layout) } as usize).collect()
+}
+
+/// Frees the blocks at `ptrs`, all of `layout`.
+///
+/// # Safety
+/// Each address is a live block of `k` with that layout, freed nowhere else.
+unsafe fn free_blocks(k: &K, ptrs: impl IntoIterator<Item = usize>, layout: Layout) {
+    for p in ptrs {
+        // SAFETY: the caller's contract.
+        unsafe { k.dealloc(p as *mut u8, layout) };
+    }
+}
+
+/// Frees the blocks at `ptrs` from `threads` threads at once, racing each
+/// other; each block with the layout `layout_of` gives for its address.
+///
+/// # Safety
+/// Each address is a live block of `k` with that layout, freed nowhere else.
+unsafe fn free_on_threads(k: &K, ptrs: &[usize], threads: usize, layout_of: impl Fn(usize) -> Layout + Sync) {
+    let layout_of = &layout_of;
+    thread::scope(|s| {
+        for part in ptrs.chunks(ptrs.len() / threads + 1) {
+            s.spawn(move || {
+                for &p in part {
+                    // SAFETY: the caller's contract.
+                    unsafe { k.dealloc(p as *mut u8, layout_of(p)) };
+                }
+            });
+        }
+    });
+}
+
+/// How many group records `k` holds (live, removed but referenced, or
+/// pinned).
+fn group_records(k: &K) -> usize {
+    k.tree().groups.stats().active_objects
+}
+
+/// Runs `f` and asserts that, after a shrink, `k` holds one group record
+/// fewer than before it (`why` says what released it).
+fn assert_frees_one_group_record(k: &K, why: &str, f: impl FnOnce()) {
+    let before = group_records(k);
+    f();
+    k.shrink();
+    assert_eq!(group_records(k), before - 1, "{why}");
+}
+
 #[test]
 fn charges_go_to_the_current_group_and_up_the_tree() {
-    let k = kmem();
-    let a = k.root().create_child("a").unwrap();
+    let (k, a) = kmem_with_child("a");
     let b = a.create_child("b").unwrap();
     let layout = Layout::from_size_align(100, 8).unwrap();
     let p = {
@@ -53,28 +138,18 @@ fn charges_go_to_the_current_group_and_up_the_tree() {
     assert!(k.root().usage() >= a.usage());
     // SAFETY: freed once.
     unsafe { k.dealloc(p, layout) };
-    k.shrink();
-    assert_eq!(b.usage(), 0);
-    assert_eq!(a.usage(), 0);
-    k.check_accounting();
+    assert_uncharged_after_shrink(k, &[&b, &a]);
 }
 
 #[test]
 fn child_charge_fails_at_parent_max_with_typed_error() {
-    let k = kmem();
-    let parent = k.root().create_child("parent").unwrap();
+    let (k, parent) = kmem_with_child("parent");
     let child = parent.create_child("child").unwrap();
     parent.set_max(64 << 10).unwrap();
     child.set_max(usize::MAX).unwrap(); // above the parent's: allowed, parent binds
     let cache = k.create_cache::<[u8; 1000]>("blobs", CacheFlags::ACCOUNT).unwrap();
     let _in = child.enter();
-    let mut held = Vec::new();
-    let err = loop {
-        match cache.alloc([1; 1000]) {
-            Ok(b) => held.push(b),
-            Err(e) => break e,
-        }
-    };
+    let (held, err) = alloc_until_err(|| cache.alloc([1; 1000]));
     match err {
         Error::LimitExceeded { group, max } => {
             assert_eq!(group.as_str(), "parent");
@@ -98,26 +173,18 @@ fn child_charge_fails_at_parent_max_with_typed_error() {
 
 #[test]
 fn typed_alloc_in_charges_the_given_group_without_entering_it() {
-    let k = kmem();
-    let a = k.root().create_child("alloc-in-a").unwrap();
+    let (k, a) = kmem_with_child("alloc-in-a");
     let b = a.create_child("alloc-in-b").unwrap();
     b.set_max(16 << 10).unwrap();
     let cache = k.create_cache::<[u8; 512]>("alloc-in", CacheFlags::ACCOUNT).unwrap();
     // The current group is the root; every object goes to `b`.
-    let mut held = Vec::new();
-    let err = loop {
-        match cache.alloc_in(&b, [3; 512]) {
-            Ok(x) => held.push(x),
-            Err(e) => break e,
-        }
-    };
+    let (held, err) = alloc_until_err(|| cache.alloc_in(&b, [3; 512]));
     assert!(matches!(err, Error::LimitExceeded { .. }), "{err:?}");
     assert!(b.usage() > 0 && b.usage() <= 16 << 10);
     assert_eq!(a.usage(), b.usage(), "the parent sees the child's charge");
     assert_eq!(k.current_group().name(), "/");
     // A group of another allocator is refused.
-    let other = kmem();
-    let stranger = other.root().create_child("stranger").unwrap();
+    let (_, stranger) = kmem_with_child("stranger");
     assert_eq!(cache.alloc_in(&stranger, [0; 512]).err(), Some(Error::ForeignGroup));
     // A removed group charges its nearest live ancestor.
     drop(held);
@@ -132,8 +199,7 @@ fn typed_alloc_in_charges_the_given_group_without_entering_it() {
 
 #[test]
 fn global_alloc_gives_null_and_allocator_gives_error_at_the_limit() {
-    let k = kmem();
-    let g = k.root().create_child("capped").unwrap();
+    let (k, g) = kmem_with_child("capped");
     g.set_max(256 << 10).unwrap();
     let layout = Layout::from_size_align(4000, 8).unwrap();
     let mut ptrs = Vec::new();
@@ -159,34 +225,25 @@ fn global_alloc_gives_null_and_allocator_gives_error_at_the_limit() {
         // SAFETY: freed once.
         unsafe { k.dealloc(p, layout) };
     }
-    k.shrink();
-    assert_eq!(g.usage(), 0);
-    k.check_accounting();
+    assert_uncharged_after_shrink(k, &[&g]);
 }
 
 #[test]
 fn first_touch_billing_and_frees_from_another_group() {
-    let k = kmem();
-    let a = k.root().create_child("A").unwrap();
+    let (k, a) = kmem_with_child("A");
     let b = k.root().create_child("B").unwrap();
     let layout = Layout::from_size_align(64, 8).unwrap();
-    let ptrs: Vec<usize> = {
+    let ptrs = {
         let _in = a.enter();
-        // SAFETY: valid layout.
-        (0..10_000).map(|_| unsafe { k.alloc(layout) } as usize).collect()
+        alloc_blocks(k, layout, 10_000)
     };
     let charged = a.usage();
     assert!(charged >= 10_000 * 64);
-    let b2 = b.clone();
-    thread::spawn(move || {
-        let _in = b2.enter();
-        for p in ptrs {
-            // SAFETY: live blocks, freed once.
-            unsafe { k.dealloc(p as *mut u8, layout) };
-        }
-    })
-    .join()
-    .unwrap();
+    on_own_thread(|| {
+        let _in = b.enter();
+        // SAFETY: live blocks, freed once.
+        unsafe { free_blocks(k, ptrs, layout) };
+    });
     assert_eq!(b.usage(), 0, "the freeing group is never charged");
     k.shrink();
     assert_eq!(a.usage(), 0, "the owner is uncharged as its slabs empty");
@@ -195,8 +252,7 @@ fn first_touch_billing_and_frees_from_another_group() {
 
 #[test]
 fn allocator_handle_charges_its_group_from_any_thread() {
-    let k = kmem();
-    let g = k.root().create_child("handle").unwrap();
+    let (k, g) = kmem_with_child("handle");
     let alloc = g.allocator();
     let hs: Vec<_> = (0..3)
         .map(|i| {
@@ -212,9 +268,7 @@ fn allocator_handle_charges_its_group_from_any_thread() {
     assert_eq!(sums[2], 2 * sums[1]);
     assert!(g.peak() >= 40_000, "peak {}", g.peak());
     assert_eq!(k.root().create_child("other").unwrap().usage(), 0);
-    k.shrink();
-    assert_eq!(g.usage(), 0);
-    k.check_accounting();
+    assert_uncharged_after_shrink(k, &[&g]);
 }
 
 #[test]
@@ -275,24 +329,17 @@ fn seed_000_halving_limits_fail_cleanly_at_the_limit() {
     // limit fails allocation exactly when the next slab would not fit.
     #[allow(dead_code)]
     struct Dentry([u64; 24]);
-    let k = kmem();
-    let g = k.root().create_child("find").unwrap();
+    let (k, g) = kmem_with_child("find");
     let cache = k.create_cache::<Dentry>("dentry", CacheFlags::ACCOUNT).unwrap();
     let slab = cache.desc.cache.cache.geometry().slab_pages() * PAGE_SIZE;
     let mut limit = 4 << 20;
     while limit >= 32 << 10 {
         g.set_max(limit).unwrap();
         let _in = g.enter();
-        let mut held = Vec::new();
-        loop {
-            match cache.alloc(Dentry([7; 24])) {
-                Ok(b) => held.push(b),
-                Err(Error::LimitExceeded { group, .. }) => {
-                    assert_eq!(group.as_str(), "find");
-                    break;
-                }
-                Err(e) => panic!("{e:?}"),
-            }
+        let (held, err) = alloc_until_err(|| cache.alloc(Dentry([7; 24])));
+        match err {
+            Error::LimitExceeded { group, .. } => assert_eq!(group.as_str(), "find"),
+            e => panic!("{e:?}"),
         }
         let usage = g.usage();
         assert!(usage <= limit, "beyond the limit: {usage} > {limit}");
@@ -377,10 +424,7 @@ fn accounting_invariants_under_threaded_random_groups() {
     }
     drop(typed);
     k.check_accounting();
-    k.shrink();
-    for g in &groups {
-        assert_eq!(g.usage(), 0, "group {} still charged", g.name());
-    }
+    assert_uncharged_after_shrink(k, &groups.each_ref());
 }
 
 #[test]
@@ -418,26 +462,20 @@ fn removal_bad_input() {
     // SAFETY: freed once.
     unsafe { k.dealloc(q, layout) };
     drop(guard);
-    k.shrink();
-    assert_eq!(p.usage(), 0);
-    k.check_accounting();
+    assert_uncharged_after_shrink(k, &[&p]);
 }
 
 #[test]
 fn seed_001_dead_cache_holds_nothing_and_goes_with_its_last_object() {
-    let k = kmem();
-    let parent = k.root().create_child("parent").unwrap();
+    let (k, parent) = kmem_with_child("parent");
     let g = parent.create_child("dying").unwrap();
     let layout = Layout::from_size_align(64, 8).unwrap();
     let objs: Vec<usize> = {
         let _in = g.enter();
-        // SAFETY: valid layout.
-        let v: Vec<usize> = (0..20_000).map(|_| unsafe { k.alloc(layout) } as usize).collect();
+        let v = alloc_blocks(k, layout, 20_000);
         // Free every other one: magazines and partial slabs fill up.
-        for p in v.iter().step_by(2) {
-            // SAFETY: freed once.
-            unsafe { k.dealloc(*p as *mut u8, layout) };
-        }
+        // SAFETY: live blocks of `layout`, each freed once.
+        unsafe { free_blocks(k, v.iter().step_by(2).copied(), layout) };
         v.into_iter().skip(1).step_by(2).collect()
     };
     let before = parent.usage();
@@ -454,29 +492,13 @@ fn seed_001_dead_cache_holds_nothing_and_goes_with_its_last_object() {
     assert_eq!(parent.usage(), g.usage(), "the parent keeps counting the dead group's slabs");
     assert!(g.usage() <= before);
     // Free the rest from other threads, racing each other.
-    let chunks: Vec<Vec<usize>> = objs.chunks(objs.len() / 4 + 1).map(|c| c.to_vec()).collect();
-    let hs: Vec<_> = chunks
-        .into_iter()
-        .map(|chunk| {
-            thread::spawn(move || {
-                for p in chunk {
-                    // SAFETY: live, freed once.
-                    unsafe { k.dealloc(p as *mut u8, layout) };
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    // SAFETY: live, freed once.
+    unsafe { free_on_threads(k, &objs, 4, |_| layout) };
     assert_eq!(dead.cache.stats().slabs, 0, "the dead cache gave back every slab");
     assert_eq!(g.usage(), 0);
     assert_eq!(parent.usage(), 0, "no charge lost or left");
     // The group and its caches go with the last handle.
-    let groups_before = k.tree().groups.stats().active_objects;
-    drop(g);
-    k.shrink();
-    assert_eq!(k.tree().groups.stats().active_objects, groups_before - 1, "the group's metadata was freed");
+    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
     k.check_accounting();
 }
 
@@ -493,10 +515,7 @@ fn zombie_groups_leave_nothing_behind() {
         let g = k.root().create_child(&std::format!("z{i}")).unwrap();
         {
             let _in = g.enter();
-            for _ in 0..3 {
-                // SAFETY: valid layout.
-                leftovers.push(unsafe { k.alloc(layout) } as usize);
-            }
+            leftovers.extend(alloc_blocks(k, layout, 3));
             if i % 10 == 0 {
                 boxes.push(typed.alloc([i as u8; 300]).unwrap());
                 // A large object too.
@@ -508,27 +527,13 @@ fn zombie_groups_leave_nothing_behind() {
     }
     assert_eq!(k.root().stat().failcnt, 0);
     // Free everything later, from other threads.
-    let per = leftovers.len() / 2 + 1;
-    let parts: Vec<Vec<usize>> = leftovers.chunks(per).map(|c| c.to_vec()).collect();
-    let hs: Vec<_> = parts
-        .into_iter()
-        .map(|part| {
-            thread::spawn(move || {
-                for p in part {
-                    // Large objects are the page-aligned ones.
-                    let l = if p % PAGE_SIZE == 0 { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
-                    // SAFETY: live, freed once with its layout.
-                    unsafe { k.dealloc(p as *mut u8, l) };
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    // Large objects are the page-aligned ones.
+    let layout_of = |p: usize| if p % PAGE_SIZE == 0 { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
+    // SAFETY: live, freed once with its layout.
+    unsafe { free_on_threads(k, &leftovers, 2, layout_of) };
     drop(boxes);
     k.shrink();
-    assert_eq!(k.tree().groups.stats().active_objects, 0, "group metadata left behind");
+    assert_eq!(group_records(k), 0, "group metadata left behind");
     assert_eq!(k.tree().child_caches.stats().active_objects, 0, "dead caches left behind");
     let mut n = 0;
     k.tree().for_each_group(|_| n += 1);
@@ -563,42 +568,34 @@ fn group_names_that_read_as_paths_are_refused() {
 /// Now the current group is referenced for as long as it is current.
 #[test]
 fn guards_dropped_out_of_order_keep_the_current_group_alive() {
-    let k = kmem();
-    thread::scope(|s| {
-        s.spawn(|| {
-            let a = k.root().create_child("a").unwrap();
-            let b = k.root().create_child("b").unwrap();
-            let ga = a.enter();
-            let gb = b.enter();
-            drop(ga);
-            drop(gb);
-            assert_eq!(k.current_group().name(), "a", "the last dropped guard restored a");
-            a.remove().unwrap();
-            drop(a);
-            b.remove().unwrap();
-            drop(b);
-            k.shrink();
-            // New groups may reuse freed group memory; `a`'s is not freed.
-            let fresh: Vec<_> = (0..32).map(|i| k.root().create_child(&std::format!("c{i}")).unwrap()).collect();
-            let layout = Layout::from_size_align(4000, 8).unwrap();
-            // SAFETY: valid layout.
-            let p = unsafe { k.alloc(layout) };
-            assert!(!p.is_null());
-            for c in &fresh {
-                assert_eq!(
-                    c.usage(),
-                    0,
-                    "{} was charged for an allocation of a thread that never entered it",
-                    c.name()
-                );
-            }
-            assert_eq!(k.current_group().name(), "/", "a removed current group charges its online ancestor");
-            // SAFETY: allocated above with this layout.
-            unsafe { k.dealloc(p, layout) };
-            for c in fresh {
-                c.remove().unwrap();
-            }
-        });
+    let (k, a) = kmem_with_child("a");
+    let b = k.root().create_child("b").unwrap();
+    on_own_thread(|| {
+        let ga = a.enter();
+        let gb = b.enter();
+        drop(ga);
+        drop(gb);
+        assert_eq!(k.current_group().name(), "a", "the last dropped guard restored a");
+        a.remove().unwrap();
+        drop(a);
+        b.remove().unwrap();
+        drop(b);
+        k.shrink();
+        // New groups may reuse freed group memory; `a`'s is not freed.
+        let fresh: Vec<_> = (0..32).map(|i| k.root().create_child(&std::format!("c{i}")).unwrap()).collect();
+        let layout = Layout::from_size_align(4000, 8).unwrap();
+        // SAFETY: valid layout.
+        let p = unsafe { k.alloc(layout) };
+        assert!(!p.is_null());
+        for c in &fresh {
+            assert_eq!(c.usage(), 0, "{} was charged for an allocation of a thread that never entered it", c.name());
+        }
+        assert_eq!(k.current_group().name(), "/", "a removed current group charges its online ancestor");
+        // SAFETY: allocated above with this layout.
+        unsafe { k.dealloc(p, layout) };
+        for c in fresh {
+            c.remove().unwrap();
+        }
     });
     k.check_accounting();
 }
@@ -607,36 +604,31 @@ fn guards_dropped_out_of_order_keep_the_current_group_alive() {
 #[test]
 fn forgotten_guards_pin_their_group() {
     let k = kmem();
-    thread::scope(|s| {
-        s.spawn(|| {
-            let a = k.root().create_child("a").unwrap();
-            core::mem::forget(a.enter());
-            a.remove().unwrap();
-            drop(a);
-            k.shrink();
-            let fresh = k.root().create_child("fresh").unwrap();
-            let layout = Layout::from_size_align(64, 8).unwrap();
-            // SAFETY: valid layout.
-            let p = unsafe { k.alloc(layout) };
-            assert_eq!(fresh.usage(), 0);
-            // SAFETY: allocated above with this layout.
-            unsafe { k.dealloc(p, layout) };
-            // Guards made after a forgotten one still nest.
-            {
-                let _in = fresh.enter();
-                assert_eq!(k.current_group().name(), "fresh");
-            }
-            assert_eq!(k.current_group().name(), "/");
-            fresh.remove().unwrap();
-            drop(fresh);
-            // `a` is still pinned; resetting lets it go.
-            k.shrink();
-            let pinned = k.tree().groups.stats().active_objects;
-            assert!(pinned >= 1);
-            k.reset_current_group();
-            k.shrink();
-            assert_eq!(k.tree().groups.stats().active_objects, pinned - 1, "the reset released the pinned group");
-        });
+    on_own_thread(|| {
+        let a = k.root().create_child("a").unwrap();
+        core::mem::forget(a.enter());
+        a.remove().unwrap();
+        drop(a);
+        k.shrink();
+        let fresh = k.root().create_child("fresh").unwrap();
+        let layout = Layout::from_size_align(64, 8).unwrap();
+        // SAFETY: valid layout.
+        let p = unsafe { k.alloc(layout) };
+        assert_eq!(fresh.usage(), 0);
+        // SAFETY: allocated above with this layout.
+        unsafe { k.dealloc(p, layout) };
+        // Guards made after a forgotten one still nest.
+        {
+            let _in = fresh.enter();
+            assert_eq!(k.current_group().name(), "fresh");
+        }
+        assert_eq!(k.current_group().name(), "/");
+        fresh.remove().unwrap();
+        drop(fresh);
+        // `a` is still pinned; resetting lets it go.
+        k.shrink();
+        assert!(group_records(k) >= 1);
+        assert_frees_one_group_record(k, "the reset released the pinned group", || k.reset_current_group());
     });
     k.check_accounting();
 }
@@ -645,31 +637,27 @@ fn forgotten_guards_pin_their_group() {
 /// the allocator that made the group.
 #[test]
 fn guards_of_two_allocators_dropped_out_of_order() {
-    let k1 = kmem();
-    let k2 = kmem();
-    thread::scope(|s| {
-        s.spawn(|| {
-            let a = k1.root().create_child("a").unwrap();
-            let b = k2.root().create_child("b").unwrap();
-            let ga = a.enter();
-            let gb = b.enter();
-            assert_eq!(k1.current_group().name(), "/", "another allocator's token is not k1's group");
-            assert_eq!(k2.current_group().name(), "b");
-            drop(ga);
-            assert_eq!(k2.current_group().name(), "/");
-            drop(gb);
-            assert_eq!(k1.current_group().name(), "a");
-            // Out of order again: `a`'s reference is released to k1, `b`
-            // (k2's) stays current.
-            let gb = b.enter();
-            let groot = k1.root().enter();
-            drop(gb);
-            drop(groot);
-            assert_eq!(k1.current_group().name(), "/");
-            assert_eq!(k2.current_group().name(), "b");
-            a.remove().unwrap();
-            b.remove().unwrap();
-        });
+    let (k1, a) = kmem_with_child("a");
+    let (k2, b) = kmem_with_child("b");
+    on_own_thread(|| {
+        let ga = a.enter();
+        let gb = b.enter();
+        assert_eq!(k1.current_group().name(), "/", "another allocator's token is not k1's group");
+        assert_eq!(k2.current_group().name(), "b");
+        drop(ga);
+        assert_eq!(k2.current_group().name(), "/");
+        drop(gb);
+        assert_eq!(k1.current_group().name(), "a");
+        // Out of order again: `a`'s reference is released to k1, `b`
+        // (k2's) stays current.
+        let gb = b.enter();
+        let groot = k1.root().enter();
+        drop(gb);
+        drop(groot);
+        assert_eq!(k1.current_group().name(), "/");
+        assert_eq!(k2.current_group().name(), "b");
+        a.remove().unwrap();
+        b.remove().unwrap();
     });
     k1.check_accounting();
     k2.check_accounting();
@@ -727,8 +715,7 @@ fn dropped_typed_caches_give_back_their_index_and_memory() {
 /// still name it); nothing dangles, and the others recycle as usual.
 #[test]
 fn a_typed_cache_with_a_leaked_object_stays_dead() {
-    let k = kmem();
-    let g = k.root().create_child("g").unwrap();
+    let (k, g) = kmem_with_child("g");
     {
         let c = k.create_cache::<u64>("leaky", CacheFlags::ACCOUNT).unwrap();
         core::mem::forget(c.alloc_in(&g, 1).unwrap());
@@ -766,14 +753,13 @@ fn create_cache_does_not_walk_dropped_caches() {
 #[test]
 fn reset_current_group_with_a_live_guard_and_twice() {
     let k = kmem();
-    thread::scope(|s| {
-        s.spawn(|| {
-            k.reset_current_group();
-            k.reset_current_group();
-            assert_eq!(k.current_group().name(), "/");
-            let a = k.root().create_child("a").unwrap();
-            k.shrink();
-            let before = k.tree().groups.stats().active_objects;
+    on_own_thread(|| {
+        k.reset_current_group();
+        k.reset_current_group();
+        assert_eq!(k.current_group().name(), "/");
+        let a = k.root().create_child("a").unwrap();
+        k.shrink();
+        assert_frees_one_group_record(k, "a was released once and reclaimed", || {
             let guard = a.enter();
             k.reset_current_group();
             assert_eq!(k.current_group().name(), "/", "the reset made the root current");
@@ -781,8 +767,6 @@ fn reset_current_group_with_a_live_guard_and_twice() {
             assert_eq!(k.current_group().name(), "/", "the guard restored the root it saved");
             a.remove().unwrap();
             drop(a);
-            k.shrink();
-            assert_eq!(k.tree().groups.stats().active_objects, before - 1, "a was released once and reclaimed");
         });
     });
     k.check_accounting();
@@ -793,8 +777,7 @@ fn reset_current_group_with_a_live_guard_and_twice() {
 /// registry lock, so neither runs out and nothing stays charged.
 #[test]
 fn typed_caches_created_and_dropped_from_two_threads() {
-    let k = kmem();
-    let g = k.root().create_child("g").unwrap();
+    let (k, g) = kmem_with_child("g");
     thread::scope(|s| {
         for t in 0..2 {
             let g = &g;
@@ -811,7 +794,5 @@ fn typed_caches_created_and_dropped_from_two_threads() {
         let b = s.spawn(|| k.create_cache::<u64>("same", CacheFlags::ACCOUNT).map(core::mem::forget).is_ok());
         assert_eq!(a.join().unwrap() as u32 + b.join().unwrap() as u32, 1, "one name, one live cache");
     });
-    k.shrink();
-    assert_eq!(g.usage(), 0);
-    k.check_accounting();
+    assert_uncharged_after_shrink(k, &[&g]);
 }

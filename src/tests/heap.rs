@@ -166,13 +166,21 @@ fn model<S: PageSource>(kmem: &Kmem<S>, ops: usize, seed: u64, check: impl Fn())
     failures
 }
 
-#[test]
-fn model_region_1m_ops() {
-    let k = region_kmem(if cfg!(miri) { 32 << 20 } else { 256 << 20 });
-    let failures = model(k, scaled(1_000_000, 10_000), 7, || {
+/// Runs `model` for `ops` steps from `seed` on a region of `bytes`
+/// (`miri_bytes` under Miri), checking the allocator and the region as it
+/// goes: the allocator and how many allocations failed.
+fn region_model(bytes: usize, miri_bytes: usize, ops: usize, seed: u64) -> (&'static RKmem, usize) {
+    let k = region_kmem(if cfg!(miri) { miri_bytes } else { bytes });
+    let failures = model(k, ops, seed, || {
         k.check();
         k.source().check();
     });
+    (k, failures)
+}
+
+#[test]
+fn model_region_1m_ops() {
+    let (k, failures) = region_model(256 << 20, 32 << 20, scaled(1_000_000, 10_000), 7);
     assert_eq!(k.stats().bad_frees, 0);
     assert_eq!(k.stats().large_objects, 0);
     assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
@@ -193,11 +201,7 @@ fn model_os_pages_1m_ops() {
 #[test]
 fn small_region_model_runs_into_exhaustion_cleanly() {
     // 2 MiB: large requests fail often; nothing may be corrupted by that.
-    let k = region_kmem(if cfg!(miri) { 512 << 10 } else { 2 << 20 });
-    let failures = model(k, scaled(100_000, 1000), 3, || {
-        k.check();
-        k.source().check();
-    });
+    let (k, failures) = region_model(2 << 20, 512 << 10, scaled(100_000, 1000), 3);
     assert!(failures > 0);
     assert_eq!(k.source().stats().pages_in_use, 0);
 }

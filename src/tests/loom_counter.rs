@@ -22,14 +22,23 @@ fn tree(child_max: usize) -> Arc<Tree> {
     Arc::new(Tree { root, child })
 }
 
+/// Runs `body` as a loom model on a fresh [`tree`] with `child_max`.
+fn model_tree(child_max: usize, body: impl Fn(Arc<Tree>) + Sync + Send + 'static) {
+    loom::model(move || body(tree(child_max)));
+}
+
+/// Spawns a model thread that runs `f` on its own clone of `shared`.
+fn spawn_with<S: 'static, T: 'static>(shared: &Arc<S>, f: impl FnOnce(&S) -> T + 'static) -> thread::JoinHandle<T> {
+    let shared = shared.clone();
+    thread::spawn(move || f(&shared))
+}
+
 #[test]
 fn loom_concurrent_try_charge_respects_max() {
-    loom::model(|| {
-        let t = tree(3);
+    model_tree(3, |t| {
         let ths: Vec<_> = (0..2)
             .map(|_| {
-                let t = t.clone();
-                thread::spawn(move || {
+                spawn_with(&t, |t| {
                     let ok = t.child.try_charge(2).is_ok();
                     assert!(t.child.usage() <= 4);
                     ok
@@ -49,12 +58,8 @@ fn loom_concurrent_try_charge_respects_max() {
 
 #[test]
 fn loom_try_charge_races_set_max() {
-    loom::model(|| {
-        let t = tree(usize::MAX);
-        let charger = {
-            let t = t.clone();
-            thread::spawn(move || t.child.try_charge(2).is_ok())
-        };
+    model_tree(usize::MAX, |t| {
+        let charger = spawn_with(&t, |t| t.child.try_charge(2).is_ok());
         let set = t.child.set_max(1);
         let charged = charger.join().unwrap();
         // Never both: a successful set_max(1) and a 2-page charge on top.
@@ -77,17 +82,10 @@ fn loom_try_charge_races_set_max() {
 /// of the last `Ok`.
 #[test]
 fn loom_two_set_max_race_a_charge() {
-    loom::model(|| {
-        let t = tree(usize::MAX);
+    model_tree(usize::MAX, |t| {
         t.child.try_charge(2).unwrap();
-        let charger = {
-            let t = t.clone();
-            thread::spawn(move || t.child.try_charge(1).is_ok())
-        };
-        let tight = {
-            let t = t.clone();
-            thread::spawn(move || t.child.set_max(2).is_ok())
-        };
+        let charger = spawn_with(&t, |t| t.child.try_charge(1).is_ok());
+        let tight = spawn_with(&t, |t| t.child.set_max(2).is_ok());
         let loose = t.child.set_max(5).is_ok();
         let tight = tight.join().unwrap();
         let charged = charger.join().unwrap();
@@ -109,16 +107,12 @@ fn loom_two_set_max_race_a_charge() {
 
 #[test]
 fn loom_stock_refill_races_drain() {
-    loom::model(|| {
-        let t = tree(usize::MAX);
-        let user = {
-            let t = t.clone();
-            thread::spawn(move || {
-                t.child.try_charge_stocked(Some(0), 1).unwrap();
-                t.child.try_charge_stocked(Some(0), 1).unwrap();
-                t.child.uncharge_stocked(Some(0), 2);
-            })
-        };
+    model_tree(usize::MAX, |t| {
+        let user = spawn_with(&t, |t| {
+            t.child.try_charge_stocked(Some(0), 1).unwrap();
+            t.child.try_charge_stocked(Some(0), 1).unwrap();
+            t.child.uncharge_stocked(Some(0), 2);
+        });
         let drained = t.child.drain_stock();
         user.join().unwrap();
         assert!(drained <= STOCK_BATCH + 2);
@@ -133,16 +127,12 @@ fn loom_reparenting_races_uncharge() {
     // CPU: removal drains the group's stock (its charges stay with the
     // group and, through it, with the parent), the free uncharges the
     // group with no stock. Nothing is lost or counted twice.
-    loom::model(|| {
-        let t = tree(usize::MAX);
+    model_tree(usize::MAX, |t| {
         t.child.try_charge_stocked(Some(0), 2).unwrap();
-        let freer = {
-            let t = t.clone();
-            thread::spawn(move || {
-                // The dead cache's slab release: stock bypassed.
-                t.child.uncharge_stocked(None, 2);
-            })
-        };
+        let freer = spawn_with(&t, |t| {
+            // The dead cache's slab release: stock bypassed.
+            t.child.uncharge_stocked(None, 2);
+        });
         let drained = t.child.drain_stock();
         freer.join().unwrap();
         assert_eq!(drained, STOCK_BATCH);
@@ -160,22 +150,19 @@ fn loom_shrinker_registration_races_reclaim() {
     loom::model(|| {
         let list: Arc<List> = Arc::new(lock_api::Mutex::new([Some(1), None]));
         drop(list.lock());
-        let reg = {
-            let list = list.clone();
-            thread::spawn(move || {
-                let mut l = list.lock();
-                if let Some(slot) = l.iter_mut().find(|x| x.is_none()) {
-                    *slot = Some(2);
+        let reg = spawn_with(&list, |list| {
+            let mut l = list.lock();
+            if let Some(slot) = l.iter_mut().find(|x| x.is_none()) {
+                *slot = Some(2);
+            }
+            drop(l);
+            let mut l = list.lock();
+            for x in l.iter_mut() {
+                if *x == Some(1) {
+                    *x = None;
                 }
-                drop(l);
-                let mut l = list.lock();
-                for x in l.iter_mut() {
-                    if *x == Some(1) {
-                        *x = None;
-                    }
-                }
-            })
-        };
+            }
+        });
         let copy = *list.lock();
         reg.join().unwrap();
         let n = copy.iter().flatten().count();
@@ -190,10 +177,7 @@ fn loom_pressure_charge_races_threshold_change() {
     loom::model(|| {
         // SAFETY: no parent.
         let c = Arc::new(unsafe { PressureCounter::new(core::ptr::null()) });
-        let charger = {
-            let c = c.clone();
-            thread::spawn(move || c.charge(2))
-        };
+        let charger = spawn_with(&c, |c| c.charge(2));
         let set = c.set_thresholds(Thresholds { min: 0, pressure: 1, max: 1 });
         let st = charger.join().unwrap();
         if set.is_ok() {

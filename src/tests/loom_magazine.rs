@@ -154,20 +154,41 @@ fn settle(env: &TestEnv, c: &MagCache<R>) {
     assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
 }
 
+/// Runs `body` as a loom model on a fresh environment of `nodes` nodes and
+/// its 64-byte cache.
+fn model(nodes: usize, body: impl Fn(Arc<TestEnv>, Arc<MagCache<R>>) + Sync + Send + 'static) {
+    loom::model(move || {
+        let env = Arc::new(TestEnv::new(nodes));
+        let c = Arc::new(cache(&env));
+        body(env, c);
+    });
+}
+
+/// Spawns a model thread that takes slot `slot` and runs `f` on the
+/// environment and the cache.
+fn spawn_on<T: 'static>(
+    slot: usize,
+    env: &Arc<TestEnv>,
+    c: &Arc<MagCache<R>>,
+    f: impl FnOnce(&TestEnv, &MagCache<R>) -> T + 'static,
+) -> thread::JoinHandle<T> {
+    let (env, c) = (env.clone(), c.clone());
+    thread::spawn(move || {
+        set_slot(slot);
+        f(&env, &c)
+    })
+}
+
 #[test]
 fn loom_depot_exchange_between_two_cpus() {
-    loom::model(|| {
-        let env = Arc::new(TestEnv::new(1));
-        let c = Arc::new(cache(&env));
+    model(1, |env, c| {
         let ths: Vec<_> = (0..2)
             .map(|slot| {
-                let (env, c) = (env.clone(), c.clone());
-                thread::spawn(move || {
-                    set_slot(slot);
+                spawn_on(slot, &env, &c, move |env, c| {
                     // More than a magazine (4 rounds under loom): refills,
                     // swaps, and depot trades with the other CPU.
-                    churn(&env, &c, 5, slot as u8 + 1);
-                    churn(&env, &c, 3, slot as u8 + 3);
+                    churn(env, c, 5, slot as u8 + 1);
+                    churn(env, c, 3, slot as u8 + 3);
                 })
             })
             .collect();
@@ -180,17 +201,11 @@ fn loom_depot_exchange_between_two_cpus() {
 
 #[test]
 fn loom_slot_drained_while_owner_allocates() {
-    loom::model(|| {
-        let env = Arc::new(TestEnv::new(1));
-        let c = Arc::new(cache(&env));
-        let owner = {
-            let (env, c) = (env.clone(), c.clone());
-            thread::spawn(move || {
-                set_slot(0);
-                churn(&env, &c, 2, 7);
-                churn(&env, &c, 2, 8);
-            })
-        };
+    model(1, |env, c| {
+        let owner = spawn_on(0, &env, &c, |env, c| {
+            churn(env, c, 2, 7);
+            churn(env, c, 2, 8);
+        });
         // This thread holds no slot: it drains slot 0 through the handshake.
         c.drain(&*env);
         owner.join().unwrap();
@@ -200,31 +215,19 @@ fn loom_slot_drained_while_owner_allocates() {
 
 #[test]
 fn loom_remote_free_races_home_refill() {
-    loom::model(|| {
-        let env = Arc::new(TestEnv::new(2));
-        let c = Arc::new(cache(&env));
+    model(2, |env, c| {
         // Allocated on the shared path: a node-0 object.
         let x = c.alloc(&*env).unwrap();
         // SAFETY: a live object of `c`.
         assert_eq!(unsafe { c.cache.node_of(x.as_ptr()) }, 0);
         let x = x.as_ptr() as usize;
-        let home = {
-            let (env, c) = (env.clone(), c.clone());
-            thread::spawn(move || {
-                set_slot(0);
-                churn(&env, &c, 3, 5);
-            })
-        };
-        let remote = {
-            let (env, c) = (env.clone(), c.clone());
-            thread::spawn(move || {
-                set_slot(1);
-                // Node 1 frees a node-0 object: it must go home, not into
-                // node 1's magazine.
-                // SAFETY: `x` is live and freed once.
-                unsafe { c.free(&*env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
-            })
-        };
+        let home = spawn_on(0, &env, &c, |env, c| churn(env, c, 3, 5));
+        let remote = spawn_on(1, &env, &c, move |env, c| {
+            // Node 1 frees a node-0 object: it must go home, not into
+            // node 1's magazine.
+            // SAFETY: `x` is live and freed once.
+            unsafe { c.free(env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
+        });
         home.join().unwrap();
         remote.join().unwrap();
         settle(&env, &c);
@@ -233,20 +236,14 @@ fn loom_remote_free_races_home_refill() {
 
 #[test]
 fn loom_removal_races_remote_free() {
-    loom::model(|| {
-        let env = Arc::new(TestEnv::new(1));
-        let c = Arc::new(cache(&env));
+    model(1, |env, c| {
         // A live object, allocated on the shared path.
         let x = c.alloc(&*env).unwrap().as_ptr() as usize;
-        let freer = {
-            let (env, c) = (env.clone(), c.clone());
-            thread::spawn(move || {
-                set_slot(1);
-                // SAFETY: `x` is live and freed once.
-                unsafe { c.free(&*env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
-                c.take_empty_dead()
-            })
-        };
+        let freer = spawn_on(1, &env, &c, move |env, c| {
+            // SAFETY: `x` is live and freed once.
+            unsafe { c.free(env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
+            c.take_empty_dead()
+        });
         // The removal: the cache turns dead, its magazines are emptied on
         // every CPU, its empty slabs go back.
         c.cache.mark_dead();

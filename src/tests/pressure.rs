@@ -4,7 +4,7 @@ use std::thread;
 use std::vec::Vec;
 
 use crate::platform::OsPages;
-use crate::{Error, Kmem, PressureState, Thresholds};
+use crate::{Cgroup, Error, Kmem, Pressure, PressureState, Thresholds};
 
 fn kmem() -> &'static Kmem<OsPages> {
     Box::leak(Box::new(Kmem::new(OsPages::new())))
@@ -12,6 +12,14 @@ fn kmem() -> &'static Kmem<OsPages> {
 
 fn t(min: usize, pressure: usize, max: usize) -> Thresholds {
     Thresholds { min, pressure, max }
+}
+
+/// A group `g` of a fresh allocator and its `tcp` resource with
+/// `thresholds`.
+fn tcp_of_fresh_group(thresholds: Thresholds) -> (Cgroup<'static, Kmem<OsPages>>, Pressure<'static, Kmem<OsPages>>) {
+    let g = kmem().root().create_child("g").unwrap();
+    let p = g.pressure("tcp", thresholds).unwrap();
+    (g, p)
 }
 
 #[test]
@@ -42,9 +50,7 @@ fn thresholds_are_validated_against_order_and_the_parent() {
 
 #[test]
 fn state_transitions_at_each_boundary() {
-    let k = kmem();
-    let g = k.root().create_child("g").unwrap();
-    let p = g.pressure("tcp", t(100, 200, 300)).unwrap();
+    let (g, p) = tcp_of_fresh_group(t(100, 200, 300));
     assert_eq!(p.charge(100), PressureState::Normal);
     assert_eq!(p.charge(100), PressureState::Normal, "exactly at `pressure` is not above it");
     assert_eq!(p.charge(1), PressureState::UnderPressure);
@@ -146,9 +152,7 @@ fn uncharge_above_usage_is_refused_and_changes_nothing() {
 /// they were (it used to write `min` and `pressure` before the check).
 #[test]
 fn refused_retune_changes_no_threshold() {
-    let k = kmem();
-    let g = k.root().create_child("g").unwrap();
-    let p = g.pressure("tcp", t(100, 200, 300)).unwrap();
+    let (g, p) = tcp_of_fresh_group(t(100, 200, 300));
     assert_eq!(p.charge(250), PressureState::UnderPressure);
     assert_eq!(g.pressure("tcp", t(1, 2, 3)).err(), Some(Error::LimitBelowUsage { usage: 250 }));
     assert_eq!(p.thresholds(), t(100, 200, 300));
@@ -159,9 +163,7 @@ fn refused_retune_changes_no_threshold() {
 /// refused at any max; more than held is refused at every level.
 #[test]
 fn pressure_extreme_amounts() {
-    let k = kmem();
-    let g = k.root().create_child("g").unwrap();
-    let p = g.pressure("tcp", t(0, 10, 100)).unwrap();
+    let (g, p) = tcp_of_fresh_group(t(0, 10, 100));
     p.uncharge(0).unwrap();
     assert_eq!(p.charge(0), PressureState::Normal);
     assert_eq!(p.charge(usize::MAX), PressureState::Refused);

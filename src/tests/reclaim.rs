@@ -11,7 +11,7 @@ use std::vec::Vec;
 
 use crate::platform::{DefaultRawMutex, Region};
 use crate::testutil::arena;
-use crate::{GroupId, Kmem, ShrinkControl, Shrinker};
+use crate::{Cgroup, GroupId, Kmem, ShrinkControl, Shrinker};
 
 type K = Kmem<Region<DefaultRawMutex, 8>>;
 
@@ -19,6 +19,21 @@ fn kmem(bytes: usize) -> &'static K {
     let k: &'static K = Box::leak(Box::new(Kmem::new(Region::new())));
     k.source().add(arena(bytes), 0).unwrap();
     k
+}
+
+/// A fresh allocator on `bytes` of memory, with an LRU of `OBJ`-byte
+/// objects registered as its shrinker.
+fn kmem_with_lru(bytes: usize) -> (&'static K, &'static Lru) {
+    let k = kmem(bytes);
+    (k, Lru::new(k))
+}
+
+/// A child of the root named `name`, with a soft limit of `soft_limit`
+/// bytes.
+fn soft_child(k: &'static K, name: &str, soft_limit: usize) -> Cgroup<'static, K> {
+    let g = k.root().create_child(name).unwrap();
+    g.set_soft_limit(soft_limit).unwrap();
+    g
 }
 
 const OBJ: usize = 1000;
@@ -59,12 +74,24 @@ impl Lru {
         true
     }
 
+    /// Adds `n` objects from inside `g`: how many found room.
+    fn add_in(&self, g: &Cgroup<'static, K>, n: usize) -> usize {
+        let _in = g.enter();
+        (0..n).filter(|_| self.add()).count()
+    }
+
     fn free_all(&self) {
         let all: Vec<_> = self.entries.lock().unwrap().drain(..).collect();
         for (_, p) in all {
             // SAFETY: live, freed once.
             unsafe { self.kmem.dealloc(p as *mut u8, Layout::from_size_align(self.size, 8).unwrap()) };
         }
+    }
+
+    /// The end of a test: frees every object and unregisters the shrinker.
+    fn retire(&'static self) {
+        self.free_all();
+        self.kmem.unregister_shrinker(self);
     }
 }
 
@@ -99,20 +126,14 @@ const MB: usize = 1 << 20;
 
 #[test]
 fn seed_002_hungry_groups_end_near_their_soft_limits() {
-    let k = kmem(24 * MB);
-    let lru = Lru::new(k);
-    let a = k.root().create_child("a").unwrap();
-    let b = k.root().create_child("b").unwrap();
-    a.set_soft_limit(6 * MB).unwrap();
-    b.set_soft_limit(12 * MB).unwrap();
+    let (k, lru) = kmem_with_lru(24 * MB);
+    let a = soft_child(k, "a", 6 * MB);
+    let b = soft_child(k, "b", 12 * MB);
     let hs: Vec<_> = [a.clone(), b.clone()]
         .into_iter()
         .map(|g| {
             thread::spawn(move || {
-                let _in = g.enter();
-                for _ in 0..60_000 {
-                    assert!(lru.add(), "allocation failed with reclaimable memory left");
-                }
+                assert_eq!(lru.add_in(&g, 60_000), 60_000, "allocation failed with reclaimable memory left");
             })
         })
         .collect();
@@ -129,67 +150,38 @@ fn seed_002_hungry_groups_end_near_their_soft_limits() {
     assert!(ua <= 11 * MB && ub <= 17 * MB, "a group stayed far above its soft limit: a {ua} b {ub}");
     assert!(ub > ua, "the larger soft limit kept more");
     assert!(a.stat().soft_reclaim_passes + b.stat().soft_reclaim_passes > 0);
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
 }
 
 #[test]
 fn soft_limit_zero_is_reclaimed_first_and_may_use_free_memory() {
-    let k = kmem(16 * MB);
-    let lru = Lru::new(k);
-    let zero = k.root().create_child("zero").unwrap();
-    let other = k.root().create_child("other").unwrap();
-    zero.set_soft_limit(0).unwrap();
-    other.set_soft_limit(8 * MB).unwrap();
-    {
-        // No contention yet: soft limit 0 does not stop it from using memory.
-        let _in = zero.enter();
-        for _ in 0..6000 {
-            assert!(lru.add());
-        }
-    }
+    let (k, lru) = kmem_with_lru(16 * MB);
+    let zero = soft_child(k, "zero", 0);
+    let other = soft_child(k, "other", 8 * MB);
+    // No contention yet: soft limit 0 does not stop it from using memory.
+    assert_eq!(lru.add_in(&zero, 6000), 6000);
     assert!(zero.usage() > 5 * MB, "a soft limit of 0 keeps free memory usable");
-    {
-        let _in = other.enter();
-        for _ in 0..10_000 {
-            assert!(lru.add());
-        }
-    }
+    assert_eq!(lru.add_in(&other, 10_000), 10_000);
     assert!(zero.stat().soft_reclaim_passes > 0, "the soft-0 group was reclaimed under contention");
     assert!(other.usage() > zero.usage(), "other {} zero {}", other.usage(), zero.usage());
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
 }
 
 #[test]
 fn low_protects_and_hierarchy_soft_limit_covers_the_subtree() {
-    let k = kmem(16 * MB);
-    let lru = Lru::new(k);
-    let parent = k.root().create_child("parent").unwrap();
+    let (k, lru) = kmem_with_lru(16 * MB);
+    let parent = soft_child(k, "parent", 2 * MB); // covers kid's usage
     let kid = parent.create_child("kid").unwrap();
-    let guarded = k.root().create_child("guarded").unwrap();
-    parent.set_soft_limit(2 * MB).unwrap(); // covers kid's usage
+    let guarded = soft_child(k, "guarded", 0);
     guarded.set_low(8 * MB).unwrap();
-    guarded.set_soft_limit(0).unwrap();
-    {
-        let _in = guarded.enter();
-        for _ in 0..4000 {
-            assert!(lru.add());
-        }
-    }
-    {
-        let _in = kid.enter();
-        for _ in 0..14_000 {
-            assert!(lru.add());
-        }
-    }
+    assert_eq!(lru.add_in(&guarded, 4000), 4000);
+    assert_eq!(lru.add_in(&kid, 14_000), 14_000);
     // The parent's soft limit covers the kid: the kid's LRU entries were
     // reclaimed through the parent, and the guarded group, under its
     // `low`, was passed over once soft reclaim was done with it.
     assert!(parent.stat().soft_reclaim_passes > 0);
     assert!(guarded.usage() > 0);
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
 }
 
 #[test]
@@ -197,8 +189,7 @@ fn nothing_reclaimable_terminates() {
     // Every byte is pinned by live objects no shrinker knows of: the
     // allocation that finds the source exhausted must fail, not loop.
     let k = kmem(8 * MB);
-    let g = k.root().create_child("pinned").unwrap();
-    g.set_soft_limit(0).unwrap();
+    let g = soft_child(k, "pinned", 0);
     let l = Layout::from_size_align(4000, 8).unwrap();
     let mut held = Vec::new();
     let _in = g.enter();
@@ -226,32 +217,23 @@ fn nothing_reclaimable_terminates() {
 
 #[test]
 fn high_throttles_and_never_fails() {
-    let k = kmem(32 * MB);
-    let lru = Lru::new(k);
+    let (k, lru) = kmem_with_lru(32 * MB);
     let g = k.root().create_child("bursty").unwrap();
     g.set_high(2 * MB).unwrap();
-    {
-        let _in = g.enter();
-        for _ in 0..10_000 {
-            assert!(lru.add(), "high must never fail an allocation");
-        }
-    }
+    assert_eq!(lru.add_in(&g, 10_000), 10_000, "high must never fail an allocation");
     let st = g.stat();
     assert!(st.events_high > 0, "no throttling happened");
     assert!(lru.scanned.load(O::Relaxed) > 0, "throttling reclaimed nothing");
     assert!(g.usage() < 4 * MB, "usage {} stays near high", g.usage());
     assert_eq!(st.events_oom, 0);
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
 }
 
 #[test]
 fn removing_groups_while_soft_reclaim_runs() {
-    let k = kmem(16 * MB);
-    let lru = Lru::new(k);
+    let (k, lru) = kmem_with_lru(16 * MB);
     let stop = Arc::new(AtomicBool::new(false));
-    let hungry = k.root().create_child("hungry").unwrap();
-    hungry.set_soft_limit(MB).unwrap();
+    let hungry = soft_child(k, "hungry", MB);
     let worker = {
         let hungry = hungry.clone();
         let stop = stop.clone();
@@ -263,28 +245,20 @@ fn removing_groups_while_soft_reclaim_runs() {
         })
     };
     for i in 0..300 {
-        let g = k.root().create_child(&std::format!("tmp{i}")).unwrap();
-        g.set_soft_limit(0).unwrap();
-        {
-            let _in = g.enter();
-            for _ in 0..20 {
-                lru.add();
-            }
-        }
+        let g = soft_child(k, &std::format!("tmp{i}"), 0);
+        lru.add_in(&g, 20);
         g.remove().unwrap();
     }
     stop.store(true, O::Relaxed);
     worker.join().unwrap();
-    lru.free_all();
+    lru.retire();
     k.shrink();
     assert_eq!(k.root().usage(), 0);
-    k.unregister_shrinker(lru);
 }
 
 #[test]
 fn shrinker_registration_races_reclaim() {
-    let k = kmem(8 * MB);
-    let lru = Lru::new(k);
+    let (k, lru) = kmem_with_lru(8 * MB);
     let g = k.root().create_child("g").unwrap();
     g.set_max(2 * MB).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -297,19 +271,13 @@ fn shrinker_registration_races_reclaim() {
             }
         })
     };
-    {
-        let _in = g.enter();
-        for _ in 0..20_000 {
-            // With the shrinker unregistered at the moment, the limit may
-            // refuse; either way nothing breaks.
-            lru.add();
-        }
-    }
+    // With the shrinker unregistered at the moment, the limit may refuse;
+    // either way nothing breaks.
+    lru.add_in(&g, 20_000);
     stop.store(true, O::Relaxed);
     flipper.join().unwrap();
     assert!(g.usage() <= 2 * MB);
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
 }
 
 #[test]
@@ -317,8 +285,7 @@ fn hard_limit_reclaim_takes_about_what_the_charge_needs() {
     // A group at its max keeps allocating objects its shrinker can free:
     // no allocation fails, and each refused charge evicts a small part of
     // what the limit holds (reclaim has a goal), not most of it.
-    let k = kmem(24 * MB);
-    let lru = Lru::new(k);
+    let (k, lru) = kmem_with_lru(24 * MB);
     let g = k.root().create_child("capped-lru").unwrap();
     g.set_max(4 * MB).unwrap();
     let _in = g.enter();
@@ -337,8 +304,7 @@ fn hard_limit_reclaim_takes_about_what_the_charge_needs() {
     assert!(per_charge * 5 < held_at_limit, "each refused charge evicted {per_charge} of {held_at_limit} objects");
     assert!(g.usage() <= 4 * MB);
     drop(_in);
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
 }
 
 /// Issue 13, item 3: contention reclaim used to mark every group visited
@@ -366,8 +332,7 @@ fn contention_reclaim_reaches_every_group() {
     // 80 small groups whose two objects each a shrinker can free.
     let small: Vec<_> = (0..80).map(|i| k.root().create_child(&std::format!("small{i}")).unwrap()).collect();
     for g in &small {
-        let _in = g.enter();
-        assert!(lru.add() && lru.add());
+        assert_eq!(lru.add_in(g, 2), 2);
     }
     assert!(big.iter().all(|b| small.iter().all(|s| b.usage() > s.usage())));
     // The root fills what is left; when it fails, the shrinker must have
@@ -386,8 +351,7 @@ fn contention_reclaim_reaches_every_group() {
         // SAFETY: freed once.
         unsafe { k.dealloc(p, pin) };
     }
-    lru.free_all();
-    k.unregister_shrinker(lru);
+    lru.retire();
     drop((big, small));
     k.shrink();
     assert_eq!(k.root().usage(), 0);
