@@ -65,7 +65,7 @@ fn run_case() {
             // SAFETY: deliberate misuse, in a child process that hardened
             // mode must stop before it corrupts anything.
             unsafe {
-                let twin: kmemcg::CacheBox<'_, [u64; 4], OsPages> = std::ptr::read(&b as *const _);
+                let twin: kmemcg::CacheBox<'_, [u64; 4], kmemcg::Kmem<OsPages>> = std::ptr::read(&b as *const _);
                 drop(b);
                 let _ = p;
                 drop(twin);

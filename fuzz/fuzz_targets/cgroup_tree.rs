@@ -138,7 +138,7 @@ enum Op {
 fuzz_target!(|ops: Vec<Op>| {
     // One allocator and typed cache per process; each input removes its
     // groups and frees its objects, so each starts from the same state.
-    static K: std::sync::OnceLock<(&'static Kmem<Region>, KmemCache<'static, [u64; 20], Region>, usize)> =
+    static K: std::sync::OnceLock<(&'static Kmem<Region>, KmemCache<'static, [u64; 20], Kmem<Region>>, usize)> =
         std::sync::OnceLock::new();
     let (k, typed, baseline) = K.get_or_init(|| {
         let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
