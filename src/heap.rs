@@ -183,8 +183,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// a token that belongs to another allocator).
     #[inline]
     pub(crate) fn current(&self) -> *const Group<R> {
-        // Without groups, the platform's token need not be read at all.
-        if self.tree.no_groups() {
+        // Without groups, the platform's token need not be read at all;
+        // interrupt context charges the root (not the interrupted task).
+        if self.tree.no_groups() || self.platform.in_interrupt() {
             return core::ptr::null();
         }
         self.tree.charged_for(self.platform.current_group())

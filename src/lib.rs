@@ -233,8 +233,9 @@ pub use platform::OsPages;
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::Threads;
 pub use platform::{
-    DefaultPlatform, DefaultRawMutex, DefaultSource, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT,
-    PAGE_SIZE, PageRun, PageSource, Platform, Region, RegionError, SourceStats, order_for_pages,
+    Cpu, CpuCounts, DefaultPlatform, DefaultRawMutex, DefaultSource, IrqSpinLock, MAX_CPUS, MAX_NODES, MAX_ORDER,
+    NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError, SourceStats,
+    arch, order_for_pages,
 };
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;

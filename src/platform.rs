@@ -18,15 +18,18 @@
 //!
 //! This layer knows nothing of slabs or groups.
 
+pub mod arch;
 mod buddy;
 mod cpu;
 #[cfg(all(feature = "std", not(loom)))]
 mod os;
+mod percpu;
 mod region;
 #[cfg(all(feature = "std", not(loom)))]
 mod threads;
 
 pub use cpu::{MAX_CPUS, NoCpus, Platform};
+pub use percpu::{Cpu, CpuCounts, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
 pub use threads::Threads;
 

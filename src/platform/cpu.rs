@@ -83,6 +83,13 @@ pub unsafe trait Platform: Sync {
     }
     /// Gives back a slot taken by `steal`.
     fn unsteal(&self, _slot: usize) {}
+    /// Whether the caller runs in interrupt context: its allocations are
+    /// then *atomic* (no reclaim, no shrinkers, no tree lock) and charged
+    /// to the root.
+    #[inline(always)]
+    fn in_interrupt(&self) -> bool {
+        false
+    }
 }
 
 /// A platform with no per-CPU slots: every operation takes the shared,

@@ -549,9 +549,12 @@ impl<R: RawMutex> Tree<R> {
     }
 }
 
-/// Whether the calling context is running shrinkers (an allocation from
-/// inside one): reclaim is then skipped, never re-entered.
+/// Whether the calling context may not reclaim: it runs shrinkers (an
+/// allocation from inside one skips reclaim instead of re-entering it), or
+/// it is in interrupt context, where allocations are atomic: no reclaim,
+/// no shrinkers, no tree lock, no waiting; what the caches and the page
+/// source have, within the limits, or a failure.
 #[inline]
 fn reclaiming<R: RawMutex, E: Env<R>>(env: &E) -> bool {
-    env.plat().current_group().addr() & RECLAIMING != 0
+    env.plat().in_interrupt() || env.plat().current_group().addr() & RECLAIMING != 0
 }

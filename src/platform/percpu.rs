@@ -1,0 +1,314 @@
+//! The bare-metal platform: one slot per CPU, held with local interrupts
+//! masked, over the few facts a kernel knows about its CPUs ([`Cpu`]); and
+//! the interrupt-safe spin lock kernels pass as the lock type.
+//!
+//! # How it keeps the slot contract
+//!
+//! `enter` masks local interrupts, then reads the CPU's index: from then
+//! until `exit` restores the interrupt state nothing else runs on this
+//! CPU (no interrupt handler, no other task), and no other CPU has this
+//! index, so the slot is held by exactly one context, and an interrupt
+//! handler that allocates never finds its CPU's slot busy: it runs before
+//! the hold or after it. Holds never nest (the allocator holds one slot at
+//! a time), so one saved interrupt state per CPU is enough.
+//!
+//! Non-maskable interrupts (NMIs, SErrors) are not masked: their handlers
+//! must not allocate or free.
+//!
+//! # Current group
+//!
+//! Kept per CPU. A kernel keeps it per *task* by switching it at context
+//! switch: `let prev = platform.set_current_group(next.kmem_token);
+//! prev_task.kmem_token = prev;` (a token is an opaque pointer that holds a
+//! reference on its group, so it must be saved, never dropped). Code in
+//! interrupt context ([`Cpu::in_interrupt`]) is charged to the root, as
+//! Linux charges interrupt-context allocations to no task's group.
+//!
+//! # Interrupts and locks
+//!
+//! With this platform every lock of the allocator is an [`IrqSpinLock`]
+//! (pass it as `Kmem`'s and `Region`'s lock type): a lock held with
+//! interrupts enabled could be wanted by an interrupt handler on the same
+//! CPU, which would spin forever. Allocations in interrupt context are
+//! *atomic*: they never reclaim, never call shrinkers and never take the
+//! group-tree lock (see `Kmem`'s docs on atomic allocations).
+
+use core::marker::PhantomData;
+
+use crossbeam_utils::CachePadded;
+
+use super::{MAX_CPUS, Platform};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u64};
+
+/// What a kernel tells kmemcg about its CPUs: their indices, how to mask
+/// and restore local interrupts, and optionally nodes and an all-CPU
+/// barrier. Associated functions only: the state is the kernel's.
+///
+/// # Safety
+///
+/// An implementation must guarantee that:
+/// 1. `id()`, called with local interrupts masked, returns the index of
+///    the calling CPU, below [`MAX_CPUS`], different on every CPU and the
+///    same until interrupts are restored (a CPU whose index is
+///    `MAX_CPUS` or more gets no slot, only the shared path);
+/// 2. `irq_save` masks maskable interrupts on the calling CPU and returns
+///    a value that `irq_restore` turns back into the state before it
+///    (nesting: save, save, restore, restore leaves the first state);
+/// 3. `in_interrupt` is `true` in every handler that may allocate or free
+///    while the interrupted code is inside the allocator with interrupts
+///    enabled (in practice: in every interrupt handler);
+/// 4. `node_of` returns a value below `crate::MAX_NODES`, fixed per CPU;
+/// 5. if `BARRIER` is `true`, `barrier_all` runs a full memory barrier on
+///    every CPU that may hold a slot before it returns (an IPI that each
+///    CPU acknowledges after a fence, Linux `membarrier`);
+/// 6. none of these allocates, panics, or calls back into the allocator.
+pub unsafe trait Cpu: 'static {
+    /// Whether [`Cpu::barrier_all`] is implemented; then the allocator's
+    /// fast paths use compiler fences only (the asymmetric handshake).
+    const BARRIER: bool = false;
+    /// The calling CPU's index (with interrupts masked).
+    fn id() -> usize;
+    /// Masks local interrupts; returns the state to restore.
+    fn irq_save() -> usize;
+    /// Restores the interrupt state `irq_save` returned.
+    ///
+    /// # Safety
+    ///
+    /// `saved` came from `irq_save` on this CPU, restored in reverse order.
+    unsafe fn irq_restore(saved: usize);
+    /// Whether the caller runs in interrupt context.
+    fn in_interrupt() -> bool {
+        false
+    }
+    /// The NUMA node of CPU `cpu`.
+    fn node_of(_cpu: usize) -> usize {
+        0
+    }
+    /// Nodes in use.
+    fn nodes() -> usize {
+        1
+    }
+    /// A full memory barrier on every CPU (only called if `BARRIER`).
+    fn barrier_all() {}
+}
+
+/// Counts of one CPU's slot holds; see [`PerCpu::counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCounts {
+    /// Holds taken by the allocator's fast paths (a magazine hit, or a
+    /// miss that then takes a slow hold too).
+    pub fast: u64,
+    /// Holds taken by slow paths: magazine refills and flushes, and every
+    /// operation when the kernel gives no all-CPU barrier.
+    pub slow: u64,
+}
+
+/// One CPU's state, on a cache line of its own.
+struct CpuState {
+    /// The interrupt state `enter` saved; written and read only by this
+    /// CPU with interrupts masked.
+    saved: UnsafeCell<usize>,
+    /// The current-group token of the task running here.
+    group: AtomicPtr<()>,
+    fast: AtomicU64,
+    slow: AtomicU64,
+}
+
+/// The bare-metal platform: CPU `i` owns slot `i`, held with interrupts
+/// masked. See the module docs.
+pub struct PerCpu<C: Cpu> {
+    cpus: [CachePadded<CpuState>; MAX_CPUS],
+    _cpu: PhantomData<fn() -> C>,
+}
+
+// SAFETY: the state is atomics, and `saved`, which only its own CPU
+// touches with interrupts masked.
+unsafe impl<C: Cpu> Sync for PerCpu<C> {}
+
+impl<C: Cpu> PerCpu<C> {
+    crate::sync::loom_const_fn! {
+        /// The platform; nothing runs until the first allocation.
+        pub fn new() -> Self {
+            PerCpu {
+                cpus: crate::sync::repeat!(
+                    CachePadded::new(CpuState {
+                        saved: UnsafeCell::new(0),
+                        group: atomic_null(),
+                        fast: atomic_u64(0),
+                        slow: atomic_u64(0),
+                    });
+                    MAX_CPUS
+                ),
+                _cpu: PhantomData,
+            }
+        }
+    }
+
+    /// How often CPU `cpu` took its slot on the fast and the slow paths.
+    /// With `Cpu::BARRIER`, `fast - slow` bounds the magazine hits from
+    /// below (each fast-path miss also takes a slow hold).
+    pub fn counts(&self, cpu: usize) -> CpuCounts {
+        match self.cpus.get(cpu) {
+            Some(c) => CpuCounts { fast: c.fast.load(Ordering::Relaxed), slow: c.slow.load(Ordering::Relaxed) },
+            None => CpuCounts::default(),
+        }
+    }
+
+    /// Runs `f` with interrupts masked, on the calling CPU's state.
+    #[inline]
+    fn with_cpu<T>(f: impl FnOnce(Option<&CpuState>) -> T, me: &Self) -> T {
+        let saved = C::irq_save();
+        let r = f(me.cpus.get(C::id()).map(|c| &**c));
+        // SAFETY: saved just above, on this CPU.
+        unsafe { C::irq_restore(saved) };
+        r
+    }
+
+    /// Takes the calling CPU's slot, counting it in `count`.
+    #[inline]
+    fn hold(&self, count: impl Fn(&CpuState) -> &AtomicU64) -> Option<usize> {
+        let saved = C::irq_save();
+        let cpu = C::id();
+        match self.cpus.get(cpu) {
+            Some(c) => {
+                // SAFETY: interrupts are masked, so nothing else runs on
+                // this CPU until `exit` reads it back.
+                c.saved.with_mut(|p| unsafe { *p = saved });
+                // Only this CPU writes its counters, with interrupts masked.
+                let n = count(c);
+                n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                Some(cpu)
+            }
+            None => {
+                // SAFETY: saved just above, on this CPU.
+                unsafe { C::irq_restore(saved) };
+                None
+            }
+        }
+    }
+}
+
+// SAFETY: (1) a slot is the index of the CPU that holds it, taken with
+// interrupts masked and released by `exit`, which restores them: nothing
+// else runs on that CPU meanwhile (interrupt handlers are masked, and the
+// kernel cannot switch tasks), and `Cpu` (1) makes indices unique.
+// (2) `Cpu` (4). (3) only with `Cpu::BARRIER`, constant, and
+// `heavy_barrier` is `barrier_all` (`Cpu` (5)). (4) `steal` is never
+// granted: every CPU owns its slot; drains (group removal, `shrink`, and
+// `reap` of a CPU idle since the last reap) empty another CPU's magazines
+// through the magazine layer's handshake instead. (5) `Cpu` (6); nothing
+// else is called. (6) the token is stored
+// per CPU and switched by the kernel at context switch (module docs);
+// from interrupt context the same CPU's token is read back unchanged.
+unsafe impl<C: Cpu> Platform for PerCpu<C> {
+    #[inline]
+    fn current_group(&self) -> *const () {
+        Self::with_cpu(|c| c.map_or(core::ptr::null(), |c| c.group.load(Ordering::Relaxed).cast_const()), self)
+    }
+
+    fn set_current_group(&self, token: *const ()) -> *const () {
+        Self::with_cpu(
+            |c| c.map_or(core::ptr::null(), |c| c.group.swap(token.cast_mut(), Ordering::Relaxed).cast_const()),
+            self,
+        )
+    }
+
+    #[inline]
+    fn enter(&self) -> Option<usize> {
+        self.hold(|c| &c.slow)
+    }
+
+    #[inline(always)]
+    fn try_enter(&self) -> Option<usize> {
+        if C::BARRIER { self.hold(|c| &c.fast) } else { None }
+    }
+
+    #[inline]
+    fn exit(&self, slot: usize) {
+        // SAFETY: the holder's own CPU, interrupts still masked since
+        // `enter` wrote it.
+        let saved = self.cpus[slot].saved.with_mut(|p| unsafe { *p });
+        // SAFETY: saved by `enter` on this CPU, which is still masked.
+        unsafe { C::irq_restore(saved) };
+    }
+
+    fn node_of(&self, slot: usize) -> usize {
+        C::node_of(slot)
+    }
+
+    fn nodes(&self) -> usize {
+        C::nodes()
+    }
+
+    fn asymmetric(&self) -> bool {
+        C::BARRIER
+    }
+
+    fn heavy_barrier(&self) {
+        C::barrier_all()
+    }
+
+    fn in_interrupt(&self) -> bool {
+        C::in_interrupt()
+    }
+}
+
+/// A spin lock that masks local interrupts while held, for
+/// [`lock_api::Mutex`]: the lock type a kernel passes to `Kmem` and
+/// `Region` with [`PerCpu`]. Guards must be released on the CPU that took
+/// them, in reverse order of taking (as scoped guards are), since each
+/// restores the interrupt state before its lock.
+pub struct IrqSpinLock<C: Cpu> {
+    locked: AtomicBool,
+    /// The interrupt state before `lock`; written after taking the lock,
+    /// read before releasing it.
+    saved: UnsafeCell<usize>,
+    _cpu: PhantomData<fn() -> C>,
+}
+
+// SAFETY: `saved` is only touched by the lock's holder.
+unsafe impl<C: Cpu> Sync for IrqSpinLock<C> {}
+// SAFETY: as above; the lock holds no thread-bound state while unlocked.
+unsafe impl<C: Cpu> Send for IrqSpinLock<C> {}
+
+#[cfg(not(loom))]
+// SAFETY: `lock` returns only after swapping `locked` from false to true
+// (Acquire), `unlock` stores false (Release), so one holder at a time, and
+// the holder's accesses happen before the next holder's. Interrupts stay
+// masked from before the lock is taken until after it is released.
+unsafe impl<C: Cpu> lock_api::RawMutex for IrqSpinLock<C> {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: Self = IrqSpinLock { locked: atomic_bool(false), saved: UnsafeCell::new(0), _cpu: PhantomData };
+    type GuardMarker = lock_api::GuardNoSend;
+
+    fn lock(&self) {
+        let saved = C::irq_save();
+        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            while self.locked.load(Ordering::Relaxed) {
+                crate::sync::spin_hint();
+            }
+        }
+        // SAFETY: we hold the lock.
+        self.saved.with_mut(|p| unsafe { *p = saved });
+    }
+
+    fn try_lock(&self) -> bool {
+        let saved = C::irq_save();
+        if self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            // SAFETY: we hold the lock.
+            self.saved.with_mut(|p| unsafe { *p = saved });
+            return true;
+        }
+        // SAFETY: saved just above, on this CPU.
+        unsafe { C::irq_restore(saved) };
+        false
+    }
+
+    unsafe fn unlock(&self) {
+        // SAFETY: we hold the lock (caller contract).
+        let saved = self.saved.with_mut(|p| unsafe { *p });
+        self.locked.store(false, Ordering::Release);
+        // SAFETY: saved by `lock` on this CPU (guards are `!Send`).
+        unsafe { C::irq_restore(saved) };
+    }
+}
