@@ -191,6 +191,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.tree.charged_for(self.platform.current_group())
     }
 
+    /// What CPU slot `slot`'s slow paths did (magazine hits and misses);
+    /// see [`crate::SlotStats`].
+    pub fn slot_stats(&self, slot: usize) -> crate::SlotStats {
+        self.slots.stats(slot)
+    }
+
     /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
     /// uses the list it copied). Registering one twice is a no-op; more
     /// than [`crate::MAX_SHRINKERS`] gives [`Error::TooManyShrinkers`].

@@ -225,7 +225,7 @@ pub use error::{Error, GroupName, NAME_MAX};
 pub use handle::{CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure};
 #[cfg(not(loom))]
 pub use heap::{Heap, Kmem, KmemStats, SlabInfo};
-pub use magazine::MagazineStats;
+pub use magazine::{MagazineStats, SlotStats};
 #[cfg(all(feature = "std", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::OsPages;
@@ -233,9 +233,9 @@ pub use platform::OsPages;
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::Threads;
 pub use platform::{
-    Cpu, CpuCounts, DefaultPlatform, DefaultRawMutex, DefaultSource, IrqSpinLock, MAX_CPUS, MAX_NODES, MAX_ORDER,
-    NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError, SourceStats,
-    arch, order_for_pages,
+    Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, IrqSpinLock, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus,
+    Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError, SourceStats, arch,
+    order_for_pages,
 };
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;

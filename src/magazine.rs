@@ -71,6 +71,7 @@ mod slots;
 
 use depot::Depot;
 pub(crate) use drain::drain_many;
+pub use slots::SlotStats;
 pub(crate) use slots::Slots;
 
 static_assertions::const_assert!(MAX_CPUS <= 64);
@@ -400,10 +401,12 @@ impl<R: RawMutex> MagCache<R> {
             unsafe {
                 let m = &mut *m;
                 if let Some(p) = m.pop() {
-                    // Refilled since the fast path looked (by nobody but
-                    // us, so only when a drain raced).
+                    // A hit: on a symmetric platform, where the fast path
+                    // takes no slot, the usual case.
+                    cx.slots().note(slot, true);
                     Ok(p)
                 } else {
+                    cx.slots().note(slot, false);
                     self.note_slot(slot);
                     m.spill_count();
                     let r = self.alloc_refill(cx, slot, m);
@@ -547,9 +550,12 @@ impl<R: RawMutex> MagCache<R> {
                     // holds between operations.
                     unsafe {
                         let m = &mut *m;
-                        // A push succeeds here only when a drain emptied
+                        // A push succeeds here on a symmetric platform (the
+                        // fast path takes no slot), or when a drain emptied
                         // the magazine since the fast path looked.
-                        if !m.push(ptr) {
+                        let hit = m.push(ptr);
+                        cx.slots().note(slot, hit);
+                        if !hit {
                             self.note_slot(slot);
                             m.spill_count();
                             self.free_spill(cx, slot, m, ptr);

@@ -29,7 +29,7 @@ mod region;
 mod threads;
 
 pub use cpu::{MAX_CPUS, NoCpus, Platform};
-pub use percpu::{Cpu, CpuCounts, IrqSpinLock, PerCpu};
+pub use percpu::{Cpu, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
 pub use threads::Threads;
 

@@ -5,7 +5,10 @@
 use crossbeam_utils::CachePadded;
 
 use crate::platform::{MAX_CPUS, Platform};
-use crate::sync::{AtomicBool, AtomicU8, Ordering, atomic_bool, atomic_u8, compiler_fence, fence, spin_hint};
+use crate::sync::{
+    AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize, compiler_fence, fence,
+    loom_const_fn, repeat, spin_hint,
+};
 
 /// `SlotSync::state`: nobody used the slot since the last reap.
 const IDLE: u8 = 0;
@@ -24,39 +27,69 @@ pub(crate) struct SlotSync {
     drain: AtomicBool,
     /// Serialises drainers of this slot.
     drainers: AtomicBool,
+    /// Slow-path holds of this slot that a magazine served, and those that
+    /// went to a depot or the slabs (refills and spills); written by the
+    /// holder only (`Relaxed` load and store), read by reports.
+    hits: AtomicUsize,
+    misses: AtomicUsize,
 }
 
 /// The handshake states of all slots.
+/// What one CPU slot's slow paths did; see `Kmem::slot_stats`.
+///
+/// On a platform without an asymmetric barrier (`NoCpus` aside, e.g.
+/// [`crate::PerCpu`] without `Cpu::BARRIER`) every operation that gets a
+/// slot takes the slow path, so `hits` are all its magazine hits; with
+/// one, the fast paths' hits are not counted and `misses` are the
+/// operations that reached a depot or the slabs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    /// Slow-path operations a loaded or previous magazine served.
+    pub hits: usize,
+    /// Operations that went to a depot or the slabs (magazine refills,
+    /// spills and flushes).
+    pub misses: usize,
+}
+
 pub(crate) struct Slots {
     sync: [CachePadded<SlotSync>; MAX_CPUS],
 }
 
 impl Slots {
-    /// Nobody holds or drains any slot.
-    #[cfg(not(loom))]
-    pub(crate) const fn new() -> Self {
-        Slots {
-            sync: [const {
-                CachePadded::new(SlotSync {
-                    state: atomic_u8(IDLE),
-                    drain: atomic_bool(false),
-                    drainers: atomic_bool(false),
-                })
-            }; MAX_CPUS],
+    loom_const_fn! {
+        /// Nobody holds or drains any slot.
+        pub(crate) fn new() -> Self {
+            Slots {
+                sync: repeat!(
+                    CachePadded::new(SlotSync {
+                        state: atomic_u8(IDLE),
+                        drain: atomic_bool(false),
+                        drainers: atomic_bool(false),
+                        hits: atomic_usize(0),
+                        misses: atomic_usize(0),
+                    });
+                    MAX_CPUS
+                ),
+            }
         }
     }
 
-    /// Nobody holds or drains any slot (loom: not `const`).
-    #[cfg(loom)]
-    pub(crate) fn new() -> Self {
-        Slots {
-            sync: core::array::from_fn(|_| {
-                CachePadded::new(SlotSync {
-                    state: atomic_u8(IDLE),
-                    drain: atomic_bool(false),
-                    drainers: atomic_bool(false),
-                })
-            }),
+    /// Counts a slow-path operation on `slot`, which the caller holds: a
+    /// magazine `hit`, or a miss that went to a depot or the slabs.
+    #[inline(always)]
+    pub(super) fn note(&self, slot: usize, hit: bool) {
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let s = unsafe { self.sync.get_unchecked(slot) };
+        let n = if hit { &s.hits } else { &s.misses };
+        // Only the holder writes: no read-modify-write needed.
+        n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// What slot `slot`'s slow paths did so far.
+    pub(crate) fn stats(&self, slot: usize) -> SlotStats {
+        match self.sync.get(slot) {
+            Some(s) => SlotStats { hits: s.hits.load(Ordering::Relaxed), misses: s.misses.load(Ordering::Relaxed) },
+            None => SlotStats::default(),
         }
     }
 

@@ -38,7 +38,7 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::{MAX_CPUS, Platform};
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u64};
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_bool, atomic_null};
 
 /// What a kernel tells kmemcg about its CPUs: their indices, how to mask
 /// and restore local interrupts, and optionally nodes and an all-CPU
@@ -59,8 +59,13 @@ use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic
 ///    enabled (in practice: in every interrupt handler);
 /// 4. `node_of` returns a value below `crate::MAX_NODES`, fixed per CPU;
 /// 5. if `BARRIER` is `true`, `barrier_all` runs a full memory barrier on
-///    every CPU that may hold a slot before it returns (an IPI that each
-///    CPU acknowledges after a fence, Linux `membarrier`);
+///    every CPU that may hold a slot before it returns (Linux
+///    `membarrier`), *even when the caller and the other CPUs have
+///    interrupts masked*: the allocator drains other CPUs' magazines under
+///    its locks, which mask interrupts with [`IrqSpinLock`], so an IPI that
+///    waits for each CPU to take an interrupt deadlocks against a CPU
+///    spinning on such a lock. Most kernels leave `BARRIER` false (the
+///    symmetric handshake: one fence per slow path, no IPI);
 /// 6. none of these allocates, panics, or calls back into the allocator.
 pub unsafe trait Cpu: 'static {
     /// Whether [`Cpu::barrier_all`] is implemented; then the allocator's
@@ -92,17 +97,6 @@ pub unsafe trait Cpu: 'static {
     fn barrier_all() {}
 }
 
-/// Counts of one CPU's slot holds; see [`PerCpu::counts`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuCounts {
-    /// Holds taken by the allocator's fast paths (a magazine hit, or a
-    /// miss that then takes a slow hold too).
-    pub fast: u64,
-    /// Holds taken by slow paths: magazine refills and flushes, and every
-    /// operation when the kernel gives no all-CPU barrier.
-    pub slow: u64,
-}
-
 /// One CPU's state, on a cache line of its own.
 struct CpuState {
     /// The interrupt state `enter` saved; written and read only by this
@@ -110,8 +104,6 @@ struct CpuState {
     saved: UnsafeCell<usize>,
     /// The current-group token of the task running here.
     group: AtomicPtr<()>,
-    fast: AtomicU64,
-    slow: AtomicU64,
 }
 
 /// The bare-metal platform: CPU `i` owns slot `i`, held with interrupts
@@ -134,23 +126,11 @@ impl<C: Cpu> PerCpu<C> {
                     CachePadded::new(CpuState {
                         saved: UnsafeCell::new(0),
                         group: atomic_null(),
-                        fast: atomic_u64(0),
-                        slow: atomic_u64(0),
                     });
                     MAX_CPUS
                 ),
                 _cpu: PhantomData,
             }
-        }
-    }
-
-    /// How often CPU `cpu` took its slot on the fast and the slow paths.
-    /// With `Cpu::BARRIER`, `fast - slow` bounds the magazine hits from
-    /// below (each fast-path miss also takes a slow hold).
-    pub fn counts(&self, cpu: usize) -> CpuCounts {
-        match self.cpus.get(cpu) {
-            Some(c) => CpuCounts { fast: c.fast.load(Ordering::Relaxed), slow: c.slow.load(Ordering::Relaxed) },
-            None => CpuCounts::default(),
         }
     }
 
@@ -164,9 +144,9 @@ impl<C: Cpu> PerCpu<C> {
         r
     }
 
-    /// Takes the calling CPU's slot, counting it in `count`.
+    /// Takes the calling CPU's slot.
     #[inline]
-    fn hold(&self, count: impl Fn(&CpuState) -> &AtomicU64) -> Option<usize> {
+    fn hold(&self) -> Option<usize> {
         let saved = C::irq_save();
         let cpu = C::id();
         match self.cpus.get(cpu) {
@@ -174,9 +154,6 @@ impl<C: Cpu> PerCpu<C> {
                 // SAFETY: interrupts are masked, so nothing else runs on
                 // this CPU until `exit` reads it back.
                 c.saved.with_mut(|p| unsafe { *p = saved });
-                // Only this CPU writes its counters, with interrupts masked.
-                let n = count(c);
-                n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 Some(cpu)
             }
             None => {
@@ -215,12 +192,12 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
 
     #[inline]
     fn enter(&self) -> Option<usize> {
-        self.hold(|c| &c.slow)
+        self.hold()
     }
 
     #[inline(always)]
     fn try_enter(&self) -> Option<usize> {
-        if C::BARRIER { self.hold(|c| &c.fast) } else { None }
+        if C::BARRIER { self.hold() } else { None }
     }
 
     #[inline]
