@@ -65,9 +65,11 @@ fn alloc_until_err<T>(mut alloc: impl FnMut() -> Result<T, Error>) -> (Vec<T>, E
     }
 }
 
-/// Allocates `n` blocks of `layout` for the current group: their addresses.
+/// Allocates `n` blocks of `layout` (not zero-sized) for the current group:
+/// their addresses.
 fn alloc_blocks(k: &K, layout: Layout, n: usize) -> Vec<usize> {
-    // SAFETY: valid layout.
+    assert_ne!(layout.size(), 0, "GlobalAlloc::alloc needs a non-zero size");
+    // SAFETY: a valid layout of non-zero size.
     (0..n).map(|_| unsafe { k.alloc(layout) } as usize).collect()
 }
 
@@ -528,7 +530,8 @@ fn zombie_groups_leave_nothing_behind() {
     assert_eq!(k.root().stat().failcnt, 0);
     // Free everything later, from other threads.
     // Large objects are the page-aligned ones.
-    let layout_of = |p: usize| if p % PAGE_SIZE == 0 { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
+    let layout_of =
+        |p: usize| if p.is_multiple_of(PAGE_SIZE) { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
     // SAFETY: live, freed once with its layout.
     unsafe { free_on_threads(k, &leftovers, 2, layout_of) };
     drop(boxes);
@@ -568,9 +571,10 @@ fn group_names_that_read_as_paths_are_refused() {
 /// Now the current group is referenced for as long as it is current.
 #[test]
 fn guards_dropped_out_of_order_keep_the_current_group_alive() {
-    let (k, a) = kmem_with_child("a");
-    let b = k.root().create_child("b").unwrap();
+    let k = kmem();
     on_own_thread(|| {
+        let a = k.root().create_child("a").unwrap();
+        let b = k.root().create_child("b").unwrap();
         let ga = a.enter();
         let gb = b.enter();
         drop(ga);
