@@ -103,9 +103,11 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 // Two groups and a slab header fit one page, so the group cache needs no
 // larger runs (an order-3 slab for groups made `create_child` fail in a
 // fragmented region).
-// (Under Miri and loom, with 2 CPU slots, groups are smaller and the
-// geometry picks larger slabs for less waste; the bound is for real builds.)
-#[cfg(not(any(miri, loom)))]
+// (Under Miri and loom, with 2 CPU slots, and on targets with smaller
+// cache-line padding or 32 CPU slots, groups are smaller and the geometry
+// picks larger slabs for less waste; the bound is for the 64-slot builds
+// of x86_64 and aarch64.)
+#[cfg(all(not(any(miri, loom)), any(target_arch = "x86_64", target_arch = "aarch64")))]
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
 static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());

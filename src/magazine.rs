@@ -61,8 +61,8 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU64, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_u64, fence, loom_const_fn,
-    repeat,
+    AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_usize, fence,
+    loom_const_fn, repeat,
 };
 
 mod depot;
@@ -74,7 +74,7 @@ pub(crate) use drain::drain_many;
 pub use slots::SlotStats;
 pub(crate) use slots::Slots;
 
-static_assertions::const_assert!(MAX_CPUS <= 64);
+static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
 
 /// Rounds in the largest magazine (4 under loom and Miri).
 pub(crate) const MAG_MAX: usize = if cfg!(any(loom, miri)) { 4 } else { 64 };
@@ -287,7 +287,7 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// it installs a magazine; cleared by a drainer before its handshake,
     /// so a magazine installed concurrently is either seen by the drain or
     /// leaves the bit set.
-    used_slots: AtomicU64,
+    used_slots: AtomicUsize,
     /// Set by the one caller that saw this dead cache empty.
     released: AtomicBool,
     /// A link for the owner's list of caches waiting to be freed (unused
@@ -320,7 +320,7 @@ impl<R: RawMutex> MagCache<R> {
                 acct,
                 rounds: rounds_for(geo.size),
                 depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
-                used_slots: atomic_u64(0),
+                used_slots: atomic_usize(0),
                 released: atomic_bool(false),
                 retired_next: atomic_null(),
                 cpus: repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS),
@@ -336,7 +336,7 @@ impl<R: RawMutex> MagCache<R> {
     /// slot (found by loom: without it a magazine could outlive the drain).
     #[inline]
     fn note_slot(&self, slot: usize) {
-        let bit = 1u64 << slot;
+        let bit = 1usize << slot;
         if self.used_slots.load(Ordering::Relaxed) & bit == 0 {
             self.used_slots.fetch_or(bit, Ordering::Relaxed);
         }

@@ -84,8 +84,9 @@ pub const PAGE_SHIFT: u32 = 12;
 pub const PAGE_SIZE: usize = 1 << PAGE_SHIFT;
 /// How many NUMA nodes a page source and a cache can tell apart.
 pub const MAX_NODES: usize = 4;
-/// Runs have orders `0..MAX_ORDER`: at most `2^(MAX_ORDER-1)` pages (512 GiB).
-pub const MAX_ORDER: u32 = 28;
+/// Runs have orders `0..MAX_ORDER`: at most `2^(MAX_ORDER-1)` pages (512
+/// GiB; 2 GiB on 32-bit targets, so a run's size always fits a `usize`).
+pub const MAX_ORDER: u32 = if usize::BITS < 64 { 20 } else { 28 };
 
 /// The default lock: a spinning mutex from `spin`. A kernel supplies its own
 /// [`lock_api::RawMutex`] that also disables interrupts, so that allocation

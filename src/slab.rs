@@ -32,9 +32,7 @@ use crate::page::slab_base;
 #[cfg(any(test, feature = "paranoid"))]
 use crate::platform::PAGE_SIZE;
 use crate::platform::{MAX_NODES, PageRun, PageSource};
-use crate::sync::{
-    AtomicBool, AtomicU64, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat,
-};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
 
 pub(crate) mod classes;
 mod geometry;
@@ -378,14 +376,17 @@ impl<R: RawMutex> Cache<R> {
     /// # Safety
     ///
     /// `ptr` is an object slot of a live slab of this cache.
-    unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicU64, u64) {
+    unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicUsize, usize) {
+        const BITS: usize = usize::BITS as usize;
         let base = slab_base(ptr, self.geo.order);
         let idx = (ptr.addr() - base.addr() - self.geo.first) / self.geo.size;
+        let at = MAP_OFFSET + self.geo.words() * 8 + idx / BITS * (BITS / 8);
         // SAFETY: the word lies in the allocation bitmap after the free
-        // bitmap (reserved by `Geometry::new`); `AtomicU64` has the layout
-        // of `u64`, and this bitmap is only accessed atomically.
-        let word = unsafe { &*base.wrapping_add(MAP_OFFSET + (self.geo.words() + idx / 64) * 8).cast::<AtomicU64>() };
-        (word, 1u64 << (idx % 64))
+        // bitmap (as many bytes, reserved by `Geometry::new`, zeroed with
+        // the slab), aligned to 8; it is only ever accessed through these
+        // `usize`-wide atomics (so 32-bit targets need no 64-bit atomics).
+        let word = unsafe { &*base.wrapping_add(at).cast::<AtomicUsize>() };
+        (word, 1 << (idx % BITS))
     }
 
     /// Hardened mode: records that `ptr` was handed out; `false` if it

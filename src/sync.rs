@@ -7,12 +7,10 @@
 
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, compiler_fence, fence,
 };
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
-};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence};
 
 /// Loom has no compiler fence; a full fence is the conservative model.
 #[cfg(loom)]
@@ -137,7 +135,6 @@ atomic_ctor!(atomic_usize, AtomicUsize, usize);
 atomic_ctor!(atomic_bool, AtomicBool, bool);
 atomic_ctor!(atomic_u8, AtomicU8, u8);
 atomic_ctor!(atomic_u32, AtomicU32, u32);
-atomic_ctor!(atomic_u64, AtomicU64, u64);
 
 loom_const_fn! {
     /// A null `AtomicPtr`.

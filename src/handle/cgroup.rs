@@ -50,8 +50,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// The calling context's current group.
     pub fn current_group(&self) -> Cgroup<'_, Self> {
-        let token = self.platform().current_group();
-        match NonNull::new(self.tree().charged_for(token) as *mut Group<R>) {
+        match NonNull::new(self.current() as *mut Group<R>) {
             Some(g) => Cgroup::new_ref(self, g),
             None => self.root(),
         }

@@ -104,7 +104,7 @@ pub(crate) fn drain_many<E: Env<R>, R: RawMutex>(
     mask: Option<u64>,
 ) -> usize {
     let mut used = 0u64;
-    each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed));
+    each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed) as u64);
     let mut n = drain_slots(cx, &each, used & mask.unwrap_or(u64::MAX), false);
     each(&mut |c| n += c.empty_depots(cx));
     n
@@ -125,9 +125,9 @@ pub(super) fn drain_slots<E: Env<R>, R: RawMutex>(
         let stolen = cx.slots().begin_drain(cx.plat(), slot);
         if stolen || !orphans_only {
             each(&mut |c| {
-                if c.used_slots.load(Ordering::Relaxed) & bit != 0 {
+                if c.used_slots.load(Ordering::Relaxed) as u64 & bit != 0 {
                     // Cleared before taking: see `used_slots`.
-                    c.used_slots.fetch_and(!bit, Ordering::Relaxed);
+                    c.used_slots.fetch_and(!(bit as usize), Ordering::Relaxed);
                     let taken = c.take_slot(slot);
                     n += c.discard_pair(cx, taken);
                 }

@@ -3,8 +3,15 @@
 
 use crate::sync::{AtomicPtr, Ordering, atomic_null};
 
-/// Per-CPU slots a `Kmem` keeps magazines for (2 under loom and Miri).
-pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) { 2 } else { 64 };
+/// Per-CPU slots a `Kmem` keeps magazines for: 64, or 32 on 32-bit
+/// targets (a slot mask is one `usize`); 2 under loom and Miri.
+pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) {
+    2
+} else if usize::BITS < 64 {
+    32
+} else {
+    64
+};
 
 /// Tells the allocator which per-CPU slot the calling context owns.
 ///

@@ -117,6 +117,12 @@ pub struct PerCpu<C: Cpu> {
 // touches with interrupts masked.
 unsafe impl<C: Cpu> Sync for PerCpu<C> {}
 
+impl<C: Cpu> Default for PerCpu<C> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<C: Cpu> PerCpu<C> {
     crate::sync::loom_const_fn! {
         /// The platform; nothing runs until the first allocation.
