@@ -124,7 +124,7 @@ fn maybe_interrupt() {
     if !ARMED.load(Ordering::Relaxed) || CPU.with(|c| c.in_irq.get() || c.id.get() == usize::MAX) {
         return;
     }
-    if next_rand() % 16 != 0 {
+    if !next_rand().is_multiple_of(16) {
         return;
     }
     CPU.with(|c| c.in_irq.set(true));
@@ -152,26 +152,26 @@ fn irq_handler() {
             KMEM.dealloc(p, layout);
         }
     }
-    if let Some(cache) = CACHE.try_lock().ok().as_ref().and_then(|c| c.as_ref()) {
-        if let Ok(b) = cache.alloc([r; 8]) {
-            IRQ_ALLOCS.fetch_add(1, Ordering::Relaxed);
-            assert_eq!(*b, [r; 8]);
-        }
+    if let Some(cache) = CACHE.try_lock().ok().as_ref().and_then(|c| c.as_ref())
+        && let Ok(b) = cache.alloc([r; 8])
+    {
+        IRQ_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(*b, [r; 8]);
     }
     // A charge to the full group from interrupt context: refused at once,
     // without reclaim (the shrinker checks it is never called here).
-    if let Some(g) = GROUP.try_lock().ok().as_ref().and_then(|g| g.as_ref()) {
-        if g.usage() + (64 << 10) > g.max() {
-            let big = Layout::from_size_align(64 << 10, 8).unwrap();
-            match Allocator::allocate(&g.allocator(), big) {
-                Ok(b) => {
-                    // The group had room after all (frees raced): give it back.
-                    // SAFETY: just allocated with `big`.
-                    unsafe { Allocator::deallocate(&g.allocator(), b.cast(), big) };
-                }
-                Err(_) => {
-                    IRQ_REFUSED.fetch_add(1, Ordering::Relaxed);
-                }
+    if let Some(g) = GROUP.try_lock().ok().as_ref().and_then(|g| g.as_ref())
+        && g.usage() + (64 << 10) > g.max()
+    {
+        let big = Layout::from_size_align(64 << 10, 8).unwrap();
+        match Allocator::allocate(&g.allocator(), big) {
+            Ok(b) => {
+                // The group had room after all (frees raced): give it back.
+                // SAFETY: just allocated with `big`.
+                unsafe { Allocator::deallocate(&g.allocator(), b.cast(), big) };
+            }
+            Err(_) => {
+                IRQ_REFUSED.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -217,7 +217,7 @@ fn simulated_cpus_with_allocating_interrupts() {
                 let mut held: Vec<Held> = Vec::new();
                 for i in 0..OPS {
                     let r = next_rand();
-                    if r % 3 != 0 || held.is_empty() {
+                    if !r.is_multiple_of(3) || held.is_empty() {
                         let size = [8usize, 48, 128, 700, 3000, 20_000][(r >> 8) as usize % 6];
                         let layout = Layout::from_size_align(size, 16).unwrap();
                         // SAFETY: a valid non-zero layout.
@@ -231,7 +231,7 @@ fn simulated_cpus_with_allocating_interrupts() {
                         held.push(Held { p, layout, fill });
                     } else {
                         let h = held.swap_remove((r >> 16) as usize % held.len());
-                        if r % 7 == 0 {
+                        if r.is_multiple_of(7) {
                             handoff[(cpu + 1) % CPUS].lock().unwrap().push(h);
                         } else {
                             free_checked(h);
