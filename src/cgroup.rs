@@ -134,6 +134,19 @@ pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const 
     platform.set_current_group(untag(token).map_addr(|a| a | mark))
 }
 
+/// Sets (`on`) or clears the calling context's no-reclaim mark (the
+/// [`RECLAIMING`] bit of its token, which every swap keeps); returns
+/// whether it was set. While set, allocations are atomic: no reclaim, no
+/// shrinkers, no tree lock.
+pub(crate) fn set_no_reclaim<P: Platform>(platform: &P, on: bool) -> bool {
+    let token = platform.current_group();
+    let was = token.addr() & RECLAIMING != 0;
+    if was != on {
+        platform.set_current_group(token.map_addr(|a| if on { a | RECLAIMING } else { a & !RECLAIMING }));
+    }
+    was
+}
+
 /// Releases the reference a current-group token holds; null (the root)
 /// holds none.
 ///

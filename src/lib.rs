@@ -222,7 +222,9 @@ pub use cgroup::{GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, Sh
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
 #[cfg(not(loom))]
-pub use handle::{CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure};
+pub use handle::{
+    AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure,
+};
 #[cfg(not(loom))]
 pub use heap::{Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};

@@ -2,12 +2,14 @@
 //! allocators and statistics.
 
 use core::fmt;
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
 use crate::cgroup::{
-    Event, Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, swap_token,
+    Event, Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, set_no_reclaim,
+    swap_token,
 };
 use crate::error::{Error, GroupName, Name};
 use crate::heap::{Heap, Kmem, KmemOf};
@@ -54,6 +56,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Some(g) => Cgroup::new_ref(self, g),
             None => self.root(),
         }
+    }
+
+    /// Makes the calling context's allocations *atomic* until the scope
+    /// drops (Linux `GFP_ATOMIC`, or `memalloc_noreclaim_save`): they never
+    /// reclaim, never call shrinkers, never take the group-tree lock and
+    /// never wait for reclaim; they are served from magazines, slabs and
+    /// free pages within the limits, or fail at once (null, `AllocError`,
+    /// or a typed error). Interrupt context is atomic without a scope (see
+    /// [`crate::Platform::in_interrupt`]). Scopes nest.
+    pub fn atomic_scope(&self) -> AtomicScope<'_, Self> {
+        AtomicScope { kmem: self, was: set_no_reclaim(self.platform(), true), _context: PhantomData }
     }
 
     /// Makes the root current on the calling thread (through the platform
@@ -308,6 +321,21 @@ impl<K: Heap> Drop for Cgroup<'_, K> {
 impl<K: Heap> fmt::Debug for Cgroup<'_, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cgroup").field("name", &self.name()).field("usage", &self.usage()).finish()
+    }
+}
+
+/// Keeps the calling context's allocations atomic until dropped; see
+/// [`Kmem::atomic_scope`]. Tied to the context that made it (`!Send`).
+pub struct AtomicScope<'k, K: Heap = Kmem> {
+    kmem: &'k KmemOf<K>,
+    /// Whether the context was atomic already (an enclosing scope).
+    was: bool,
+    _context: PhantomData<*const ()>,
+}
+
+impl<K: Heap> Drop for AtomicScope<'_, K> {
+    fn drop(&mut self) {
+        set_no_reclaim(self.kmem.platform(), self.was);
     }
 }
 
