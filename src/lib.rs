@@ -107,7 +107,20 @@
 //! locks one cache at a time and write to their formatter with no lock
 //! held, so a report may be formatted into memory from this allocator.
 //! Locks are [`lock_api::RawMutex`] implementations chosen by the user
-//! (`spin` by default): a kernel passes one that masks interrupts.
+//! (`spin` by default). A kernel passes [`IrqSpinLock`] (to `Kmem` and
+//! `Region`) with the [`PerCpu`] platform:
+//!
+//! * every lock masks local interrupts from before it is taken until after
+//!   it is released, and a CPU slot is held with them masked too, so an
+//!   interrupt handler never runs on a CPU that holds an allocator lock or
+//!   its slot: a handler starts with no lock held, and the order above
+//!   holds for it as for any context;
+//! * interrupt context (`Cpu::in_interrupt`) allocates atomically: it never
+//!   takes locks 1 and 2, never calls shrinkers, and never spins on
+//!   anything a task holds while calling out (only on locks 3 to 6, each
+//!   held for a bounded step with interrupts masked);
+//! * guards are released in reverse order (each restores the interrupt
+//!   state from before it), as scoped guards are.
 //!
 //! # Atomics
 //!
