@@ -36,6 +36,13 @@ fn soft_child(k: &'static K, name: &str, soft_limit: usize) -> Cgroup<'static, K
     g
 }
 
+/// A child of the root named `name`, with a hard limit of `max` bytes.
+fn capped_child(k: &'static K, name: &str, max: usize) -> Cgroup<'static, K> {
+    let g = k.root().create_child(name).unwrap();
+    g.set_max(max).unwrap();
+    g
+}
+
 const OBJ: usize = 1000;
 
 /// A dentry-like LRU: objects allocated in some group, freed oldest first
@@ -123,6 +130,51 @@ impl Shrinker for Lru {
 }
 
 const MB: usize = 1 << 20;
+
+#[test]
+fn atomic_scope_never_reclaims_and_fails_at_the_max_at_once() {
+    // Issue 15, item 3: inside `atomic_scope`, a charge over the max fails
+    // without calling the shrinker (which could free room) or taking the
+    // tree lock; outside it, the same allocation reclaims and succeeds.
+    let (k, lru) = kmem_with_lru(24 * MB);
+    let g = capped_child(k, "atomic", 2 * MB);
+    assert_eq!(lru.add_in(&g, 2 * MB / 1024), 2 * MB / 1024, "filling the group to its max");
+    let _in = g.enter();
+    let l = Layout::from_size_align(OBJ, 8).unwrap();
+    {
+        let _atomic = k.atomic_scope();
+        let nested = k.atomic_scope();
+        drop(nested); // an inner scope leaves the outer one atomic
+        let scanned = lru.scanned.load(O::Relaxed);
+        let failures = g.stat().events_oom;
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..256 {
+            // SAFETY: valid layout.
+            let p = unsafe { k.alloc(l) };
+            if p.is_null() {
+                refused += 1;
+            } else {
+                held.push(p);
+            }
+        }
+        for p in held {
+            // SAFETY: allocated above with `l`.
+            unsafe { k.dealloc(p, l) };
+        }
+        assert!(refused > 0, "the group at its max took every atomic allocation");
+        assert_eq!(lru.scanned.load(O::Relaxed), scanned, "an atomic allocation ran the shrinker");
+        assert_eq!(g.stat().events_oom - failures, refused, "each refused atomic charge is an oom event");
+        // The tree lock is free (nothing atomic took it): a group can be
+        // made from here.
+        drop(k.root().create_child("made-while-atomic").unwrap());
+    }
+    // Out of the scope, reclaim makes room again.
+    assert!(lru.add(), "a normal allocation reclaims and succeeds");
+    assert!(lru.scanned.load(O::Relaxed) > 0);
+    drop(_in);
+    lru.retire();
+}
 
 #[test]
 fn seed_002_hungry_groups_end_near_their_soft_limits() {
@@ -259,8 +311,7 @@ fn removing_groups_while_soft_reclaim_runs() {
 #[test]
 fn shrinker_registration_races_reclaim() {
     let (k, lru) = kmem_with_lru(8 * MB);
-    let g = k.root().create_child("g").unwrap();
-    g.set_max(2 * MB).unwrap();
+    let g = capped_child(k, "g", 2 * MB);
     let stop = Arc::new(AtomicBool::new(false));
     let flipper = {
         let stop = stop.clone();
@@ -355,50 +406,4 @@ fn contention_reclaim_reaches_every_group() {
     drop((big, small));
     k.shrink();
     assert_eq!(k.root().usage(), 0);
-}
-
-#[test]
-fn atomic_scope_never_reclaims_and_fails_at_the_max_at_once() {
-    // Issue 15, item 3: inside `atomic_scope`, a charge over the max fails
-    // without calling the shrinker (which could free room) or taking the
-    // tree lock; outside it, the same allocation reclaims and succeeds.
-    let (k, lru) = kmem_with_lru(24 * MB);
-    let g = k.root().create_child("atomic").unwrap();
-    g.set_max(2 * MB).unwrap();
-    assert_eq!(lru.add_in(&g, 2 * MB / 1024), 2 * MB / 1024, "filling the group to its max");
-    let _in = g.enter();
-    let l = Layout::from_size_align(OBJ, 8).unwrap();
-    {
-        let _atomic = k.atomic_scope();
-        let nested = k.atomic_scope();
-        drop(nested); // an inner scope leaves the outer one atomic
-        let scanned = lru.scanned.load(O::Relaxed);
-        let failures = g.stat().events_oom;
-        let mut held = Vec::new();
-        let mut refused = 0;
-        for _ in 0..256 {
-            // SAFETY: valid layout.
-            let p = unsafe { k.alloc(l) };
-            if p.is_null() {
-                refused += 1;
-            } else {
-                held.push(p);
-            }
-        }
-        for p in held {
-            // SAFETY: allocated above with `l`.
-            unsafe { k.dealloc(p, l) };
-        }
-        assert!(refused > 0, "the group at its max took every atomic allocation");
-        assert_eq!(lru.scanned.load(O::Relaxed), scanned, "an atomic allocation ran the shrinker");
-        assert_eq!(g.stat().events_oom - failures, refused, "each refused atomic charge is an oom event");
-        // The tree lock is free (nothing atomic took it): a group can be
-        // made from here.
-        drop(k.root().create_child("made-while-atomic").unwrap());
-    }
-    // Out of the scope, reclaim makes room again.
-    assert!(lru.add(), "a normal allocation reclaims and succeeds");
-    assert!(lru.scanned.load(O::Relaxed) > 0);
-    drop(_in);
-    lru.retire();
 }
