@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds kernel-demo-aarch64, boots it on 4 CPUs under qemu-system-aarch64
+# (-M virt), and checks its self-test. Exits 0 only if QEMU exits with
+# status 0 (semihosting SYS_EXIT, ADP_Stopped_ApplicationExit, status 0)
+# and the serial output holds the PASS line.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+target=aarch64-unknown-none
+elf="target/kernel-aarch64/$target/release/kernel-demo-aarch64"
+image="target/kernel-aarch64/kernel-demo-aarch64.Image"
+pass_line="kmemcg kernel self-test: PASS"
+timeout_s=${KERNEL_DEMO_TIMEOUT:-120}
+
+# Installs Debian package $2 unless command $1 exists.
+need() {
+  command -v "$1" >/dev/null && return
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "run-qemu.sh: installing $2" >&2
+  $sudo apt-get install -y "$2" || { $sudo apt-get update && $sudo apt-get install -y "$2"; }
+}
+need qemu-system-aarch64 qemu-system-arm
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$target"; then
+  rustup target add "$target"
+fi
+
+# An objcopy that reads aarch64 ELF: LLVM's, the one rustc ships, or GNU
+# binutils' generic ELF reader.
+objcopy_bin() {
+  local sysroot_objcopy
+  sysroot_objcopy="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/rust-objcopy"
+  if command -v llvm-objcopy >/dev/null; then
+    llvm-objcopy -O binary "$1" "$2"
+  elif [ -x "$sysroot_objcopy" ]; then
+    "$sysroot_objcopy" -O binary "$1" "$2"
+  else
+    need objcopy binutils
+    objcopy -I elf64-little -O binary "$1" "$2"
+  fi
+}
+
+start=$(date +%s)
+cargo build -p kernel-demo-aarch64 --release --target "$target" --target-dir target/kernel-aarch64
+# A raw binary with the arm64 Image header at its start: QEMU loads it at
+# RAM base + text_offset and passes the device tree in x0 (an ELF would be
+# started with no device tree address).
+objcopy_bin "$elf" "$image"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+timeout "$timeout_s" qemu-system-aarch64 -M virt -cpu cortex-a57 -smp 4 -m 256M \
+  -nographic -semihosting -no-reboot -kernel "$image" </dev/null >"$log" 2>&1 || status=$?
+cat "$log"
+echo "run-qemu.sh: QEMU exit status $status (0 = pass), $(($(date +%s) - start)) s build + boot"
+
+if [ "$status" -eq 0 ] && grep -qxF "$pass_line" <(tr -d '\r' <"$log"); then
+  exit 0
+fi
+[ "$status" -eq 124 ] && echo "run-qemu.sh: timed out after $timeout_s s" >&2
+grep -qxF "$pass_line" <(tr -d '\r' <"$log") || echo "run-qemu.sh: no '$pass_line' line in the serial output" >&2
+exit 1

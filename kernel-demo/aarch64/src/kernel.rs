@@ -1,0 +1,162 @@
+//! The kernel: entry points, the global allocator, the panic and fault
+//! handlers, QEMU exit.
+
+mod bench;
+mod boot;
+mod cpu;
+mod dtb;
+mod irq;
+mod memory;
+mod selftest;
+pub(crate) mod serial;
+mod sync;
+
+use core::panic::PanicInfo;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
+
+use cpu::{Conduit, Hw};
+use dtb::DeviceTree;
+use serial::kprintln;
+
+/// The lock type of every allocator lock: masks IRQs while held.
+pub type Lock = IrqSpinLock<Hw>;
+/// The kernel heap's type.
+pub type Heap = Kmem<Region<Lock>, Lock, PerCpu<Hw>>;
+/// A one-CPU heap (no per-CPU slots: every operation takes the shared,
+/// locked path), for comparison.
+pub type SoloHeap = Kmem<Region<Lock>, Lock, NoCpus>;
+
+/// The kernel heap: CPU `i` owns magazine slot `i`, held with IRQs masked.
+#[global_allocator]
+pub static KMEM: Heap = Kmem::with_platform(Region::new(), PerCpu::new());
+
+/// The comparison heap, over its own slice of RAM.
+pub static SOLO: SoloHeap = Kmem::with_platform(Region::new(), NoCpus::new());
+
+/// Timer interrupts per second on each CPU.
+const TIMER_HZ: u64 = 1000;
+
+/// The boot CPU's Rust entry (boot.rs), MMU on, `x0` = device tree.
+extern "C" fn kmain(dtb_addr: usize) -> ! {
+    kprintln!("kernel-demo-aarch64: CPU 0 at EL1, MMU and caches on, device tree at {dtb_addr:#x}");
+    // SAFETY: QEMU's loader passed the device tree's address in x0 and
+    // nothing has written to RAM outside this image since; all RAM is
+    // mapped.
+    let dt = unsafe { DeviceTree::read(dtb_addr) }.unwrap_or_else(|e| fail(e));
+    let (gicd, gicc) = (dt.gicd.unwrap_or(0x0800_0000), dt.gicc.unwrap_or(0x0801_0000));
+    let timer = dt.timer_intid.unwrap_or(27);
+    let conduit = dt.psci.unwrap_or(Conduit::Hvc);
+    kprintln!(
+        "device tree: {} CPUs, GIC distributor {gicd:#x}, CPU interface {gicc:#x}, timer INTID {timer}, PL011 {:#x}, PSCI {conduit:?}",
+        dt.cpu_count,
+        dt.uart.unwrap_or(0)
+    );
+    memory::give_ram(&dt).unwrap_or_else(|e| fail(e));
+
+    cpu::set_conduit(conduit);
+    irq::configure(gicd as usize, gicc as usize, timer, TIMER_HZ);
+    irq::init_distributor();
+    irq::init_this_cpu();
+    cpu::CPUS[0].online.store(true, Ordering::Release);
+
+    let ncpus = start_secondaries(&dt);
+    kprintln!("smp: {ncpus} CPUs online, timer at {TIMER_HZ} Hz on each");
+    match selftest::run(ncpus) {
+        Ok(()) => {
+            kprintln!("kmemcg kernel self-test: PASS");
+            exit_qemu(true)
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Starts every other CPU of the device tree with PSCI `CPU_ON`, waits for
+/// them; returns the number of CPUs online.
+fn start_secondaries(dt: &DeviceTree) -> usize {
+    let me = mpidr();
+    let mut next = 1;
+    for &target in &dt.cpus[..dt.cpu_count] {
+        if target == me || next >= cpu::MAX_CPUS {
+            continue;
+        }
+        let entry = boot::secondary_entry as *const () as usize;
+        let status = cpu::cpu_on(target, entry, next as u64);
+        if status != 0 {
+            kprintln!("smp: PSCI CPU_ON of MPIDR {target:#x} failed: {status}");
+            continue;
+        }
+        let deadline = cpu::ticks() + 10 * cpu::ticks_per_second();
+        while !cpu::CPUS[next].online.load(Ordering::Acquire) {
+            if cpu::ticks() > deadline {
+                fail("a secondary CPU did not come up");
+            }
+            core::hint::spin_loop();
+        }
+        next += 1;
+    }
+    next
+}
+
+/// This CPU's affinity fields (MPIDR_EL1 without the flag bits).
+fn mpidr() -> u64 {
+    let m: u64;
+    // SAFETY: reads an identification register.
+    unsafe { core::arch::asm!("mrs {}, mpidr_el1", out(reg) m, options(nomem, nostack, preserves_flags)) };
+    m & 0xff_00ff_ffff
+}
+
+/// A secondary CPU's Rust entry (boot.rs), MMU on, `index` from `CPU_ON`.
+extern "C" fn secondary_main(index: usize) -> ! {
+    irq::init_this_cpu();
+    cpu::CPUS[index].online.store(true, Ordering::Release);
+    selftest::secondary(index);
+    loop {
+        cpu::wait_for_interrupt();
+    }
+}
+
+/// Prints the FAIL line and exits QEMU with failure.
+fn fail(reason: &str) -> ! {
+    kprintln!("kmemcg kernel self-test: FAIL: {reason}");
+    exit_qemu(false)
+}
+
+#[panic_handler]
+fn panic(info: &PanicInfo) -> ! {
+    kprintln!("kernel panic on CPU {}: {info}", cpu::id());
+    fail("panic")
+}
+
+/// Every exception but an EL1 IRQ (boot.rs): prints it and fails.
+extern "C" fn fault(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
+    kprintln!("CPU {}: exception {kind} (vector), ESR {esr:#x}, ELR {elr:#x}, FAR {far:#x}", cpu::id());
+    fail("unexpected exception")
+}
+
+/// Exits QEMU: semihosting `SYS_EXIT` with `ADP_Stopped_ApplicationExit`
+/// and status 0 or 1 (needs `-semihosting`); if that returns or traps,
+/// PSCI `SYSTEM_OFF` (status 0: the run script also wants the PASS line).
+fn exit_qemu(success: bool) -> ! {
+    static EXITING: AtomicBool = AtomicBool::new(false);
+    if !EXITING.swap(true, Ordering::Relaxed) {
+        /// `SYS_EXIT`.
+        const SYS_EXIT: u64 = 0x18;
+        /// `ADP_Stopped_ApplicationExit`.
+        const APPLICATION_EXIT: u64 = 0x2_0026;
+        let block: [u64; 2] = [APPLICATION_EXIT, if success { 0 } else { 1 }];
+        // SAFETY: the A64 semihosting trap: x0 = operation, x1 = address
+        // of its parameter block, which lives across the call. Without
+        // semihosting, `hlt` traps as an undefined instruction, and the
+        // fault handler comes back here with `EXITING` set.
+        unsafe {
+            core::arch::asm!("hlt #0xf000", inout("x0") SYS_EXIT => _, in("x1") block.as_ptr(), options(nostack))
+        };
+    }
+    cpu::system_off();
+    loop {
+        let _ = cpu::irq_save();
+        cpu::wait_for_interrupt();
+    }
+}

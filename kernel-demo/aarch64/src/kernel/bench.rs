@@ -1,0 +1,91 @@
+//! Timing, printed and never asserted (TCG times are emulated): 64-byte
+//! alloc+free pairs timed with `CNTVCT_EL0`, on one CPU with the per-CPU
+//! platform against a `NoCpus` heap, then on every CPU at once against
+//! one CPU.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::sync::atomic::Ordering;
+
+use super::cpu;
+use super::selftest::Shared;
+use super::serial::kprintln;
+use super::{KMEM, SOLO};
+
+/// Timed pairs per CPU and run.
+const PAIRS: usize = 20_000;
+/// Untimed pairs first (magazines loaded).
+const WARMUP: usize = 1000;
+
+/// Counter ticks for `n` alloc+free pairs of 64 bytes on `heap`, with
+/// IRQs masked (no timer interrupt inside the loop); also the start.
+fn pairs<A: GlobalAlloc>(heap: &A, n: usize) -> (u64, u64) {
+    let layout = Layout::from_size_align(64, 8).expect("a valid layout");
+    let saved = cpu::irq_save();
+    let start = cpu::ticks();
+    for _ in 0..n {
+        // SAFETY: a non-zero-size layout; the block is freed at once with
+        // the same layout (or not at all if the allocation failed).
+        unsafe {
+            let p = heap.alloc(layout);
+            if !p.is_null() {
+                core::hint::black_box(p).write(1);
+                heap.dealloc(p, layout);
+            }
+        }
+    }
+    let end = cpu::ticks();
+    // SAFETY: saved above on this CPU.
+    unsafe { cpu::irq_restore(saved) };
+    (start, end)
+}
+
+/// Every CPU takes part, in step; CPU 0 prints.
+pub fn run(sh: &Shared, me: usize) {
+    let n = sh.n;
+    let freq = cpu::ticks_per_second() as f64;
+    let per_pair_ns = |ticks: u64| ticks as f64 * 1e9 / freq / PAIRS as f64;
+
+    // One CPU, the others idle (asleep between timer ticks).
+    sh.barrier.wait();
+    let (mut one_percpu, mut one_solo) = (0, 0);
+    if me == 0 {
+        pairs(&KMEM, WARMUP);
+        let (s, e) = pairs(&KMEM, PAIRS);
+        one_percpu = e - s;
+        pairs(&SOLO, WARMUP);
+        let (s, e) = pairs(&SOLO, PAIRS);
+        one_solo = e - s;
+    }
+    // Every CPU at once: per-CPU platform, then NoCpus.
+    let mut spans = [0u64; 2];
+    for (run, span) in spans.iter_mut().enumerate() {
+        sh.barrier.wait();
+        let (s, e) = if run == 0 { pairs(&KMEM, PAIRS) } else { pairs(&SOLO, PAIRS) };
+        sh.results[me].start.store(s, Ordering::Relaxed);
+        sh.results[me].end.store(e, Ordering::Relaxed);
+        sh.barrier.wait();
+        let r = &sh.results[..n];
+        let first = r.iter().map(|r| r.start.load(Ordering::Relaxed)).min().unwrap_or(0);
+        let last = r.iter().map(|r| r.end.load(Ordering::Relaxed)).max().unwrap_or(0);
+        *span = last - first;
+    }
+    if me != 0 {
+        return;
+    }
+    kprintln!("bench: 64-byte alloc+free pairs, {PAIRS} per CPU per run, counter at {} MHz", freq / 1e6);
+    kprintln!(
+        "bench: 1 CPU: per-CPU platform {:.1} ns/pair, NoCpus {:.1} ns/pair: NoCpus takes {:.2}x as long",
+        per_pair_ns(one_percpu),
+        per_pair_ns(one_solo),
+        one_solo as f64 / one_percpu.max(1) as f64
+    );
+    let rate = |pairs: usize, ticks: u64| pairs as f64 * freq / ticks.max(1) as f64 / 1e6;
+    let (one_pc, one_so) = (rate(PAIRS, one_percpu), rate(PAIRS, one_solo));
+    let (all_pc, all_so) = (rate(n * PAIRS, spans[0]), rate(n * PAIRS, spans[1]));
+    kprintln!(
+        "bench: {n} CPUs at once: per-CPU platform {all_pc:.2} Mpairs/s aggregate = {:.2}x one CPU ({one_pc:.2}); NoCpus {all_so:.2} Mpairs/s = {:.2}x one CPU ({one_so:.2}); per-CPU / NoCpus at {n} CPUs: {:.2}x",
+        all_pc / one_pc,
+        all_so / one_so,
+        all_pc / all_so
+    );
+}

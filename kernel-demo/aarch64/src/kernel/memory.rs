@@ -1,0 +1,117 @@
+//! Hands the device tree's `/memory`, minus the kernel image (stacks and
+//! page tables included) and the device tree blob and its reservations,
+//! to the heaps.
+
+use kmemcg::PAGE_SIZE;
+
+use super::dtb::{DeviceTree, MAX_RANGES, Range};
+use super::serial::kprintln;
+use super::{KMEM, SOLO};
+
+/// The boot code maps `[0, MAPPED_LIMIT)`; RAM above it is left alone.
+const MAPPED_LIMIT: u64 = 4 << 30;
+
+/// RAM for the one-CPU comparison heap, cut from the top of the largest
+/// free range.
+const SOLO_BYTES: u64 = 8 << 20;
+
+/// Free ranges kept while cutting out reservations.
+const MAX_PIECES: usize = 32;
+
+unsafe extern "C" {
+    /// First byte of the kernel image (linker script).
+    static __kernel_start: u8;
+    /// First byte past the kernel image, `.bss` (stacks) included.
+    static __kernel_end: u8;
+}
+
+/// A set of disjoint ranges.
+struct Pieces {
+    r: [Range; MAX_PIECES],
+    n: usize,
+}
+
+impl Pieces {
+    fn push(&mut self, base: u64, end: u64) -> Result<(), &'static str> {
+        if end <= base {
+            return Ok(());
+        }
+        if self.n == MAX_PIECES {
+            return Err("too many memory ranges");
+        }
+        self.r[self.n] = Range { base, size: end - base };
+        self.n += 1;
+        Ok(())
+    }
+
+    /// Removes `[base, end)` from every range.
+    fn cut(&mut self, base: u64, end: u64) -> Result<(), &'static str> {
+        let old = Pieces { r: self.r, n: self.n };
+        self.n = 0;
+        for p in &old.r[..old.n] {
+            let pe = p.base + p.size;
+            if end <= p.base || base >= pe {
+                self.push(p.base, pe)?;
+            } else {
+                self.push(p.base, base.max(p.base))?;
+                self.push(end.min(pe), pe)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gives RAM to `KMEM` (and `SOLO_BYTES` of it to `SOLO`).
+pub fn give_ram(dt: &DeviceTree) -> Result<(), &'static str> {
+    let page = PAGE_SIZE as u64;
+    let kernel = (&raw const __kernel_start as u64, &raw const __kernel_end as u64);
+    let blob = (dt.blob.base, dt.blob.base + dt.blob.size);
+    let mut free = Pieces { r: [Range::default(); MAX_PIECES], n: 0 };
+    for m in &dt.memory[..dt.memory_count] {
+        kprintln!("memory: RAM {:#x}..{:#x} ({} MiB)", m.base, m.base + m.size, m.size >> 20);
+        free.push(m.base, (m.base + m.size).min(MAPPED_LIMIT))?;
+    }
+    kprintln!("memory: kernel image {:#x}..{:#x}, device tree {:#x}..{:#x}", kernel.0, kernel.1, blob.0, blob.1);
+    free.cut(kernel.0 / page * page, kernel.1.next_multiple_of(page))?;
+    free.cut(blob.0 / page * page, blob.1.next_multiple_of(page))?;
+    for r in &dt.reserved[..dt.reserved_count.min(MAX_RANGES)] {
+        kprintln!("memory: reserved {:#x}..{:#x}", r.base, r.base + r.size);
+        free.cut(r.base / page * page, (r.base + r.size).next_multiple_of(page))?;
+    }
+
+    let largest = (0..free.n).max_by_key(|&i| free.r[i].size).ok_or("no RAM in the device tree")?;
+    if free.r[largest].size < 2 * SOLO_BYTES {
+        return Err("not enough RAM");
+    }
+    free.r[largest].size -= SOLO_BYTES;
+    let solo = free.r[largest].base + free.r[largest].size;
+
+    let mut total = 0;
+    for p in &free.r[..free.n] {
+        let (start, end) = (p.base.next_multiple_of(page), (p.base + p.size) / page * page);
+        if end <= start {
+            continue;
+        }
+        // SAFETY: `[start, end)` is RAM the device tree reports, identity
+        // mapped as normal memory, outside the kernel image (stacks, page
+        // tables, statics), the device tree blob and its reservations, and
+        // outside the range given to `SOLO`; nothing in this kernel touches
+        // memory it did not get from a heap, and `KMEM` is a `static`.
+        unsafe { KMEM.source().add_raw(start as *mut u8, (end - start) as usize, 0) }
+            .map_err(|_| "kmemcg refused a memory range")?;
+        kprintln!("memory: -> kmemcg {:#x}..{:#x} ({} KiB)", start, end, (end - start) >> 10);
+        total += end - start;
+    }
+    // SAFETY: as above: RAM cut out of the free ranges for `SOLO` alone,
+    // which is a `static`.
+    unsafe { SOLO.source().add_raw(solo as *mut u8, SOLO_BYTES as usize, 0) }
+        .map_err(|_| "kmemcg refused the comparison heap's range")?;
+    kprintln!(
+        "memory: heap {} MiB in {} free pages; NoCpus comparison heap {:#x}..{:#x}",
+        total >> 20,
+        KMEM.source().free_pages_on(0),
+        solo,
+        solo + SOLO_BYTES
+    );
+    Ok(())
+}
