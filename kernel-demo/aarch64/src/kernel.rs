@@ -38,9 +38,12 @@ pub static SOLO: SoloHeap = Kmem::with_platform(Region::new(), NoCpus::new());
 /// Timer interrupts per second on each CPU.
 const TIMER_HZ: u64 = 1000;
 
-/// The boot CPU's Rust entry (boot.rs), MMU on, `x0` = device tree.
-extern "C" fn kmain(dtb_addr: usize) -> ! {
-    kprintln!("kernel-demo-aarch64: CPU 0 at EL1, MMU and caches on, device tree at {dtb_addr:#x}");
+/// The boot CPU's Rust entry (boot.rs), at EL1 with the MMU on: the
+/// device tree's address and the exception level QEMU started it at.
+extern "C" fn kmain(dtb_addr: usize, entry_el: u64) -> ! {
+    kprintln!(
+        "kernel-demo-aarch64: CPU 0 entered at EL{entry_el}, runs at EL1, MMU and caches on, device tree at {dtb_addr:#x}"
+    );
     // SAFETY: QEMU's loader passed the device tree's address in x0 and
     // nothing has written to RAM outside this image since; all RAM is
     // mapped.
@@ -129,8 +132,16 @@ fn panic(info: &PanicInfo) -> ! {
     fail("panic")
 }
 
-/// Every exception but an EL1 IRQ (boot.rs): prints it and fails.
+/// Set once a CPU starts exiting QEMU.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Every exception but an EL1 IRQ (boot.rs): prints it and fails. (While
+/// exiting, the exception is the semihosting trap without `-semihosting`:
+/// power off instead.)
 extern "C" fn fault(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
+    if EXITING.load(Ordering::Relaxed) {
+        power_off();
+    }
     kprintln!("CPU {}: exception {kind} (vector), ESR {esr:#x}, ELR {elr:#x}, FAR {far:#x}", cpu::id());
     fail("unexpected exception")
 }
@@ -139,7 +150,6 @@ extern "C" fn fault(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
 /// and status 0 or 1 (needs `-semihosting`); if that returns or traps,
 /// PSCI `SYSTEM_OFF` (status 0: the run script also wants the PASS line).
 fn exit_qemu(success: bool) -> ! {
-    static EXITING: AtomicBool = AtomicBool::new(false);
     if !EXITING.swap(true, Ordering::Relaxed) {
         /// `SYS_EXIT`.
         const SYS_EXIT: u64 = 0x18;
@@ -149,14 +159,19 @@ fn exit_qemu(success: bool) -> ! {
         // SAFETY: the A64 semihosting trap: x0 = operation, x1 = address
         // of its parameter block, which lives across the call. Without
         // semihosting, `hlt` traps as an undefined instruction, and the
-        // fault handler comes back here with `EXITING` set.
+        // fault handler, seeing `EXITING`, powers off.
         unsafe {
             core::arch::asm!("hlt #0xf000", inout("x0") SYS_EXIT => _, in("x1") block.as_ptr(), options(nostack))
         };
     }
+    power_off()
+}
+
+/// PSCI `SYSTEM_OFF`, or this CPU stops.
+fn power_off() -> ! {
     cpu::system_off();
+    let _ = cpu::irq_save();
     loop {
-        let _ = cpu::irq_save();
         cpu::wait_for_interrupt();
     }
 }

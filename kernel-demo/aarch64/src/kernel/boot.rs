@@ -61,10 +61,11 @@ global_asm!(
     ".popsection",
     //
     ".pushsection .text.boot, \"ax\"",
-    // Boot CPU: x0 = device tree.
+    // Boot CPU: x0 = device tree. kmain(device tree, entry EL).
     "primary_entry:",
     "    msr     daifset, #0xf",
     "    mov     x19, x0",
+    "    mrs     x21, CurrentEL",
     "    bl      drop_to_el1",
     "    bl      cpu_setup",
     "    adrp    x0, __bss_start",
@@ -78,6 +79,7 @@ global_asm!(
     "2:  mov     x20, #0",
     "    bl      enter_cpu",
     "    mov     x0, x19",
+    "    lsr     x1, x21, #2",
     "    bl      {kmain}",
     "    b       park",
     //

@@ -109,7 +109,7 @@ impl DeviceTree {
     /// `addr` must be the address of a device tree blob the loader left
     /// in mapped memory, intact.
     pub unsafe fn read(addr: usize) -> Result<DeviceTree, &'static str> {
-        if addr == 0 || addr % 8 != 0 {
+        if addr == 0 || !addr.is_multiple_of(8) {
             return Err("no device tree address in x0");
         }
         // SAFETY: the caller vouches for the header (40 bytes).
@@ -234,22 +234,18 @@ impl DeviceTree {
                     }
                 }
             }
-            Kind::Cpu if !node.reg.is_empty() => {
-                if self.cpu_count < MAX_CPUS {
-                    self.cpus[self.cpu_count] = reg(0)?.base;
-                    self.cpu_count += 1;
-                }
+            Kind::Cpu if !node.reg.is_empty() && self.cpu_count < MAX_CPUS => {
+                self.cpus[self.cpu_count] = reg(0)?.base;
+                self.cpu_count += 1;
             }
             Kind::Gic => {
                 self.gicd = Some(reg(0)?.base);
                 self.gicc = Some(reg(1)?.base);
             }
-            Kind::Timer => {
-                // Entries of <type number flags>: secure physical,
-                // non-secure physical, virtual, hypervisor. Type 1: PPI.
-                if be32(node.interrupts, 24)? == 1 {
-                    self.timer_intid = Some(be32(node.interrupts, 28)? + 16);
-                }
+            // Entries of <type number flags>: secure physical, non-secure
+            // physical, virtual, hypervisor. Type 1: PPI.
+            Kind::Timer if be32(node.interrupts, 24)? == 1 => {
+                self.timer_intid = Some(be32(node.interrupts, 28)? + 16);
             }
             Kind::Uart if self.uart.is_none() => self.uart = Some(reg(0)?.base),
             Kind::Psci => {

@@ -87,7 +87,9 @@ fn timer_arm() {
     let interval = TIMER_INTERVAL.load(Ordering::Relaxed);
     // SAFETY: the EL1 virtual timer registers of this CPU; ENABLE = 1,
     // IMASK = 0.
-    unsafe { asm!("msr cntv_tval_el0, {}", "msr cntv_ctl_el0, {}", "isb", in(reg) interval, in(reg) 1u64, options(nomem, nostack)) };
+    unsafe {
+        asm!("msr cntv_tval_el0, {}", "msr cntv_ctl_el0, {}", "isb", in(reg) interval, in(reg) 1u64, options(nomem, nostack))
+    };
 }
 
 /// Called by `irq_entry` (boot.rs) with IRQs masked, on the interrupted
