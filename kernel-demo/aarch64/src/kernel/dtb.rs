@@ -19,7 +19,9 @@ pub const MAX_RANGES: usize = 8;
 /// A physical range `[base, base + size)`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Range {
+    /// First byte.
     pub base: u64,
+    /// Length in bytes.
     pub size: u64,
 }
 
@@ -27,6 +29,7 @@ pub struct Range {
 pub struct DeviceTree {
     /// Where the blob lies (to keep it out of the heap).
     pub blob: Range,
+    /// `/memory` `reg` ranges (the first `memory_count`).
     pub memory: [Range; MAX_RANGES],
     pub memory_count: usize,
     /// The memory reservation block's entries.
@@ -35,11 +38,14 @@ pub struct DeviceTree {
     /// MPIDR of each CPU node, in tree order.
     pub cpus: [u64; MAX_CPUS],
     pub cpu_count: usize,
+    /// GICv2 distributor and CPU interface.
     pub gicd: Option<u64>,
     pub gicc: Option<u64>,
     /// INTID of the virtual timer (PPI number + 16).
     pub timer_intid: Option<u32>,
+    /// The first PL011.
     pub uart: Option<u64>,
+    /// `/psci` `method`.
     pub psci: Option<Conduit>,
 }
 
