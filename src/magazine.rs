@@ -343,15 +343,21 @@ impl<R: RawMutex> MagCache<R> {
         fence(Ordering::SeqCst);
     }
 
-    /// The page supply of this cache: its source and the counter charged.
+    /// The counter this cache's slabs are charged to, if any.
     #[inline]
-    pub(crate) fn pages<'a, E: Env<R>>(&'a self, cx: &'a E, slot: Option<usize>) -> Pages<'a, E::Src> {
-        let counter = match self.acct {
+    pub(crate) fn counter<'a, E: Env<R>>(&'a self, cx: &'a E) -> Option<&'a PageCounter> {
+        match self.acct {
             Acct::None => None,
             Acct::Root => Some(cx.root_counter()),
             // SAFETY: the group that owns the counter outlives this cache.
             Acct::Counter(c) => Some(unsafe { &*c }),
-        };
+        }
+    }
+
+    /// The page supply of this cache: its source and the counter charged.
+    #[inline]
+    pub(crate) fn pages<'a, E: Env<R>>(&'a self, cx: &'a E, slot: Option<usize>) -> Pages<'a, E::Src> {
+        let counter = self.counter(cx);
         // A dead cache's group takes no stock: its pages are uncharged at
         // once, so nothing stays charged once the last object is freed.
         let slot = if self.cache.is_dead() { None } else { slot };

@@ -333,13 +333,8 @@ impl<R: RawMutex> Tree<R> {
     /// (it never fails for `high`); above the contention mark, contention
     /// reclaim runs.
     pub(crate) fn after_refill<E: Env<R>>(&self, env: &E, cache: &MagCache<R>) {
-        let counter = match cache.acct {
-            Acct::None => return,
-            Acct::Root => &self.root.counter,
-            // SAFETY: a child cache's group outlives it.
-            Acct::Counter(c) => unsafe { &*c },
-        };
-        // SAFETY: every counter is a group's.
+        let Some(counter) = cache.counter(env) else { return };
+        // SAFETY: every counter a cache charges is a group's.
         let mut level = Some(unsafe { Group::<R>::of_counter(counter) });
         while let Some(l) = level {
             if l.counter.usage() > l.counter.high() {
