@@ -1,14 +1,37 @@
 #!/usr/bin/env bash
 # Builds kernel-demo, boots it under QEMU and checks its self-test.
-# Exits 0 only if QEMU exits with the success status (33, from
+#
+#   bash kernel-demo/run-qemu.sh [x86_64|aarch64]   (default: x86_64)
+#
+# x86_64: boots the Multiboot kernel with `qemu-system-x86_64 -smp 4`
+# (TCG), and exits 0 only if QEMU exits with the success status (33, from
 # isa-debug-exit) and the serial output holds the PASS line.
+# aarch64: runs kernel-demo/aarch64/run-qemu.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+arch="${1:-x86_64}"
+case "$arch" in
+  x86_64) ;;
+  aarch64)
+    if [ ! -f kernel-demo/aarch64/run-qemu.sh ]; then
+      echo "run-qemu.sh: kernel-demo/aarch64/run-qemu.sh does not exist (no aarch64 demo yet)" >&2
+      exit 1
+    fi
+    exec bash kernel-demo/aarch64/run-qemu.sh
+    ;;
+  *)
+    echo "usage: $0 [x86_64|aarch64]" >&2
+    exit 2
+    ;;
+esac
 
 target=x86_64-unknown-none
 elf="target/kernel/$target/release/kernel-demo"
 image="target/kernel/kernel-demo.elf32"
 pass_line="kmemcg kernel self-test: PASS"
+cpus=4
+limit=120
 
 # Installs Debian package $2 unless command $1 exists.
 need() {
@@ -33,14 +56,14 @@ objcopy -I elf64-x86-64 -O elf32-i386 "$elf" "$image"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-timeout 120 qemu-system-x86_64 -kernel "$image" -serial stdio -display none -no-reboot \
-  -device isa-debug-exit,iobase=0xf4,iosize=0x04 -m 256M </dev/null >"$log" || status=$?
+timeout "$limit" qemu-system-x86_64 -accel tcg -smp "$cpus" -kernel "$image" -serial stdio -display none \
+  -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=0x04 -m 256M </dev/null >"$log" || status=$?
 cat "$log"
 echo "run-qemu.sh: QEMU exit status $status (33 = pass), $(($(date +%s) - start)) s build + boot"
 
 if [ "$status" -eq 33 ] && grep -qxF "$pass_line" "$log"; then
   exit 0
 fi
-[ "$status" -eq 124 ] && echo "run-qemu.sh: timed out after 120 s" >&2
+[ "$status" -eq 124 ] && echo "run-qemu.sh: timed out after $limit s" >&2
 grep -qxF "$pass_line" "$log" || echo "run-qemu.sh: no '$pass_line' line in the serial output" >&2
 exit 1

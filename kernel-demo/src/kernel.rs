@@ -1,30 +1,66 @@
-//! The kernel: entry point, global allocator, panic handler, QEMU exit.
+//! The kernel: entry points (BSP and APs), the global allocator, the SMP
+//! run, panic handler, QEMU exit.
 
+mod acpi;
+mod apic;
+mod bench;
 mod boot;
+mod cpu;
+mod idt;
 mod memory;
+mod port;
 mod selftest;
 pub(crate) mod serial;
+mod smp;
+mod time;
+mod workload;
 
 use core::panic::PanicInfo;
+use core::sync::atomic::Ordering;
 
-use kmemcg::{Kmem, Region};
+use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
+use cpu::{Hw, IrqLock, MAX_SMP};
 use memory::BootInfo;
 use serial::{Serial, kprintln};
+use smp::phase;
 
-/// The kernel heap. Without `std`, `Kmem<Region>` uses `NoCpus` (no
-/// per-CPU slots, one current group), which suits this single-CPU kernel
-/// that never enables interrupts, and `spin` locks.
+/// The kernel heap's type: kmemcg over the RAM of the memory map, with
+/// interrupt-masking locks and one magazine slot per CPU.
+pub type Heap = Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, PerCpu<Hw>>;
+
+/// The kernel heap.
 #[global_allocator]
-static KMEM: Kmem<Region> = Kmem::new(Region::new());
+static KMEM: Heap = Kmem::with_platform(Region::new(), PerCpu::new());
 
-/// What the bootloader leaves in `eax` for a multiboot v1 kernel.
+/// A second allocator for the benchmark: the same locks, no per-CPU slots
+/// (every operation takes the shared, locked path).
+static KMEM_NOCPUS: Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, NoCpus> =
+    Kmem::with_platform(Region::new(), NoCpus::new());
+
+/// What a multiboot v1 loader leaves in `eax`.
 const MULTIBOOT_MAGIC: u32 = 0x2BAD_B002;
+
+/// The local APIC timer's period, µs.
+const TIMER_US: u32 = 1000;
+/// Interrupt-context allocations each CPU waits for before it stops its
+/// timer (so every CPU shows some).
+const MIN_IRQ_ALLOCS: usize = 20;
+/// How long a CPU waits for them, µs.
+const IRQ_WAIT_US: u64 = 5_000_000;
+
+/// The first failure of each CPU's workload.
+static RESULTS: IrqLock<[Option<&'static str>; MAX_SMP]> = IrqLock::new([None; MAX_SMP]);
 
 /// Called by the boot stub in 64-bit mode with the multiboot registers.
 extern "C" fn kmain(magic: u32, info: u32) -> ! {
+    // SAFETY: first thing on the BSP, which is CPU 0; nothing has read
+    // per-CPU state yet. Its APIC ID is filled in once the APIC is up.
+    unsafe { cpu::set_this_cpu(0, 0) };
     Serial::init();
     kprintln!("kernel-demo: in long mode, serial up");
+    idt::init();
+    idt::load();
     if magic != MULTIBOOT_MAGIC {
         fail("not booted by a multiboot loader");
     }
@@ -35,7 +71,10 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
         Ok(bytes) => kprintln!("heap: {} MiB in {} free pages", bytes >> 20, KMEM.source().free_pages_on(0)),
         Err(e) => fail(e),
     }
-    match selftest::run(&KMEM) {
+    if let Err(e) = selftest::run(&KMEM) {
+        fail(e);
+    }
+    match smp_run() {
         Ok(()) => {
             kprintln!("kmemcg kernel self-test: PASS");
             exit_qemu(QemuExit::Success)
@@ -44,6 +83,95 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
     }
 }
 
+/// Brings up the other CPUs, runs the workload on all of them, checks
+/// and prints the per-CPU counts, then the benchmark (BSP).
+fn smp_run() -> Result<(), &'static str> {
+    let hz = time::calibrate();
+    apic::disable_pic();
+    apic::init()?;
+    let bsp = apic::id();
+    cpu::this().apic_id.store(bsp, Ordering::Relaxed);
+    let per_ms = apic::calibrate_timer();
+    kprintln!("time: TSC {} MHz, APIC timer {} counts/ms at divide 16", hz / 1_000_000, per_ms);
+    let cpus = acpi::cpus()?;
+    kprintln!("acpi: {} enabled CPUs in the MADT, APIC IDs {:?}", cpus.count, &cpus.ids[..cpus.count]);
+    if cpus.ignored > 0 {
+        kprintln!("acpi: {} more CPUs ignored (this kernel runs at most {MAX_SMP})", cpus.ignored);
+    }
+    let n = smp::start_aps(&cpus, bsp, ap_main)?;
+    kprintln!("smp: {n} CPUs online");
+
+    let sh = workload::setup(n)?;
+    KMEM.shrink();
+    let root_before = KMEM.root().usage();
+    kprintln!("workload: starting on {n} CPUs, timer every {TIMER_US} us");
+    smp::set_phase(phase::WORK);
+    let mine = work_on_this_cpu(sh, 0);
+    RESULTS.with(|r| r[0] = mine.err());
+    smp::arrive(phase::WORK);
+    smp::wait_arrivals(phase::WORK, n);
+    let results = RESULTS.with(|r| *r);
+    for (i, r) in results.iter().enumerate().take(n) {
+        if let Some(e) = r {
+            kprintln!("workload: index {i} failed: {e}");
+            return Err("the workload failed on a CPU");
+        }
+    }
+    workload::check_accounting(sh, root_before)?;
+
+    let mut ok = true;
+    for i in 0..n {
+        let stats = KMEM.slot_stats(i);
+        let block = cpu::get(i).ok_or("CPU index out of range")?;
+        let irq = block.irq_allocs.load(Ordering::Relaxed);
+        kprintln!("cpu {i}: magazine hits {}, slow paths {}, irq allocations {irq}", stats.hits, stats.misses);
+        ok &= stats.hits > 0 && irq > 0 && block.irq_failures.load(Ordering::Relaxed) == 0;
+    }
+    if !ok {
+        return Err("a CPU had no magazine hits, no interrupt-context allocations, or a failed one");
+    }
+    workload::remove_groups(sh)?;
+    bench::run(n)?;
+    smp::set_phase(phase::END);
+    Ok(())
+}
+
+/// CPU `me`'s workload, with its timer on and interrupts enabled; then
+/// it waits for a few interrupt-context allocations and stops its timer.
+fn work_on_this_cpu(sh: &'static workload::Shared, me: usize) -> Result<(), &'static str> {
+    apic::start_timer(TIMER_US);
+    cpu::enable_interrupts();
+    let r = workload::run(sh, me);
+    let deadline = time::rdtsc() + time::us_to_tsc(IRQ_WAIT_US);
+    let block = cpu::this();
+    cpu::wait_until(|| block.irq_allocs.load(Ordering::Relaxed) >= MIN_IRQ_ALLOCS || time::rdtsc() > deadline);
+    apic::stop_timer();
+    cpu::disable_interrupts();
+    r
+}
+
+/// An application processor, from the trampoline on its own stack.
+extern "C" fn ap_main(index: usize) -> ! {
+    if let Err(e) = smp::ap_init(index) {
+        fail(e);
+    }
+    smp::wait_phase(phase::WORK);
+    let r = match workload::shared() {
+        Some(sh) => work_on_this_cpu(sh, index),
+        None => Err("no shared state at the start of the workload"),
+    };
+    RESULTS.with(|res| res[index % MAX_SMP] = r.err());
+    smp::arrive(phase::WORK);
+    smp::wait_phase(phase::BENCH);
+    if let Err(e) = bench::all_cpus_part(index) {
+        fail(e);
+    }
+    smp::arrive(phase::BENCH);
+    smp::wait_phase(phase::END);
+    halt()
+}
+
+/// Prints the FAIL line and exits QEMU with the failure status.
 fn fail(reason: &str) -> ! {
     kprintln!("kmemcg kernel self-test: FAIL: {reason}");
     exit_qemu(QemuExit::Failure)
@@ -51,7 +179,7 @@ fn fail(reason: &str) -> ! {
 
 #[panic_handler]
 fn panic(info: &PanicInfo) -> ! {
-    kprintln!("kernel panic: {info}");
+    kprintln!("kernel panic on cpu index {}: {info}", cpu::index());
     fail("panic")
 }
 
@@ -72,8 +200,13 @@ fn exit_qemu(code: QemuExit) -> ! {
     unsafe {
         core::arch::asm!("out dx, eax", in("dx") 0xf4u16, in("eax") code as u32, options(nomem, nostack));
     }
+    halt()
+}
+
+/// Halts this CPU for good.
+fn halt() -> ! {
     loop {
-        // SAFETY: interrupts are off: halts this CPU for good.
+        // SAFETY: masks interrupts and halts this CPU; touches no memory.
         unsafe { core::arch::asm!("cli; hlt", options(nomem, nostack)) };
     }
 }

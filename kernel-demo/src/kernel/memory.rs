@@ -4,8 +4,8 @@ use core::ptr::read_unaligned;
 
 use kmemcg::PAGE_SIZE;
 
-use super::KMEM;
 use super::serial::kprintln;
+use super::{KMEM, KMEM_NOCPUS};
 
 /// The boot stub identity-maps `[0, IDENTITY_LIMIT)`; memory above it is
 /// not addressable.
@@ -16,6 +16,10 @@ const MAX_ENTRIES: usize = 32;
 
 /// Memory map entry type of usable RAM.
 const USABLE: u32 = 1;
+
+/// Bytes kept from the top of the largest usable range for the `NoCpus`
+/// allocator of the benchmark.
+const BENCH_HEAP: u64 = 4 << 20;
 
 unsafe extern "C" {
     /// First byte of the kernel image (linker script).
@@ -115,25 +119,37 @@ impl BootInfo {
 
     /// Prints the memory map and hands every usable range above the kernel
     /// and boot structures, and below the identity-mapping limit, to
-    /// `KMEM`. Returns the bytes handed over.
+    /// `KMEM`, but for the top [`BENCH_HEAP`] bytes of the largest, which
+    /// go to `KMEM_NOCPUS`. Returns the bytes `KMEM` got.
     pub fn give_ram_to_kmem(&self) -> Result<u64, &'static str> {
         let kernel = (&raw const __kernel_start as usize, &raw const __kernel_end as usize);
         kprintln!("kernel image {:#x}..{:#x}, boot data up to {:#x}", kernel.0, kernel.1, self.reserved_end);
         let page = PAGE_SIZE as u64;
         let floor = self.reserved_end.next_multiple_of(page);
+        let usable = |e: &Entry| {
+            let start = e.base.max(floor).next_multiple_of(page);
+            let end = (e.base + e.len).min(IDENTITY_LIMIT) / page * page;
+            (e.kind == USABLE && start < end).then_some((start, end))
+        };
+        let largest = self.entries[..self.count].iter().filter_map(usable).max_by_key(|&(s, e)| e - s);
         let mut total = 0;
         for e in &self.entries[..self.count] {
             kprintln!("  mmap {:#013x}..{:#013x} type {}", e.base, e.base + e.len, e.kind);
-            let start = e.base.max(floor).next_multiple_of(page);
-            let end = (e.base + e.len).min(IDENTITY_LIMIT) / page * page;
-            if e.kind != USABLE || start >= end {
-                continue;
+            let Some((start, mut end)) = usable(e) else { continue };
+            if Some((start, end)) == largest && end - start > 2 * BENCH_HEAP {
+                end -= BENCH_HEAP;
+                // SAFETY: as below, for the top of this range, which
+                // `KMEM` does not get.
+                unsafe { KMEM_NOCPUS.source().add_raw(end as *mut u8, BENCH_HEAP as usize, 0) }
+                    .map_err(|_| "kmemcg refused a memory range")?;
+                kprintln!("    -> bench heap (NoCpus): {:#x}..{:#x}", end, end + BENCH_HEAP);
             }
             // SAFETY: the loader reports `[start, end)` as usable RAM; it
             // lies above the kernel image and every boot structure still in
             // use, below the identity-mapping limit, and nothing else in
-            // this kernel touches memory it did not get from `KMEM`, which
-            // lives for the rest of the program.
+            // this kernel touches memory it did not get from an allocator,
+            // and each range goes to one allocator, which lives for the rest
+            // of the program.
             unsafe { KMEM.source().add_raw(start as *mut u8, (end - start) as usize, 0) }
                 .map_err(|_| "kmemcg refused a memory range")?;
             kprintln!("    -> kmemcg: {:#x}..{:#x} ({} KiB)", start, end, (end - start) >> 10);

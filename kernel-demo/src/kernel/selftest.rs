@@ -8,11 +8,10 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt::Write as _;
 
-use kmemcg::{CacheFlags, Error, Kmem, Region};
+use kmemcg::{CacheFlags, Error};
 
+use super::Heap;
 use super::serial::kprintln;
-
-type Heap = Kmem<Region>;
 type Test = Result<(), &'static str>;
 
 /// Tenant A's hard limit; tenant B's is four times as much.

@@ -1,33 +1,18 @@
-//! COM1 (a 16550 UART at port 0x3F8): output only, polled.
+//! COM1 (a 16550 UART at port 0x3F8): output only, polled, one line at a
+//! time across CPUs.
 
-use core::arch::asm;
-use core::fmt;
+use core::fmt::{self, Write as _};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use kmemcg::Cpu as _;
+
+use super::cpu::{self, Hw};
+use super::port::{inb, outb};
 
 const COM1: u16 = 0x3F8;
 
-/// Writes `value` to I/O port `port`.
-///
-/// # Safety
-///
-/// Writing to an I/O port can reprogram any device; the caller must know
-/// what the port is and that the write is harmless to the rest of the
-/// system.
-unsafe fn outb(port: u16, value: u8) {
-    // SAFETY: forwarded from the caller; `out` touches no memory.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) };
-}
-
-/// Reads a byte from I/O port `port`.
-///
-/// # Safety
-///
-/// As for [`outb`]: reading some ports has side effects.
-unsafe fn inb(port: u16) -> u8 {
-    let value: u8;
-    // SAFETY: forwarded from the caller; `in` touches no memory.
-    unsafe { asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack, preserves_flags)) };
-    value
-}
+/// Who holds the console: 0 for nobody, else the holder's CPU index + 1.
+static OWNER: AtomicUsize = AtomicUsize::new(0);
 
 /// The serial console; a unit value, since the UART is the only state.
 pub struct Serial;
@@ -68,11 +53,31 @@ impl fmt::Write for Serial {
     }
 }
 
-/// `println!` to the serial console; allocates nothing.
+/// Writes one line with interrupts masked, holding the console against
+/// other CPUs. A CPU that already holds it (a panic or an exception in
+/// the middle of a line) writes without waiting. Allocates nothing.
+pub fn print_line(args: fmt::Arguments<'_>) {
+    let me = cpu::index() + 1;
+    let saved = Hw::irq_save();
+    let nested = OWNER.load(Ordering::Relaxed) == me;
+    if !nested {
+        while OWNER.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            core::hint::spin_loop();
+        }
+    }
+    let _ = Serial.write_fmt(args);
+    let _ = Serial.write_str("\n");
+    if !nested {
+        OWNER.store(0, Ordering::Release);
+    }
+    // SAFETY: saved above on this CPU.
+    unsafe { Hw::irq_restore(saved) };
+}
+
+/// `println!` to the serial console; allocates nothing, safe from any CPU.
 macro_rules! kprintln {
-    ($($arg:tt)*) => {{
-        use core::fmt::Write as _;
-        let _ = writeln!($crate::kernel::serial::Serial, $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::kernel::serial::print_line(format_args!($($arg)*))
+    };
 }
 pub(crate) use kprintln;
