@@ -42,7 +42,7 @@ static KMEM_NOCPUS: Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, NoCpus> =
 const MULTIBOOT_MAGIC: u32 = 0x2BAD_B002;
 
 /// The local APIC timer's period, µs.
-const TIMER_US: u32 = 1000;
+const TIMER_US: u32 = 500;
 /// Interrupt-context allocations each CPU waits for before it stops its
 /// timer (so every CPU shows some).
 const MIN_IRQ_ALLOCS: usize = 20;
@@ -104,6 +104,7 @@ fn smp_run() -> Result<(), &'static str> {
     let sh = workload::setup(n)?;
     KMEM.shrink();
     let root_before = KMEM.root().usage();
+    let pages_before = KMEM.stats().source.pages_in_use;
     kprintln!("workload: starting on {n} CPUs, timer every {TIMER_US} us");
     smp::set_phase(phase::WORK);
     let mine = work_on_this_cpu(sh, 0);
@@ -111,13 +112,13 @@ fn smp_run() -> Result<(), &'static str> {
     smp::arrive(phase::WORK);
     smp::wait_arrivals(phase::WORK, n);
     let results = RESULTS.with(|r| *r);
-    for (i, r) in results.iter().enumerate().take(n) {
-        if let Some(e) = r {
-            kprintln!("workload: index {i} failed: {e}");
-            return Err("the workload failed on a CPU");
-        }
+    for (i, e) in results.iter().enumerate().take(n).filter_map(|(i, r)| r.map(|e| (i, e))) {
+        kprintln!("workload: index {i} failed: {e}");
     }
-    workload::check_accounting(sh, root_before)?;
+    if results.iter().any(Option::is_some) {
+        return Err("the workload failed on a CPU");
+    }
+    workload::check_accounting(sh, root_before, pages_before)?;
 
     let mut ok = true;
     for i in 0..n {

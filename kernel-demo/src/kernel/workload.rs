@@ -25,7 +25,9 @@ type Test = Result<(), &'static str>;
 pub const LIMIT: usize = 128 << 10;
 /// Each CPU group's hard limit (never reached).
 const CPU_GROUP_MAX: usize = 16 << 20;
-/// Messages each CPU sends to the next.
+/// Rounds of the per-group part (collections, own objects, handoff).
+const ROUNDS: usize = 10;
+/// Messages each CPU sends to the next, per round.
 const MESSAGES: usize = 256;
 /// Capacity of a CPU's mailbox.
 const RING: usize = 16;
@@ -118,6 +120,8 @@ pub struct CpuResult {
     pub limit_blocks: AtomicUsize,
     /// Messages it received and freed.
     pub received: AtomicUsize,
+    /// Its workload's duration, µs.
+    pub elapsed_us: AtomicUsize,
 }
 
 /// The state every CPU shares, made by the BSP before the workload and
@@ -161,13 +165,19 @@ pub fn shared() -> Option<&'static Shared> {
 /// CPU `me`'s part of the workload.
 pub fn run(sh: &'static Shared, me: usize) -> Test {
     let group = sh.groups.get(me).ok_or("no group for this CPU")?;
+    let start = time::rdtsc();
     {
         let _in = group.enter();
-        collections(me)?;
-        own_inodes(sh, me, group)?;
-        handoff(sh, me)?;
+        for _ in 0..ROUNDS {
+            collections(me)?;
+            own_inodes(sh, me, group)?;
+            handoff(sh, me)?;
+        }
     }
-    limited(sh, me)
+    limited(sh, me)?;
+    let us = (time::rdtsc() - start) / time::us_to_tsc(1).max(1);
+    sh.results[me].elapsed_us.store(us as usize, Ordering::Relaxed);
+    Ok(())
 }
 
 /// `Vec`, `BTreeMap`, `String` and `Box`, a few rounds.
@@ -222,16 +232,41 @@ fn handoff(sh: &'static Shared, me: usize) -> Test {
                 Err(m) => pending = Some(m),
             }
         }
-        if let Some(m) = sh.mail[me].with(Ring::pop) {
-            check(m.is(from, got), "a handed-off object arrived changed or out of order")?;
+        // Only this round's messages: the sender may be a round ahead.
+        if let Some(m) = (got < MESSAGES).then(|| sh.mail[me].with(Ring::pop)).flatten() {
+            if !m.is(from, got) {
+                match &m {
+                    Msg::Boxed(t) => kprintln!(
+                        "handoff: index {me} expected seq {got} from {from}, got box at {:p}: from {} seq {} words {:x?}",
+                        &**t,
+                        t.from,
+                        t.seq,
+                        t.words
+                    ),
+                    Msg::Inode(i) => kprintln!(
+                        "handoff: index {me} expected seq {got} from {from}, got inode at {:p}: ino {} owner {} nlink {} name {:?}",
+                        &**i,
+                        i.ino,
+                        i.owner,
+                        i.nlink,
+                        &i.name[..4]
+                    ),
+                }
+                return Err("a handed-off object arrived changed or out of order");
+            }
             drop(m); // freed here, allocated on `from`
             got += 1;
         }
         if time::rdtsc() > deadline {
+            let ring = sh.mail[me].with(|r| r.len);
+            kprintln!(
+                "handoff: index {me} timed out: sent {sent}, got {got}, pending {}, own mailbox {ring}",
+                pending.is_some()
+            );
             return Err("handoff timed out");
         }
     }
-    sh.results[me].received.store(got, Ordering::Relaxed);
+    sh.results[me].received.fetch_add(got, Ordering::Relaxed);
     Ok(())
 }
 
@@ -282,10 +317,11 @@ fn limited(sh: &'static Shared, me: usize) -> Test {
 /// After every CPU finished (timers stopped): empties every magazine and
 /// stock, then checks that every group is back to zero, that only the
 /// limited group failed, and that the root is back where it was.
-pub fn check_accounting(sh: &'static Shared, root_before: usize) -> Test {
+pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: usize) -> Test {
     for (i, r) in sh.results.iter().enumerate().take(sh.ncpus) {
         kprintln!(
-            "workload: index {i}: {} messages freed from index {}, limited group held {} objects, then {} blocks",
+            "workload: index {i}: {} ms, {} messages freed from index {}, limited group held {} objects, then {} blocks",
+            r.elapsed_us.load(Ordering::Relaxed) / 1000,
             r.received.load(Ordering::Relaxed),
             (i + sh.ncpus - 1) % sh.ncpus,
             r.limit_objects.load(Ordering::Relaxed),
@@ -324,10 +360,12 @@ pub fn check_accounting(sh: &'static Shared, root_before: usize) -> Test {
     let root = KMEM.root();
     let after = root.usage();
     kprintln!(
-        "group /: usage {} KiB before the workload, {} KiB after, failcnt {}",
+        "group /: usage {} KiB before the workload, {} KiB after, failcnt {}; source pages in use {} before, {} after",
         root_before >> 10,
         after >> 10,
-        root.failcnt()
+        root.failcnt(),
+        pages_before,
+        KMEM.stats().source.pages_in_use
     );
     check(root.failcnt() == 0, "the root saw failures")?;
     check(after == root_before, "the root's usage changed across the workload")?;
