@@ -1,12 +1,18 @@
-//! kernel-demo: a minimal bare-metal x86_64 kernel whose heap is kmemcg.
+//! kernel-demo: a minimal bare-metal x86_64 SMP kernel whose heap is
+//! kmemcg.
 //!
-//! It boots under `qemu-system-x86_64 -kernel`, hands the RAM of the
-//! multiboot memory map to a [`kmemcg::Region`], installs a
-//! [`kmemcg::Kmem`] as `#[global_allocator]`, checks `alloc` collections, a
-//! typed cache and two limited groups, prints the results on COM1, and
-//! exits QEMU through the `isa-debug-exit` device (status 33: pass, 35:
-//! fail). Run it with `bash kernel-demo/run-qemu.sh` from the workspace
-//! root.
+//! It boots under `qemu-system-x86_64 -smp 4 -kernel`, hands the RAM of
+//! the multiboot memory map to a [`kmemcg::Region`], installs a
+//! [`kmemcg::Kmem`] with the per-CPU platform ([`kmemcg::PerCpu`]) as
+//! `#[global_allocator]`, checks `alloc` collections, a typed cache and two
+//! limited groups on the bootstrap CPU, then starts the other CPUs (INIT
+//! and STARTUP IPIs, a real-mode trampoline), runs a workload on all of
+//! them at once with a local APIC timer allocating in interrupt context,
+//! checks the accounting and the per-CPU counts, times the allocator,
+//! prints the results on COM1, and exits QEMU through the
+//! `isa-debug-exit` device (status 33: pass, 35: fail). Run it with `bash
+//! kernel-demo/run-qemu.sh` from the workspace root; `README.md` lists
+//! the files.
 //!
 //! # Boot path
 //!

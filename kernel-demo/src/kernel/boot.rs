@@ -5,9 +5,10 @@
 //! of the boot information. The stub zeroes `.bss`, identity-maps the first
 //! 4 GiB with 2 MiB pages, turns on PAE, long mode and paging, loads a
 //! 64-bit GDT, far-returns into 64-bit code and calls
-//! `kmain(magic, info)` on a 128 KiB stack. Interrupts stay disabled
-//! throughout (no IDT is ever loaded). There is no CPUID check for long
-//! mode: QEMU's default x86_64 CPU model has it.
+//! `kmain(magic, info)` on a 128 KiB stack, with interrupts disabled
+//! (`kmain` loads an IDT before it enables any). The application
+//! processors share these page tables and GDT layout (`smp.rs`). There is
+//! no CPUID check for long mode: QEMU's default x86_64 CPU model has it.
 
 use core::arch::global_asm;
 

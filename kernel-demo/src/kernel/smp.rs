@@ -13,7 +13,7 @@
 //! protected mode (with the trampoline's own GDT, whose selectors match
 //! the boot GDT's), turns on PAE, loads the BSP's page tables, sets
 //! `EFER.LME`, turns on paging, far-jumps into 64-bit code, switches to
-//! its stack and calls [`ap_main`].
+//! its stack and calls the entry point (`kernel::ap_main`).
 //!
 //! # Phases
 //!
@@ -135,7 +135,7 @@ fn install_trampoline() -> Result<*mut u64, &'static str> {
 }
 
 /// Starts every processor `cpus` lists but the BSP (APIC ID `bsp`); each
-/// runs [`ap_main`] with the next index. Returns the CPUs online, BSP
+/// calls `entry` with the next index. Returns the CPUs online, BSP
 /// included.
 pub fn start_aps(cpus: &Cpus, bsp: u32, entry: extern "C" fn(usize) -> !) -> Result<usize, &'static str> {
     let params = install_trampoline()?;
