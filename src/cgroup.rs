@@ -53,6 +53,9 @@ pub use tree::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 const ONLINE: u8 = 0;
 /// `Group::state` after `remove`: no new charges, caches dead.
 const OFFLINE: u8 = 1;
+/// `Group::state` written just before the group's memory is freed: a
+/// poison that loom models (and a debugger) see through a stale pointer.
+const FREED: u8 = 2;
 
 /// Accounted typed caches (`CacheFlags::ACCOUNT`) that can be live at once
 /// in one allocator; one more gives [`crate::Error::TooManyAccountedCaches`].
@@ -372,6 +375,12 @@ impl<R: RawMutex> Group<R> {
     /// The group's event counters.
     pub(crate) fn events(&self) -> &Events {
         &self.events
+    }
+
+    /// Whether the group's memory was freed (read through a stale
+    /// pointer, for models and debugging).
+    pub(crate) fn is_freed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == FREED
     }
 
     /// Whether `remove` has run.

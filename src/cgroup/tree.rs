@@ -22,7 +22,7 @@ use core::ptr::NonNull;
 
 use lock_api::{Mutex, RawMutex};
 
-use super::{Group, OFFLINE, TokenHead};
+use super::{FREED, Group, OFFLINE, TokenHead};
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
@@ -580,6 +580,7 @@ impl<R: RawMutex> Tree<R> {
             }
         }
         let parent = gr.parent().map(NonNull::from);
+        gr.state.store(FREED, Ordering::Release);
         // SAFETY: per the contract; the group is an object of `groups`.
         unsafe { Self::free_object(env, g, &self.groups) };
         if let Some(p) = parent {
@@ -627,6 +628,16 @@ impl<R: RawMutex> Tree<R> {
         // SAFETY: the read guard keeps every group reachable from the list
         // alive, unlinked or not.
         unsafe { walk(&self.all_groups, |g| &g.next_all, f) }
+    }
+
+    /// Takes the tree's own locks once (a loom model's `LoomRawMutex`
+    /// makes its loom atomic on first use, which must happen before the
+    /// model's threads run).
+    #[cfg(loom)]
+    pub(crate) fn touch_locks(&self) {
+        drop(self.lock.lock());
+        drop(self.registry_lock.lock());
+        drop(self.shrinkers.lock());
     }
 
     /// Calls `f` on every group, the root first.

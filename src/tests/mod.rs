@@ -13,6 +13,8 @@ mod heap;
 mod loom_counter;
 #[cfg(loom)]
 mod loom_magazine;
+#[cfg(loom)]
+mod loom_tree;
 #[cfg(not(loom))]
 mod pressure;
 #[cfg(not(loom))]

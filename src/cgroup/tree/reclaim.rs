@@ -538,7 +538,7 @@ impl<R: RawMutex> Tree<R> {
 
     /// After caches gave back slabs: dead caches now empty let go of their
     /// groups, and groups whose last reference went are reclaimed.
-    fn finish_reclaim<E: Env<R>>(&self, env: &E) {
+    pub(crate) fn finish_reclaim<E: Env<R>>(&self, env: &E) {
         self.release_empty_dead();
         self.reclaim_groups(env, &mut self.lock.lock());
     }

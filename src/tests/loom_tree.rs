@@ -1,0 +1,335 @@
+//! Loom models of the group lifecycle, on the cgroup layer's own code: a
+//! [`Tree`] over a model environment, no `Kmem`.
+//!
+//! The model platform hands out no CPU slot, so every object goes through
+//! the locked slab path (the magazine handshake has models of its own in
+//! `loom_magazine`); what these models exercise is the tree: creation,
+//! child-cache publication, removal (dead caches, the drain), references,
+//! the zombie stack, the read guard and reclamation under the tree lock.
+//! A group's memory is poisoned (`Group::is_freed`) just before it is
+//! freed, so a walk that reached a freed group fails its assertion.
+
+use std::boxed::Box;
+use std::cell::Cell;
+use std::vec::Vec;
+
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::cgroup::{Group, ShrinkControl, Shrinker, Tree};
+use crate::counter::PageCounter;
+use crate::error::Name;
+use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource, Platform, Region};
+use crate::slab::Cache;
+use crate::slab::classes::class_of;
+use crate::sync::LoomRawMutex;
+
+type R = LoomRawMutex;
+
+loom::thread_local! {
+    static TOKEN: Cell<*const ()> = Cell::new(core::ptr::null());
+}
+
+/// No CPU slots; each model thread's current group is its own.
+struct ModelCpus;
+
+// SAFETY: (1), (3), (4): no slot is ever handed out or stolen; (2) node 0;
+// (5) nothing allocates; (6) the token is a per-thread cell.
+unsafe impl Platform for ModelCpus {
+    fn current_group(&self) -> *const () {
+        TOKEN.with(|t| t.get())
+    }
+    fn set_current_group(&self, token: *const ()) -> *const () {
+        TOKEN.with(|t| t.replace(token))
+    }
+    fn enter(&self) -> Option<usize> {
+        None
+    }
+    fn exit(&self, _slot: usize) {}
+}
+
+/// A tree and what it runs over.
+struct TreeEnv {
+    src: Region<R, 2>,
+    plat: ModelCpus,
+    slots: Slots,
+    mags: Cache<R>,
+    tree: Tree<R>,
+    /// Backing memory, freed after the region (declared last).
+    _mem: Vec<u8>,
+}
+
+impl Env<R> for TreeEnv {
+    type Src = Region<R, 2>;
+    type Plat = ModelCpus;
+    fn src(&self) -> &Self::Src {
+        &self.src
+    }
+    fn plat(&self) -> &ModelCpus {
+        &self.plat
+    }
+    fn slots(&self) -> &Slots {
+        &self.slots
+    }
+    fn mags(&self) -> &Cache<R> {
+        &self.mags
+    }
+    fn root_counter(&self) -> &PageCounter {
+        self.tree.root().counter()
+    }
+}
+
+/// The size class of the models' 64-byte objects.
+fn class() -> usize {
+    class_of(64, 8).unwrap()
+}
+
+impl TreeEnv {
+    fn new() -> TreeEnv {
+        let src = Region::new();
+        let mut mem = std::vec![0u8; 40 * PAGE_SIZE];
+        // SAFETY: the buffer outlives the region (field order) and is used
+        // by nothing else.
+        unsafe { src.add_raw(mem.as_mut_ptr(), mem.len(), 0) }.unwrap();
+        TreeEnv {
+            src,
+            plat: ModelCpus,
+            slots: Slots::new(),
+            mags: Cache::new(MAGAZINE_GEOMETRY),
+            tree: Tree::new(),
+            _mem: mem,
+        }
+    }
+
+    /// Takes every lock the model's threads may take, once: a
+    /// `LoomRawMutex` makes its loom atomic on first use, which must
+    /// happen outside the model's threads.
+    fn warm(&self, caches: &[&MagCache<R>]) {
+        let t = &self.tree;
+        for c in [&t.classes()[class()]].into_iter().chain(caches.iter().copied()) {
+            c.stats();
+        }
+        for meta in [&t.groups, &t.child_caches, &t.descriptors, &self.mags] {
+            meta.stats();
+        }
+        for node in 0..MAX_NODES {
+            self.src.free_pages_on(node);
+        }
+        t.touch_locks();
+    }
+
+    /// A child of the root; the caller owns one reference on it.
+    fn child(&self, name: &str) -> &Group<R> {
+        let g = self.tree.create_child(self, self.tree.root(), Name::new_group(name).unwrap()).unwrap();
+        // SAFETY: referenced by the caller until its `put_group`.
+        unsafe { &*g.as_ptr() }
+    }
+
+    /// One 64-byte object charged to `g` (as `Kmem` allocates: the nearest
+    /// online group's cache of the class).
+    fn alloc_in(&self, g: &Group<R>) -> usize {
+        let t = &self.tree;
+        let base = &t.classes()[class()];
+        let cache = t.cache_for(self, t.effective(g), class(), base).unwrap();
+        cache.alloc(self).unwrap().as_ptr() as usize
+    }
+
+    /// Frees an object of the class as `Kmem` does without a CPU slot:
+    /// into the cache its slab names, under a read guard, then lets a dead
+    /// cache that just emptied release its group.
+    fn free(&self, x: usize) {
+        let base = &self.tree.classes()[class()];
+        let p = core::ptr::NonNull::new(x as *mut u8).unwrap();
+        // SAFETY: a live object of the class, in a slab of `base` or of one
+        // of its child caches (whose header names its `MagCache`).
+        let owner = unsafe { &*(base.cache.owner_of(p.as_ptr()) as *const MagCache<R>) };
+        let _read = self.tree.read_guard();
+        // SAFETY: live, freed once.
+        unsafe { owner.free(self, p) };
+        self.tree.after_free(owner);
+    }
+
+    /// After a model: everything is given back, every group but the root
+    /// reclaimed, and no charge left anywhere.
+    fn settle(&self) {
+        let t = &self.tree;
+        t.shrink(self);
+        assert_eq!(t.groups.stats().active_objects, 0, "a group was never reclaimed (a reference leaked)");
+        assert_eq!(t.child_caches.stats().active_objects, 0, "a child cache was never freed");
+        assert!(t.no_groups(), "a reclaimed group is still listed");
+        assert_eq!(t.root().counter().usage(), 0, "a charge was lost or kept");
+    }
+}
+
+/// Stack of the model's threads: a `Tree` (43 size-class caches and the
+/// root group) is built on it, beyond loom's default.
+const STACK: usize = 16 << 20;
+
+/// Runs `body` as a loom model on a fresh environment (in a model thread
+/// with a stack large enough to build it).
+fn model(body: impl Fn(Arc<TreeEnv>) + Sync + Send + 'static) {
+    let body = std::sync::Arc::new(body);
+    let mut builder = loom::model::Builder::new();
+    // Setting up and settling a tree takes many steps on one thread.
+    builder.max_branches = 100_000;
+    builder.check(move || {
+        let body = body.clone();
+        thread::Builder::new().stack_size(STACK).spawn(move || body(Arc::new(TreeEnv::new()))).unwrap().join().unwrap();
+    });
+}
+
+/// Spawns a model thread that runs `f` on the environment.
+fn spawn<T: Send + 'static>(
+    env: &Arc<TreeEnv>,
+    f: impl FnOnce(&TreeEnv) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let env = env.clone();
+    thread::Builder::new().stack_size(STACK).spawn(move || f(&env)).unwrap()
+}
+
+#[test]
+fn loom_remove_races_allocation_in_the_group() {
+    // A group is removed while a thread allocates and frees in it: the
+    // object comes from the group's cache or, once it is offline, the
+    // root's; the charge follows it; the group is reclaimed once its
+    // handle's reference and its cache are gone.
+    model(|env| {
+        let g = env.child("g");
+        let x = env.alloc_in(g);
+        env.warm(&[g.child_cache(class()).unwrap()]);
+        let gp = g as *const Group<R> as usize;
+        let allocator = spawn(&env, move |env| {
+            // SAFETY: the main thread's reference keeps `g` alive until
+            // after the join.
+            let g = unsafe { &*(gp as *const Group<R>) };
+            let y = env.alloc_in(g);
+            env.free(y);
+        });
+        env.tree.remove(&*env, g).unwrap();
+        allocator.join().unwrap();
+        // The object allocated before the model's threads.
+        env.free(x);
+        env.tree.put_group(g);
+        env.settle();
+    });
+}
+
+#[test]
+fn loom_remove_races_a_remote_free() {
+    // A group is removed while another thread frees an object allocated
+    // in it: the object goes back to the (now dead) cache that owns it,
+    // the group is uncharged, and it is reclaimed once the last of its
+    // objects is gone.
+    model(|env| {
+        let g = env.child("g");
+        let x = env.alloc_in(g);
+        env.warm(&[g.child_cache(class()).unwrap()]);
+        let remote = spawn(&env, move |env| env.free(x));
+        env.tree.remove(&*env, g).unwrap();
+        remote.join().unwrap();
+        env.tree.put_group(g);
+        env.settle();
+    });
+}
+
+#[test]
+fn loom_last_free_races_reclamation_and_a_walk() {
+    // A removed group is kept only by its dead cache, which holds one live
+    // object. Its last free (which releases the group onto the zombie
+    // stack), a walk of the groups (under a read guard) and reclamation
+    // (under the tree lock) race: the walk never reaches freed memory, and
+    // the group is freed exactly once.
+    model(|env| {
+        let g = env.child("g");
+        let x = env.alloc_in(g);
+        env.warm(&[g.child_cache(class()).unwrap()]);
+        env.tree.remove(&*env, g).unwrap();
+        env.tree.put_group(g);
+        let freer = spawn(&env, move |env| env.free(x));
+        let walker = spawn(&env, |env| {
+            let mut seen = 0;
+            env.tree.for_each_group(|g| {
+                assert!(!g.is_freed(), "a walk reached a freed group");
+                assert_eq!(g.name().as_str(), "g");
+                g.for_each_cache(|_, c| assert!(c.cache.is_dead()));
+                seen += 1;
+            });
+            seen
+        });
+        // Reclamation: groups whose last reference is gone are unlinked,
+        // and freed once no walk runs.
+        env.tree.finish_reclaim(&*env);
+        freer.join().unwrap();
+        assert!(walker.join().unwrap() <= 1);
+        env.settle();
+    });
+}
+
+#[test]
+fn loom_child_cache_first_use_race() {
+    // Two threads use a group's class for the first time at once: one
+    // child cache is published, both get it, and the group gains exactly
+    // one reference for it (else it would never be reclaimed, or be
+    // reclaimed early).
+    model(|env| {
+        let g = env.child("g");
+        env.warm(&[]);
+        let gp = g as *const Group<R> as usize;
+        let first_use = move |env: &TreeEnv| {
+            // SAFETY: the main thread's reference keeps `g` alive.
+            let g = unsafe { &*(gp as *const Group<R>) };
+            let t = &env.tree;
+            t.cache_for(env, g, class(), &t.classes()[class()]).unwrap() as *const MagCache<R> as usize
+        };
+        let a = spawn(&env, first_use);
+        let b = first_use(&env);
+        assert_eq!(a.join().unwrap(), b, "two child caches were published");
+        env.tree.remove(&*env, g).unwrap();
+        env.tree.put_group(g);
+        env.settle();
+    });
+}
+
+/// A shrinker for the registration model: counts its calls.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl Shrinker for Counting {
+    fn count(&self, _sc: &ShrinkControl) -> usize {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        0
+    }
+    fn scan(&self, _sc: &ShrinkControl, _nr: usize) -> usize {
+        0
+    }
+}
+
+#[test]
+fn loom_shrinker_registration_races_reclaim() {
+    // The tree's shrinker list is copied under its lock and called without
+    // it: a registration racing a reclaim is either in the copy or not,
+    // an unregistration never tears the list, and a reclaim in progress
+    // calls only shrinkers that were registered when it copied the list.
+    model(|env| {
+        let a: &'static Counting = Box::leak(Box::new(Counting(Default::default())));
+        let b: &'static Counting = Box::leak(Box::new(Counting(Default::default())));
+        env.tree.register_shrinker(a).unwrap();
+        // Reclaim of a group without caches: the shrinker protocol alone.
+        let g = env.child("g");
+        env.warm(&[]);
+        let reg = spawn(&env, move |env| {
+            env.tree.register_shrinker(b).unwrap();
+            env.tree.unregister_shrinker(a);
+        });
+        env.tree.reclaim(&*env, g, 1);
+        reg.join().unwrap();
+        let calls = |s: &Counting| s.0.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(calls(a) + calls(b) <= 2, "a shrinker was called twice by one pass");
+        // Now only `b` is registered.
+        env.tree.reclaim(&*env, g, 1);
+        assert!(calls(b) >= 1, "the registered shrinker was not called");
+        env.tree.remove(&*env, g).unwrap();
+        env.tree.put_group(g);
+        env.settle();
+    });
+}
