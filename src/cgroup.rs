@@ -378,7 +378,8 @@ impl<R: RawMutex> Group<R> {
     }
 
     /// Whether the group's memory was freed (read through a stale
-    /// pointer, for models and debugging).
+    /// pointer, by the loom models).
+    #[cfg(loom)]
     pub(crate) fn is_freed(&self) -> bool {
         self.state.load(Ordering::Acquire) == FREED
     }
