@@ -122,28 +122,31 @@ pub(crate) fn dangling(layout: core::alloc::Layout) -> NonNull<[u8]> {
 }
 
 impl<S: PageSource, R: RawMutex> Kmem<S, R, DefaultPlatform> {
-    /// An allocator over `source` with the default platform (per-thread
-    /// slots with `std`, none without); nothing is allocated until first use.
-    #[cfg(not(loom))]
-    pub const fn new(source: S) -> Self {
-        Self::with_platform(source, DefaultPlatform::new())
+    crate::sync::loom_const_fn! {
+        /// An allocator over `source` with the default platform (per-thread
+        /// slots with `std`, none without); nothing is allocated until first
+        /// use. (Under `--cfg loom` not `const`: build it inside the model.)
+        pub fn new(source: S) -> Self {
+            Self::with_platform(source, DefaultPlatform::new())
+        }
     }
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// An allocator over `source` whose per-CPU slots and current groups
-    /// `platform` tracks.
-    #[cfg(not(loom))]
-    pub const fn with_platform(source: S, platform: P) -> Self {
-        Kmem {
-            source,
-            platform,
-            slots: Slots::new(),
-            magazines: Cache::new(MAGAZINE_GEOMETRY),
-            tree: Tree::new(),
-            large_allocs: Stat::new(),
-            large_pages: Stat::new(),
-            bad_frees: Stat::new(),
+    crate::sync::loom_const_fn! {
+        /// An allocator over `source` whose per-CPU slots and current groups
+        /// `platform` tracks.
+        pub fn with_platform(source: S, platform: P) -> Self {
+            Kmem {
+                source,
+                platform,
+                slots: Slots::new(),
+                magazines: Cache::new(MAGAZINE_GEOMETRY),
+                tree: Tree::new(),
+                large_allocs: Stat::new(),
+                large_pages: Stat::new(),
+                bad_frees: Stat::new(),
+            }
         }
     }
 

@@ -179,9 +179,9 @@
 
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Loom builds compile only the layers up to `cgroup`, so much of the
-// crate is unused there.
-#![cfg_attr(loom, allow(dead_code, unused_imports))]
+// Under loom: helpers only the loom models use, and `OsPages`-only parts of
+// the buddy allocator (`OsPages` is built without loom only).
+#![cfg_attr(loom, allow(dead_code))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
@@ -206,13 +206,10 @@ mod magazine;
 
 mod cgroup;
 
-#[cfg(not(loom))]
 mod heap;
 
-#[cfg(not(loom))]
 mod handle;
 
-#[cfg(not(loom))]
 mod global;
 
 /// The README's examples, compiled and run as doctests.
@@ -234,11 +231,9 @@ pub use allocator_api2_04;
 pub use cgroup::{GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
-#[cfg(not(loom))]
 pub use handle::{
     AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure,
 };
-#[cfg(not(loom))]
 pub use heap::{Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
 #[cfg(all(feature = "std", not(loom)))]
@@ -254,3 +249,5 @@ pub use platform::{
 };
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;
+#[cfg(loom)]
+pub use sync::LoomRawMutex;

@@ -91,7 +91,11 @@ pub const MAX_ORDER: u32 = if usize::BITS < 64 { 20 } else { 28 };
 /// The default lock: a spinning mutex from `spin`. A kernel supplies its own
 /// [`lock_api::RawMutex`] that also disables interrupts, so that allocation
 /// from an interrupt handler cannot deadlock against the code it interrupted.
+#[cfg(not(loom))]
 pub type DefaultRawMutex = spin::mutex::SpinMutex<()>;
+/// The default lock under `--cfg loom`: one loom can see.
+#[cfg(loom)]
+pub type DefaultRawMutex = crate::sync::LoomRawMutex;
 
 /// A run of `2^order` pages returned by [`PageSource::alloc_pages`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -43,16 +43,50 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// A spin lock over this module's atomics, usable as a `lock_api::RawMutex`
-/// under loom (spin's own lock uses `core` atomics, which loom cannot see).
-/// Normal builds use it nowhere but tests; loom models pass it as `R`.
+/// The lock of `--cfg loom` builds (their `DefaultRawMutex`): a spin lock
+/// over loom's atomics, so loom sees every acquisition and a waiter yields
+/// to the model's scheduler (`spin`'s lock uses `core` atomics, which loom
+/// cannot see, and would spin forever on a lock a descheduled thread
+/// holds).
+///
+/// `RawMutex::INIT` is a `const`, and loom's atomics are not, so the
+/// lock's atomic is made on first use, under a mutex loom sees; every
+/// other thread takes that mutex once before its first use of the lock,
+/// so loom sees the atomic made before anyone touches it (a lock made in
+/// one model thread and first taken in another is no causality error).
 #[cfg(loom)]
-pub(crate) struct LoomRawMutex(std::sync::OnceLock<AtomicBool>);
+pub struct LoomRawMutex(std::sync::OnceLock<(usize, AtomicBool)>);
+
+#[cfg(loom)]
+loom::lazy_static! {
+    /// Serialises making locks' atomics; holds the last lock id given.
+    static ref LOOM_LOCKS: loom::sync::Mutex<usize> = loom::sync::Mutex::new(0);
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// Ids of the locks this model thread has synchronised with.
+    static SEEN: core::cell::RefCell<std::vec::Vec<usize>> = core::cell::RefCell::new(std::vec::Vec::new());
+}
 
 #[cfg(loom)]
 impl LoomRawMutex {
     fn flag(&self) -> &AtomicBool {
-        self.0.get_or_init(|| AtomicBool::new(false))
+        if let Some((id, flag)) = self.0.get()
+            && SEEN.with(|s| s.borrow().contains(id))
+        {
+            return flag;
+        }
+        // This thread's first use: through the mutex the atomic was made
+        // under (ids are never reused within a model execution, so a lock
+        // made at the address of a freed one is new to every thread).
+        let mut last = LOOM_LOCKS.lock().unwrap();
+        let (id, flag) = self.0.get_or_init(|| {
+            *last += 1;
+            (*last, AtomicBool::new(false))
+        });
+        SEEN.with(|s| s.borrow_mut().push(*id));
+        flag
     }
 }
 

@@ -38,7 +38,9 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::{MAX_CPUS, Platform};
-use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_bool, atomic_null};
+#[cfg(not(loom))]
+use crate::sync::atomic_bool;
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_null};
 
 /// What a kernel tells kmemcg about its CPUs: their indices, how to mask
 /// and restore local interrupts, and optionally nodes and an all-CPU

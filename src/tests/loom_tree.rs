@@ -20,7 +20,7 @@ use crate::cgroup::{Group, ShrinkControl, Shrinker, Tree};
 use crate::counter::PageCounter;
 use crate::error::Name;
 use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
-use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource, Platform, Region};
+use crate::platform::{MAX_NODES, PAGE_SIZE, Platform, Region};
 use crate::slab::Cache;
 use crate::slab::classes::class_of;
 use crate::sync::LoomRawMutex;
