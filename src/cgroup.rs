@@ -200,7 +200,8 @@ impl Events {
 /// One group of the tree.
 ///
 /// `repr(C)`: the counter first (the counter that refused a charge leads
-/// back to its group, [`Group::of_counter`]), then the token head at
+/// back to its group through `PageCounter::owner`, see
+/// `Tree::group_of_counter`), then the token head at
 /// [`HEAD_OFFSET`] (see [`TokenHead`]). Two groups fit a page (the group
 /// cache's slabs stay single pages; asserted above).
 ///
@@ -309,17 +310,6 @@ impl<R: RawMutex> Group<R> {
         let head = TokenHead { owner, release, parent: parent_head };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
-    }
-
-    /// The group whose counter `c` is.
-    ///
-    /// # Safety
-    ///
-    /// `c` must be the `counter` field of a live `Group<R>`.
-    pub(crate) unsafe fn of_counter<'a>(c: *const PageCounter) -> &'a Group<R> {
-        // SAFETY: `c` is the `counter` field of a live group (caller
-        // contract), at this fixed offset of the `repr(C)` struct.
-        unsafe { &*c.byte_sub(core::mem::offset_of!(Group<R>, counter)).cast::<Group<R>>() }
     }
 
     /// The group a token names, if the tree `owner` made it.

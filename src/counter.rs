@@ -71,6 +71,11 @@ pub struct PageCounter {
     /// The parent, or null at the root. Fixed at creation; the owner keeps
     /// the parent alive for as long as this counter exists.
     parent: *const PageCounter,
+    /// What this counter belongs to (a group, for the cgroup layer), set
+    /// once before the counter is shared: how a counter that refused a
+    /// charge leads back to its group with the group's own provenance.
+    /// Null unless set.
+    pub(crate) owner: *const (),
     /// Pre-charged pages per CPU slot.
     stock: [AtomicUsize; MAX_CPUS],
 }
@@ -133,6 +138,7 @@ impl PageCounter {
                 failcnt: atomic_usize(0),
                 setting: atomic_bool(false),
                 parent,
+                owner: core::ptr::null(),
                 stock: repeat!(atomic_usize(0); MAX_CPUS),
             }
         }

@@ -357,6 +357,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// of this `Kmem` with this `size` and `align`, and not been freed since.
     #[inline(always)]
     pub(crate) unsafe fn free_raw(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        // The allocator writes to the object's slab header or page-run
+        // header: through its own provenance, not the caller's (a no-op
+        // outside Miri).
+        let ptr = self.source.rebase(ptr);
         if size == 0 {
             return;
         }
@@ -517,6 +521,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         align: usize,
         new_size: usize,
     ) -> bool {
+        let ptr = self.source.rebase(ptr);
         match (class_of(old_size, align), class_of(new_size, align)) {
             (Some(a), Some(b)) => a == b,
             // SAFETY: forwarded: a live large object.

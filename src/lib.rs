@@ -171,11 +171,13 @@
 //! OS mapping), a slab's base (the object it was found from, masked), or
 //! a large object's own pointer; a slab hands out objects as its base plus
 //! an index from its free bitmap. Group tokens and [`GroupId`]s are
-//! pointers. Stacked Borrows rejects one pattern here, the step from a
-//! group's counter (a field at a fixed offset of the `repr(C)` group) back
-//! to the group
-//! (`Group::of_counter`), which Tree Borrows accepts; the Miri run uses
-//! Tree Borrows.
+//! pointers. A pointer a caller hands back (a free, a resize) is re-derived
+//! from the page source's own provenance before the allocator writes the
+//! metadata next to it (`PageSource::rebase`, a no-op outside Miri), and a
+//! counter that refused a charge leads back to its group through a pointer
+//! stored when the group was made (`Tree::group_of_counter`), not by
+//! stepping back from the counter field: both pass Stacked and Tree
+//! Borrows.
 
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]

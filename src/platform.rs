@@ -190,6 +190,17 @@ pub unsafe trait PageSource: Sync {
         0
     }
 
+    /// A pointer to `ptr`'s address carrying this source's own provenance
+    /// (the zone or mapping it lies in), for the allocator's writes to its
+    /// metadata next to an object a caller handed back: under Miri's
+    /// aliasing models a pointer derived from the caller's may not write
+    /// there. The default returns `ptr`; `Region` and `OsPages` look the
+    /// address up under `cfg(miri)` only, so other builds pay nothing.
+    #[inline(always)]
+    fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {
+        ptr
+    }
+
     /// Takes the `pages` pages that start at `at` — the end of a live run of
     /// this source — if all of them are free, so the run can grow in place
     /// (`realloc` of a large object). Returns whether it took them; the
@@ -226,6 +237,10 @@ unsafe impl<S: PageSource> PageSource for &S {
     }
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
         (**self).claim_pages(at, pages)
+    }
+    #[inline(always)]
+    fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {
+        (**self).rebase(ptr)
     }
 }
 

@@ -23,6 +23,7 @@ use core::ptr::NonNull;
 use lock_api::{Mutex, RawMutex};
 
 use super::{FREED, Group, OFFLINE, TokenHead};
+use crate::counter::PageCounter;
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
@@ -283,6 +284,20 @@ impl<R: RawMutex> Tree<R> {
         if self.is_root(g) { core::ptr::null() } else { g }
     }
 
+    /// The group whose counter `c` is.
+    ///
+    /// # Safety
+    ///
+    /// `c` is the counter of a live group of this tree.
+    pub(crate) unsafe fn group_of_counter(&self, c: *const PageCounter) -> &Group<R> {
+        if core::ptr::eq(c, &self.root.counter) {
+            return &self.root;
+        }
+        // SAFETY: a live group's counter (caller contract), whose `owner`
+        // `create_child` set to the group before publishing it.
+        unsafe { &*(*c).owner.cast::<Group<R>>() }
+    }
+
     /// The platform token that makes `g` current (null for the root).
     pub(crate) fn token(&self, g: &Group<R>) -> *const () {
         if self.is_root(g) { core::ptr::null() } else { g.token() }
@@ -399,6 +414,9 @@ impl<R: RawMutex> Tree<R> {
         // `Group`; the parent outlives it (it holds a reference on it).
         unsafe {
             g.as_ptr().write(Group::new_child(parent, self.id(), Self::release_token, name));
+            // The way back from the counter, with the group's provenance;
+            // before anyone can see the group.
+            core::ptr::addr_of_mut!((*g.as_ptr()).counter.owner).write(g.as_ptr().cast_const().cast());
             let gr = g.as_ref();
             gr.next_all.store(self.all_groups.load(Ordering::Relaxed), Ordering::Relaxed);
             gr.next_sibling.store(parent.first_child.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -606,7 +624,7 @@ impl<R: RawMutex> Tree<R> {
         {
             // SAFETY: a child cache's counter is its group's, and the
             // cache's reference keeps the group alive until this put.
-            self.put_group(unsafe { Group::<R>::of_counter(k) });
+            self.put_group(unsafe { self.group_of_counter(k) });
         }
     }
 

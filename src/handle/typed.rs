@@ -217,7 +217,7 @@ impl<T, K: Heap> Drop for CacheBox<'_, T, K> {
         // a group's child cache of it; nothing uses it after.
         unsafe {
             self.ptr.as_ptr().drop_in_place();
-            let ptr = self.ptr.cast();
+            let ptr = self.kmem.source().rebase(self.ptr.cast());
             self.kmem.free_into(KmemOf::<K>::owner(&self.desc.cache, ptr), ptr);
         }
     }

@@ -96,7 +96,23 @@ pub struct OsPages<R: RawMutex = DefaultRawMutex> {
     owned: PageMap,
     in_use: Stat,
     mapped: Stat,
+    /// Under Miri: every mapping made, for `PageSource::rebase` (Miri
+    /// never unmaps a piece, so the list only grows).
+    #[cfg(miri)]
+    maps: Mutex<R, Mappings>,
 }
+
+/// The mappings an `OsPages` made (Miri builds only): base pointers, with
+/// the provenance of `mmap`, and lengths.
+#[cfg(miri)]
+struct Mappings {
+    list: [(*mut u8, usize); 1024],
+    len: usize,
+}
+
+// SAFETY: the pointers are only re-addressed, under the lock around this.
+#[cfg(miri)]
+unsafe impl Send for Mappings {}
 
 /// The chunk pool, behind the pool lock.
 struct Pool {
@@ -131,6 +147,8 @@ impl<R: RawMutex> OsPages<R> {
             owned: PageMap::new(),
             in_use: Stat::new(),
             mapped: Stat::new(),
+            #[cfg(miri)]
+            maps: Mutex::const_new(R::INIT, Mappings { list: [(core::ptr::null_mut(), 0); 1024], len: 0 }),
         }
     }
 
@@ -145,6 +163,15 @@ impl<R: RawMutex> OsPages<R> {
             return None;
         }
         self.mapped.add(len / PAGE_SIZE);
+        #[cfg(miri)]
+        {
+            let mut maps = self.maps.lock();
+            if maps.len < maps.list.len() {
+                let n = maps.len;
+                maps.list[n] = (p, len);
+                maps.len += 1;
+            }
+        }
         Some(p)
     }
 
@@ -208,6 +235,16 @@ impl<R: RawMutex> OsPages<R> {
 // takes only pages the pool's buddy lists as free (never part of a direct
 // mapping).
 unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
+    #[cfg(miri)]
+    fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {
+        let a = ptr.as_ptr().addr();
+        let maps = self.maps.lock();
+        match maps.list[..maps.len].iter().find(|&&(b, len)| a >= b.addr() && a < b.addr() + len) {
+            Some(&(b, _)) => NonNull::new(b.with_addr(a)).unwrap_or(ptr),
+            None => ptr,
+        }
+    }
+
     fn alloc_pages(&self, order: u32, node: usize) -> Option<PageRun> {
         if order >= MAX_ORDER {
             return None;

@@ -7,7 +7,7 @@ use lock_api::{Mutex, RawMutex};
 
 use super::buddy::{Buddy, ZoneError};
 use super::{DefaultRawMutex, MAX_NODES, Ownership, PageRun, PageSource, SourceStats};
-use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize, loom_const_fn};
 
 /// Why a region was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +43,9 @@ struct Span {
     start: AtomicUsize,
     end: AtomicUsize,
     node: AtomicUsize,
+    /// The pointer the memory was handed in with: its provenance covers
+    /// the span (`PageSource::rebase` under Miri).
+    base: AtomicPtr<u8>,
 }
 
 /// A page source over memory handed in by the caller: static arrays, or the
@@ -124,21 +127,27 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
         span.start.store(lo, Ordering::Relaxed);
         span.end.store(hi, Ordering::Relaxed);
         span.node.store(node, Ordering::Relaxed);
+        span.base.store(start, Ordering::Relaxed);
         // Publishes the entry to `node_of` (pairs with its Acquire load).
         self.spans[node].store(n + 1, Ordering::Release);
         self.reserved.add(buddy.managed_pages() - before);
         Ok(())
     }
 
-    /// The node whose regions hold `addr`, without taking a lock.
-    fn node_of(&self, addr: usize) -> Option<usize> {
-        (0..MAX_NODES).find(|&node| {
+    /// The span that holds `addr`, without taking a lock.
+    fn span_of(&self, addr: usize) -> Option<&Span> {
+        (0..MAX_NODES).find_map(|node| {
             let n = self.spans[node].load(Ordering::Acquire);
-            self.span_table[node][..n].iter().any(|s| {
+            self.span_table[node][..n].iter().find(|s| {
                 let (lo, hi) = (s.start.load(Ordering::Relaxed), s.end.load(Ordering::Relaxed));
                 addr >= lo && addr < hi
             })
         })
+    }
+
+    /// The node whose regions hold `addr`, without taking a lock.
+    fn node_of(&self, addr: usize) -> Option<usize> {
+        self.span_of(addr).map(|s| s.node.load(Ordering::Relaxed))
     }
 
     /// Free pages on `node`.
@@ -156,13 +165,10 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
 }
 
 impl Span {
-    #[cfg(not(loom))]
-    const fn new() -> Self {
-        Span { start: atomic_usize(0), end: atomic_usize(0), node: atomic_usize(0) }
-    }
-    #[cfg(loom)]
-    fn new() -> Self {
-        Span { start: atomic_usize(0), end: atomic_usize(0), node: atomic_usize(0) }
+    loom_const_fn! {
+        fn new() -> Self {
+            Span { start: atomic_usize(0), end: atomic_usize(0), node: atomic_usize(0), base: atomic_null() }
+        }
     }
 }
 
@@ -209,6 +215,14 @@ unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZON
 
     fn ownership(&self, addr: usize) -> Ownership {
         if self.node_of(addr).is_some() { Ownership::Owned } else { Ownership::Foreign }
+    }
+
+    #[cfg(miri)]
+    fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {
+        match self.span_of(ptr.as_ptr().addr()).and_then(|s| NonNull::new(s.base.load(Ordering::Relaxed))) {
+            Some(base) => base.with_addr(ptr.addr()),
+            None => ptr,
+        }
     }
 
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {

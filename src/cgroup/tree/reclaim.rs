@@ -216,7 +216,7 @@ impl<R: RawMutex> Tree<R> {
     /// Reclaims for a charge of `pages` that counter `k` refused.
     fn reclaim_refuser<E: Env<R>>(&self, env: &E, k: *const PageCounter, pages: usize) {
         // SAFETY: every counter that refuses a charge is a group's.
-        let g = unsafe { Group::<R>::of_counter(k) };
+        let g = unsafe { self.group_of_counter(k) };
         g.events.add(Event::Max, 1);
         self.reclaim(env, g, Self::reclaim_goal(g, pages));
     }
@@ -228,7 +228,7 @@ impl<R: RawMutex> Tree<R> {
             GrowError::OutOfMemory => Error::OutOfMemory,
             GrowError::Limit(k) => {
                 // SAFETY: every counter that refuses a charge is a group's.
-                let g = unsafe { Group::<R>::of_counter(k) };
+                let g = unsafe { self.group_of_counter(k) };
                 g.events.add(Event::Oom, 1);
                 Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
             }
@@ -335,7 +335,7 @@ impl<R: RawMutex> Tree<R> {
     pub(crate) fn after_refill<E: Env<R>>(&self, env: &E, cache: &MagCache<R>) {
         let Some(counter) = cache.counter(env) else { return };
         // SAFETY: every counter a cache charges is a group's.
-        let mut level = Some(unsafe { Group::<R>::of_counter(counter) });
+        let mut level = Some(unsafe { self.group_of_counter(counter) });
         while let Some(l) = level {
             if l.counter.usage() > l.counter.high() {
                 l.events.add(Event::High, 1);
