@@ -341,9 +341,10 @@ impl<R: RawMutex> Group<R> {
         unsafe { &*head.byte_sub(HEAD_OFFSET).cast::<Group<R>>() }
     }
 
-    /// The token that makes this group current: its head.
+    /// The token that makes this group current: its head, as a pointer
+    /// derived from the whole group (so the group can be found from it).
     fn token(&self) -> *const () {
-        ptr::addr_of!(self.head).cast()
+        ptr::from_ref(self).cast::<u8>().wrapping_add(HEAD_OFFSET).cast()
     }
 
     /// Pages charged to this group and its descendants, and its limits.

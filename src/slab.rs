@@ -88,13 +88,18 @@ pub(crate) struct Pages<'a, S> {
     pub(crate) src: &'a S,
     pub(crate) counter: Option<&'a PageCounter>,
     pub(crate) slot: Option<usize>,
+    /// What new slab headers name as their cache: a pointer to the
+    /// structure that holds the cache at its start (a `MagCache`), with
+    /// that structure's provenance, so the owner found from an object can
+    /// be used as a whole; null: the cache itself.
+    pub(crate) owner: *const (),
 }
 
 impl<'a, S: PageSource> Pages<'a, S> {
     /// Unaccounted pages from `src`.
     #[inline]
     pub(crate) fn plain(src: &'a S) -> Self {
-        Pages { src, counter: None, slot: None }
+        Pages { src, counter: None, slot: None, owner: ptr::null() }
     }
 
     /// A run for a new slab, charged first.
@@ -202,7 +207,7 @@ impl<R: RawMutex> Cache<R> {
     fn alloc_slow<S: PageSource>(&self, pg: &Pages<'_, S>, node: usize) -> Result<NonNull<u8>, GrowError> {
         // The page source is called without any cache lock held.
         let run = pg.grow(self.geo.order, node)?;
-        let s = self.init_slab(run);
+        let s = self.init_slab(run, pg.owner);
         let mut lists = self.nodes[run.node].lock();
         // SAFETY: `s` is a live header on no list; we hold its node's lock,
         // and it has this cache's geometry; a fresh slab has a free object.
@@ -235,7 +240,7 @@ impl<R: RawMutex> Cache<R> {
                 Err(e) if n == 0 => return Err(e),
                 Err(_) => break,
             };
-            let s = self.init_slab(run);
+            let s = self.init_slab(run, pg.owner);
             let mut lists = self.nodes[run.node].lock();
             // SAFETY: `s` is a fresh header on no list, of this geometry.
             unsafe { lists.partial.push(s, ListKind::Partial) };
@@ -334,8 +339,9 @@ impl<R: RawMutex> Cache<R> {
         unsafe { (*s).node as usize }
     }
 
-    /// Writes a fresh header into `run`.
-    fn init_slab(&self, run: PageRun) -> *mut Slab {
+    /// Writes a fresh header into `run`, naming `owner` (null: this cache;
+    /// see `Pages::owner`) as its cache.
+    fn init_slab(&self, run: PageRun, owner: *const ()) -> *mut Slab {
         self.nslabs.fetch_add(1, Ordering::Relaxed);
         let s = run.addr.as_ptr() as *mut Slab;
         // SAFETY: the run is fresh, at least HEADER bytes long and aligned
@@ -347,7 +353,7 @@ impl<R: RawMutex> Cache<R> {
                 list: ListKind::Partial,
                 inuse: 0,
                 hint: 0,
-                cache: self.id(),
+                cache: if owner.is_null() { self.id() } else { owner },
                 next: ptr::null_mut(),
                 prev: ptr::null_mut(),
             });

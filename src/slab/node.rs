@@ -175,10 +175,9 @@ impl NodeSlabs {
             // SAFETY: `s` is a live slab of this node with a free object (it
             // is partial or empty); its header is guarded by our lock.
             unsafe {
-                let slab = &mut *s;
-                let want = (out.len() - n).min(g.capacity - slab.inuse as usize);
+                let want = (out.len() - n).min(g.capacity - (*s).inuse as usize);
                 let map = free_map(s);
-                let mut w = slab.hint as usize;
+                let mut w = (*s).hint as usize;
                 let mut got = 0;
                 // `want` is at most the free bits, all at or after `hint`;
                 // `w < words` only guards the bitmap's end.
@@ -195,9 +194,9 @@ impl NodeSlabs {
                         w += 1;
                     }
                 }
-                slab.hint = w as u32;
-                slab.inuse += got as u32;
-                if slab.inuse as usize == g.capacity {
+                (*s).hint = w as u32;
+                (*s).inuse += got as u32;
+                if (*s).inuse as usize == g.capacity {
                     self.relist(s, ListKind::Full);
                 }
                 self.active += got;
@@ -245,7 +244,6 @@ impl NodeSlabs {
         // whose list lock we hold, so it is ours to update; the objects
         // are only located in its bitmap, never touched.
         unsafe {
-            let slab = &mut *s;
             let map = free_map(s);
             let mut back = 0u32;
             for &obj in objs {
@@ -265,16 +263,16 @@ impl NodeSlabs {
                     continue;
                 }
                 *word |= bit;
-                slab.hint = slab.hint.min((i / 64) as u32);
+                (*s).hint = (*s).hint.min((i / 64) as u32);
                 back += 1;
             }
             if back == 0 {
                 return None;
             }
-            let was_full = slab.inuse as usize == g.capacity;
-            slab.inuse -= back;
+            let was_full = (*s).inuse as usize == g.capacity;
+            (*s).inuse -= back;
             self.active -= back as usize;
-            if slab.inuse == 0 {
+            if (*s).inuse == 0 {
                 self.relist(s, ListKind::Empty);
                 if self.empty.len > reserve {
                     self.empty.remove(s);
