@@ -15,7 +15,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use crate::counter::PageCounter;
-use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{Acct, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{PAGE_SIZE, PageSource, Platform, Region};
 use crate::slab::{Cache, Geometry, Pages};
 use crate::sync::LoomRawMutex;
@@ -93,25 +93,7 @@ impl TestEnv {
     }
 }
 
-impl Env<R> for TestEnv {
-    type Src = Region<R, 2>;
-    type Plat = LoomCpus;
-    fn src(&self) -> &Self::Src {
-        &self.src
-    }
-    fn plat(&self) -> &LoomCpus {
-        &self.plat
-    }
-    fn slots(&self) -> &Slots {
-        &self.slots
-    }
-    fn mags(&self) -> &Cache<R> {
-        &self.mags
-    }
-    fn root_counter(&self) -> &PageCounter {
-        &self.root
-    }
-}
+model_env!(TestEnv, LoomCpus, |env| &env.root);
 
 /// A 64-byte cache whose locks have all been taken once: `LoomRawMutex`
 /// creates its loom atomic on first use, which must happen before the

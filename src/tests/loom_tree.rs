@@ -17,9 +17,8 @@ use loom::sync::Arc;
 use loom::thread;
 
 use crate::cgroup::{Group, ShrinkControl, Shrinker, Tree};
-use crate::counter::PageCounter;
 use crate::error::Name;
-use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{MAX_NODES, PAGE_SIZE, Platform, Region};
 use crate::slab::Cache;
 use crate::slab::classes::class_of;
@@ -60,25 +59,7 @@ struct TreeEnv {
     _mem: Vec<u8>,
 }
 
-impl Env<R> for TreeEnv {
-    type Src = Region<R, 2>;
-    type Plat = ModelCpus;
-    fn src(&self) -> &Self::Src {
-        &self.src
-    }
-    fn plat(&self) -> &ModelCpus {
-        &self.plat
-    }
-    fn slots(&self) -> &Slots {
-        &self.slots
-    }
-    fn mags(&self) -> &Cache<R> {
-        &self.mags
-    }
-    fn root_counter(&self) -> &PageCounter {
-        self.tree.root().counter()
-    }
-}
+model_env!(TreeEnv, ModelCpus, |env| env.tree.root().counter());
 
 /// The size class of the models' 64-byte objects.
 fn class() -> usize {
@@ -124,6 +105,27 @@ impl TreeEnv {
         let g = self.tree.create_child(self, self.tree.root(), Name::new_group(name).unwrap()).unwrap();
         // SAFETY: referenced by the caller until its `put_group`.
         unsafe { &*g.as_ptr() }
+    }
+
+    /// A child `g` of the root (the caller owns a reference) holding one
+    /// live object, whose address comes back too; every lock is warm.
+    fn child_with_an_object(&self) -> (&Group<R>, usize) {
+        let g = self.child("g");
+        let x = self.alloc_in(g);
+        self.warm(&[g.child_cache(class()).unwrap()]);
+        (g, x)
+    }
+
+    /// Drops the caller's reference on `g`, then settles.
+    fn put_and_settle(&self, g: &Group<R>) {
+        self.tree.put_group(g);
+        self.settle();
+    }
+
+    /// Removes `g` and drops the caller's reference on it.
+    fn remove_and_put(&self, g: &Group<R>) {
+        self.tree.remove(self, g).unwrap();
+        self.tree.put_group(g);
     }
 
     /// One 64-byte object charged to `g` (as `Kmem` allocates: the nearest
@@ -195,9 +197,7 @@ fn loom_remove_races_allocation_in_the_group() {
     // root's; the charge follows it; the group is reclaimed once its
     // handle's reference and its cache are gone.
     model(|env| {
-        let g = env.child("g");
-        let x = env.alloc_in(g);
-        env.warm(&[g.child_cache(class()).unwrap()]);
+        let (g, x) = env.child_with_an_object();
         let gp = g as *const Group<R> as usize;
         let allocator = spawn(&env, move |env| {
             // SAFETY: the main thread's reference keeps `g` alive until
@@ -210,8 +210,7 @@ fn loom_remove_races_allocation_in_the_group() {
         allocator.join().unwrap();
         // The object allocated before the model's threads.
         env.free(x);
-        env.tree.put_group(g);
-        env.settle();
+        env.put_and_settle(g);
     });
 }
 
@@ -222,14 +221,11 @@ fn loom_remove_races_a_remote_free() {
     // the group is uncharged, and it is reclaimed once the last of its
     // objects is gone.
     model(|env| {
-        let g = env.child("g");
-        let x = env.alloc_in(g);
-        env.warm(&[g.child_cache(class()).unwrap()]);
+        let (g, x) = env.child_with_an_object();
         let remote = spawn(&env, move |env| env.free(x));
         env.tree.remove(&*env, g).unwrap();
         remote.join().unwrap();
-        env.tree.put_group(g);
-        env.settle();
+        env.put_and_settle(g);
     });
 }
 
@@ -241,11 +237,8 @@ fn loom_last_free_races_reclamation_and_a_walk() {
     // (under the tree lock) race: the walk never reaches freed memory, and
     // the group is freed exactly once.
     model(|env| {
-        let g = env.child("g");
-        let x = env.alloc_in(g);
-        env.warm(&[g.child_cache(class()).unwrap()]);
-        env.tree.remove(&*env, g).unwrap();
-        env.tree.put_group(g);
+        let (g, x) = env.child_with_an_object();
+        env.remove_and_put(g);
         let freer = spawn(&env, move |env| env.free(x));
         let walker = spawn(&env, |env| {
             let mut seen = 0;
@@ -285,8 +278,7 @@ fn loom_child_cache_first_use_race() {
         let a = spawn(&env, first_use);
         let b = first_use(&env);
         assert_eq!(a.join().unwrap(), b, "two child caches were published");
-        env.tree.remove(&*env, g).unwrap();
-        env.tree.put_group(g);
+        env.remove_and_put(g);
         env.settle();
     });
 }
@@ -328,8 +320,7 @@ fn loom_shrinker_registration_races_reclaim() {
         // Now only `b` is registered.
         env.tree.reclaim(&*env, g, 1);
         assert!(calls(b) >= 1, "the registered shrinker was not called");
-        env.tree.remove(&*env, g).unwrap();
-        env.tree.put_group(g);
+        env.remove_and_put(g);
         env.settle();
     });
 }

@@ -5,6 +5,35 @@
 //! Run the loom models with:
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --lib loom`
 
+/// Implements the magazine layer's `Env` for a loom model's environment
+/// `$env` (fields `src: Region<LoomRawMutex, 2>`, `plat: $plat`, `slots`,
+/// `mags`), whose root counter is `$root` of `$s`.
+#[cfg(loom)]
+macro_rules! model_env {
+    ($env:ty, $plat:ty, |$s:ident| $root:expr) => {
+        impl crate::magazine::Env<crate::sync::LoomRawMutex> for $env {
+            type Src = crate::platform::Region<crate::sync::LoomRawMutex, 2>;
+            type Plat = $plat;
+            fn src(&self) -> &Self::Src {
+                &self.src
+            }
+            fn plat(&self) -> &$plat {
+                &self.plat
+            }
+            fn slots(&self) -> &crate::magazine::Slots {
+                &self.slots
+            }
+            fn mags(&self) -> &crate::slab::Cache<crate::sync::LoomRawMutex> {
+                &self.mags
+            }
+            fn root_counter(&self) -> &crate::counter::PageCounter {
+                let $s = self;
+                $root
+            }
+        }
+    };
+}
+
 #[cfg(not(loom))]
 mod groups;
 #[cfg(not(loom))]
