@@ -14,7 +14,7 @@ static KMEM: Kmem = Kmem::new(OsPages::new());
 
 /// Objects per thread: enough to spill a magazine (64 rounds) natively,
 /// fewer under Miri, whose magazines hold 4.
-const N: usize = if cfg!(miri) { 12 } else { 2000 };
+const N: usize = if cfg!(miri) { 6 } else { 2000 };
 
 #[test]
 fn collections_threads_and_a_group() {
