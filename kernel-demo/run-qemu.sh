@@ -33,19 +33,10 @@ pass_line="kmemcg kernel self-test: PASS"
 cpus=4
 limit=120
 
-# Installs Debian package $2 unless command $1 exists.
-need() {
-  command -v "$1" >/dev/null && return
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "run-qemu.sh: installing $2" >&2
-  $sudo apt-get install -y "$2" || { $sudo apt-get update && $sudo apt-get install -y "$2"; }
-}
+. kernel-demo/setup.sh
 need qemu-system-x86_64 qemu-system-x86
 need objcopy binutils
-if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$target"; then
-  rustup target add "$target"
-fi
+need_target "$target"
 
 start=$(date +%s)
 cargo build -p kernel-demo --release --target "$target" --target-dir target/kernel

@@ -12,18 +12,9 @@ image="target/kernel-aarch64/kernel-demo-aarch64.Image"
 pass_line="kmemcg kernel self-test: PASS"
 timeout_s=${KERNEL_DEMO_TIMEOUT:-120}
 
-# Installs Debian package $2 unless command $1 exists.
-need() {
-  command -v "$1" >/dev/null && return
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "run-qemu.sh: installing $2" >&2
-  $sudo apt-get install -y "$2" || { $sudo apt-get update && $sudo apt-get install -y "$2"; }
-}
+. kernel-demo/setup.sh
 need qemu-system-aarch64 qemu-system-arm
-if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$target"; then
-  rustup target add "$target"
-fi
+need_target "$target"
 
 # An objcopy that reads aarch64 ELF: LLVM's, the one rustc ships, or GNU
 # binutils' generic ELF reader.
