@@ -478,12 +478,13 @@ impl<R: RawMutex> Group<R> {
     /// The child cache at accounting index `idx`, once published.
     #[inline(always)]
     pub(crate) fn child_cache(&self, idx: usize) -> Option<&MagCache<R>> {
-        let c = self.caches[idx].load(Ordering::Acquire);
-        // SAFETY: a published child cache lives as long as its group, or
-        // until its typed cache is destroyed, which needs the `KmemCache`
-        // the caller allocates or frees through (or an iteration's read
-        // guard, which holds its freeing off).
-        (!c.is_null()).then(|| unsafe { &*c })
+        let c = NonNull::new(self.caches[idx].load(Ordering::Acquire))?;
+        // A published child cache lives as long as its group, or until its
+        // typed cache is destroyed, which needs the `KmemCache` the caller
+        // allocates or frees through (or an iteration's read guard, which
+        // holds its freeing off).
+        // SAFETY: published, so live for the caller (above).
+        Some(unsafe { c.as_ref() })
     }
 
     /// Calls `f` on every child cache of this group, with its accounting

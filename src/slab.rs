@@ -387,10 +387,11 @@ impl<R: RawMutex> Cache<R> {
         let base = slab_base(ptr, self.geo.order);
         let idx = (ptr.addr() - base.addr() - self.geo.first) / self.geo.size;
         let at = MAP_OFFSET + self.geo.words() * 8 + idx / BITS * (BITS / 8);
-        // SAFETY: the word lies in the allocation bitmap after the free
-        // bitmap (as many bytes, reserved by `Geometry::new`, zeroed with
-        // the slab), aligned to 8; it is only ever accessed through these
+        // The word lies in the allocation bitmap after the free bitmap (as
+        // many bytes, reserved by `Geometry::new`, zeroed with the slab),
+        // aligned to 8, and is only ever accessed through these
         // `usize`-wide atomics (so 32-bit targets need no 64-bit atomics).
+        // SAFETY: an in-bounds, aligned word only accessed atomically (above).
         let word = unsafe { &*base.wrapping_add(at).cast::<AtomicUsize>() };
         (word, 1 << (idx % BITS))
     }

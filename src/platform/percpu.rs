@@ -144,9 +144,9 @@ impl<C: Cpu> PerCpu<C> {
 
     /// Runs `f` with interrupts masked, on the calling CPU's state.
     #[inline]
-    fn with_cpu<T>(f: impl FnOnce(Option<&CpuState>) -> T, me: &Self) -> T {
+    fn with_cpu<T>(&self, f: impl FnOnce(Option<&CpuState>) -> T) -> T {
         let saved = C::irq_save();
-        let r = f(me.cpus.get(C::id()).map(|c| &**c));
+        let r = f(self.cpus.get(C::id()).map(|c| &**c));
         // SAFETY: saved just above, on this CPU.
         unsafe { C::irq_restore(saved) };
         r
@@ -188,14 +188,13 @@ impl<C: Cpu> PerCpu<C> {
 unsafe impl<C: Cpu> Platform for PerCpu<C> {
     #[inline]
     fn current_group(&self) -> *const () {
-        Self::with_cpu(|c| c.map_or(core::ptr::null(), |c| c.group.load(Ordering::Relaxed).cast_const()), self)
+        self.with_cpu(|c| c.map_or(core::ptr::null(), |c| c.group.load(Ordering::Relaxed).cast_const()))
     }
 
     fn set_current_group(&self, token: *const ()) -> *const () {
-        Self::with_cpu(
-            |c| c.map_or(core::ptr::null(), |c| c.group.swap(token.cast_mut(), Ordering::Relaxed).cast_const()),
-            self,
-        )
+        self.with_cpu(|c| {
+            c.map_or(core::ptr::null(), |c| c.group.swap(token.cast_mut(), Ordering::Relaxed).cast_const())
+        })
     }
 
     #[inline]
