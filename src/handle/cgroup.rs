@@ -64,7 +64,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// never wait for reclaim; they are served from magazines, slabs and
     /// free pages within the limits, or fail at once (null, `AllocError`,
     /// or a typed error). Interrupt context is atomic without a scope (see
-    /// [`crate::Platform::in_interrupt`]). Scopes nest.
+    /// [`crate::Platform::in_interrupt`]). Scopes nest: the outermost
+    /// scope's drop ends the atomic state, in whatever order the scopes
+    /// drop (an inner scope dropped after it no longer holds it). A
+    /// forgotten outermost scope (`mem::forget`) leaves the thread's
+    /// allocations atomic: sound, but they fail at a limit instead of
+    /// reclaiming. Each thread (context) has its own state.
     pub fn atomic_scope(&self) -> AtomicScope<'_, Self> {
         AtomicScope { kmem: self, was: set_no_reclaim(self.platform(), true), _context: PhantomData }
     }
@@ -335,7 +340,13 @@ pub struct AtomicScope<'k, K: Heap = Kmem> {
 
 impl<K: Heap> Drop for AtomicScope<'_, K> {
     fn drop(&mut self) {
-        set_no_reclaim(self.kmem.platform(), self.was);
+        // Only the scope that made the context atomic ends it: an inner
+        // scope (or one made inside a shrinker, whose context is marked
+        // already) leaves the mark alone, so scopes dropped out of order
+        // never leave a context atomic once the outermost one is gone.
+        if !self.was {
+            set_no_reclaim(self.kmem.platform(), false);
+        }
     }
 }
 

@@ -407,3 +407,114 @@ fn contention_reclaim_reaches_every_group() {
     k.shrink();
     assert_eq!(k.root().usage(), 0);
 }
+
+#[test]
+fn atomic_scopes_dropped_out_of_order_forgotten_or_on_another_thread() {
+    // Hostile orders of `atomic_scope`: dropped outer-first, the context is
+    // not left atomic (before the fix, the inner scope's drop set the mark
+    // again, for good); a forgotten scope keeps only its own thread
+    // atomic; another thread's scope does not reach this one.
+    let (k, lru) = kmem_with_lru(24 * MB);
+    let g = capped_child(k, "order", 2 * MB);
+    assert_eq!(lru.add_in(&g, 2 * MB / 1024), 2 * MB / 1024, "filling the group to its max");
+    // Whether adding objects to the full group reaches reclaim (a thread
+    // that is not atomic), rather than a refusal without it (atomic).
+    let reclaims = || {
+        for _ in 0..4096 {
+            let scanned = lru.scanned.load(O::Relaxed);
+            if lru.add_in(&g, 1) == 0 {
+                return false;
+            }
+            if lru.scanned.load(O::Relaxed) > scanned {
+                return true;
+            }
+        }
+        false
+    };
+    let outer = k.atomic_scope();
+    let inner = k.atomic_scope();
+    drop(outer);
+    drop(inner);
+    assert!(reclaims(), "out-of-order drops left the thread atomic");
+    thread::scope(|s| {
+        s.spawn(|| {
+            core::mem::forget(k.atomic_scope());
+            let _in = g.enter();
+            let l = Layout::from_size_align(OBJ, 8).unwrap();
+            // Fill whatever the last reclaim left, then one more: refused,
+            // without reclaim, on this (atomic) thread only.
+            let held: Vec<_> = (0..4096)
+                // SAFETY: valid layout.
+                .map(|_| unsafe { k.alloc(l) })
+                .take_while(|p| !p.is_null())
+                .collect();
+            let scanned = lru.scanned.load(O::Relaxed);
+            // SAFETY: valid layout.
+            assert!(unsafe { k.alloc(l) }.is_null(), "an atomic thread got past the max");
+            assert_eq!(lru.scanned.load(O::Relaxed), scanned, "a forgotten scope's thread reclaimed");
+            for p in held {
+                // SAFETY: allocated above with `l`.
+                unsafe { k.dealloc(p, l) };
+            }
+        });
+    });
+    // This thread was never made atomic by the other's scope.
+    assert!(reclaims(), "another thread's forgotten scope reached this one");
+    lru.retire();
+}
+
+#[test]
+fn atomic_scope_inside_a_shrinker_keeps_the_reclaiming_mark() {
+    // A shrinker that opens and drops an atomic scope: its context was
+    // marked (running shrinkers) before, so the scope's drop leaves the
+    // mark, and an allocation after it still skips reclaim instead of
+    // re-entering it; once reclaim is over, the thread is not atomic.
+    struct ScopedAlloc(&'static K, AtomicUsize);
+    impl Shrinker for ScopedAlloc {
+        fn count(&self, _sc: &ShrinkControl) -> usize {
+            {
+                let _atomic = self.0.atomic_scope();
+            }
+            let l = Layout::from_size_align(64, 8).unwrap();
+            // SAFETY: valid layout; freed at once.
+            unsafe {
+                let p = self.0.alloc(l);
+                if !p.is_null() {
+                    self.0.dealloc(p, l);
+                }
+            }
+            self.1.fetch_add(1, O::Relaxed);
+            0
+        }
+        fn scan(&self, _sc: &ShrinkControl, _nr: usize) -> usize {
+            0
+        }
+    }
+    let k = kmem(16 * MB);
+    let s: &'static ScopedAlloc = Box::leak(Box::new(ScopedAlloc(k, AtomicUsize::new(0))));
+    k.register_shrinker(s).unwrap();
+    let g = capped_child(k, "scoped", MB);
+    let _in = g.enter();
+    let l = Layout::from_size_align(OBJ, 8).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..4096 {
+        // SAFETY: valid layout.
+        let p = unsafe { k.alloc(l) };
+        if p.is_null() {
+            break;
+        }
+        held.push(p);
+    }
+    let calls = s.1.load(O::Relaxed);
+    assert!(calls > 0, "reclaim never called the shrinker");
+    // Not atomic after reclaim: another refused charge reclaims again.
+    // SAFETY: valid layout.
+    assert!(unsafe { k.alloc(l) }.is_null());
+    assert!(s.1.load(O::Relaxed) > calls, "the thread stayed atomic after a shrinker's scope");
+    for p in held {
+        // SAFETY: allocated above with `l`.
+        unsafe { k.dealloc(p, l) };
+    }
+    drop(_in);
+    k.unregister_shrinker(s);
+}
