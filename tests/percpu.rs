@@ -294,3 +294,74 @@ fn free_checked(h: Held) {
         KMEM.dealloc(h.p, h.layout);
     }
 }
+
+/// A second allocator, for the tests that must not disturb the first's
+/// counts (tests run in parallel).
+static KMEM2: SimKmem = Kmem::with_platform(Region::new(), PerCpu::new());
+
+#[test]
+fn a_cpu_beyond_max_cpus_takes_the_shared_path_and_slot_stats_take_any_index() {
+    // A kernel whose CPU index is out of range (`usize::MAX`: this thread
+    // never set one) gets no slot: every operation takes the locked path
+    // and is still exact. `slot_stats` of any index, even usize::MAX, is
+    // all zeros rather than a panic.
+    let arena: &'static mut [std::mem::MaybeUninit<u8>] = Box::leak(Box::new_uninit_slice(8 << 20));
+    KMEM2.source().add(arena, 0).unwrap();
+    let before = KMEM2.source().stats().pages_in_use;
+    let layout = Layout::from_size_align(96, 8).unwrap();
+    let blocks: Vec<*mut u8> = (0..1000)
+        .map(|i| {
+            // SAFETY: a valid non-zero layout.
+            let p = unsafe { KMEM2.alloc(layout) };
+            assert!(!p.is_null());
+            // SAFETY: a fresh 96-byte block.
+            unsafe { p.write_bytes(i as u8, 96) };
+            p
+        })
+        .collect();
+    for (i, &p) in blocks.iter().enumerate() {
+        // SAFETY: live 96-byte blocks, checked and freed once.
+        unsafe {
+            assert!(std::slice::from_raw_parts(p, 96).iter().all(|&b| b == i as u8), "blocks overlap");
+            KMEM2.dealloc(p, layout);
+        }
+    }
+    for slot in [0, kmemcg::MAX_CPUS - 1, kmemcg::MAX_CPUS, usize::MAX] {
+        assert_eq!(KMEM2.slot_stats(slot), kmemcg::SlotStats::default(), "slot {slot} was used");
+    }
+    KMEM2.shrink();
+    assert_eq!(KMEM2.root().usage(), 0);
+    assert!(KMEM2.source().stats().pages_in_use <= before);
+}
+
+#[test]
+fn irq_spin_lock_restores_the_interrupt_state_in_every_order() {
+    // Each guard restores the state from before its lock, a failed
+    // try_lock restores at once, and nested guards dropped in reverse
+    // order leave interrupts as they were.
+    let masked = || CPU.with(|c| c.masked.get());
+    let a: lock_api::Mutex<IrqSpinLock<Sim>, u32> = lock_api::Mutex::new(0);
+    let b: lock_api::Mutex<IrqSpinLock<Sim>, u32> = lock_api::Mutex::new(0);
+    assert!(!masked());
+    {
+        let mut ga = a.lock();
+        assert!(masked(), "a held IrqSpinLock must mask interrupts");
+        let gb = b.lock();
+        drop(gb);
+        assert!(masked(), "dropping the inner guard unmasked under the outer one");
+        *ga += 1;
+    }
+    assert!(!masked(), "interrupts stayed masked after the last guard");
+    std::thread::scope(|s| {
+        let held = a.lock();
+        s.spawn(|| {
+            assert!(a.try_lock().is_none());
+            assert!(!masked(), "a failed try_lock left interrupts masked");
+        })
+        .join()
+        .unwrap();
+        drop(held);
+    });
+    assert!(!masked());
+    assert_eq!(*a.lock(), 1);
+}
