@@ -41,12 +41,14 @@ use crate::sync::{
     fence, loom_const_fn, repeat,
 };
 
+mod inject;
 mod pressure;
 mod tree;
 
+pub use inject::{FailRule, FaultInjection, MAX_INJECTIONS};
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
-pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name};
+pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
 pub use tree::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 
 /// `Group::state` of a live group.

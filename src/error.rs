@@ -65,6 +65,11 @@ pub enum Error {
         /// What the resource holds, in bytes.
         usage: usize,
     },
+    /// The group's fault-injection rule failed this allocation
+    /// ([`crate::Cgroup::inject_faults`]).
+    Injected,
+    /// [`crate::MAX_INJECTIONS`] groups hold fault-injection rules.
+    TooManyInjections,
 }
 
 /// A group's name, as carried by errors and reports.
@@ -124,6 +129,8 @@ impl fmt::Display for Error {
             Error::UnchargeAboveUsage { usage } => {
                 write!(f, "uncharge of more than the resource's usage of {usage} bytes")
             }
+            Error::Injected => f.write_str("failed by the group's fault-injection rule"),
+            Error::TooManyInjections => f.write_str("every fault-injection slot is taken"),
         }
     }
 }
@@ -144,6 +151,12 @@ impl Name {
     pub(crate) const UNKNOWN: Name = match Name::new_const("?") {
         Some(n) => n,
         None => panic!("\"?\" is a valid name"),
+    };
+
+    /// The page path's name in reports.
+    pub(crate) const LARGE: Name = match Name::new_const("large") {
+        Some(n) => n,
+        None => panic!("\"large\" is a valid name"),
     };
 
     /// Checks and copies `s`.

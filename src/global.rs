@@ -67,7 +67,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return Some(dangling(layout));
         }
         let p = self.alloc_layout_in(g, layout)?;
-        Some(NonNull::slice_from_raw_parts(p, Self::usable_size(layout.size(), layout.align())))
+        Some(NonNull::slice_from_raw_parts(p, self.usable_size(layout.size(), layout.align())))
     }
 
     /// `grow`/`shrink` of the `Allocator` impls, charging a new block to
@@ -94,7 +94,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // SAFETY: forwarded.
         if old.align() == new.align() && unsafe { self.resize_in_place(ptr, old.size(), old.align(), new.size()) } {
-            return Some(NonNull::slice_from_raw_parts(ptr, Self::usable_size(new.size(), new.align())));
+            return Some(NonNull::slice_from_raw_parts(ptr, self.usable_size(new.size(), new.align())));
         }
         let fresh = self.block_allocate(g, new)?;
         // SAFETY: both blocks are live and distinct; the copy is no longer
@@ -140,7 +140,7 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> Blocks for &Kmem<S, R, P> {
             return Some(dangling(layout));
         }
         let p = self.alloc_layout(layout)?;
-        Some(NonNull::slice_from_raw_parts(p, Kmem::<S, R, P>::usable_size(layout.size(), layout.align())))
+        Some(NonNull::slice_from_raw_parts(p, (**self).usable_size(layout.size(), layout.align())))
     }
     #[inline]
     unsafe fn free_block(&self, ptr: NonNull<u8>, layout: Layout) {

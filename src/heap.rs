@@ -6,16 +6,19 @@
 //! source, and no allocation path panics or logs.
 
 mod check;
+mod debug;
 mod large;
 mod report;
 
+pub use debug::Detection;
+pub(crate) use debug::TRAILER;
 pub use report::{KmemStats, SlabInfo};
 
 use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use crate::cgroup::{Group, GroupId, Shrinker, Tree};
+use crate::cgroup::{Group, GroupId, Shrinker, Tree, mode};
 use crate::counter::PageCounter;
 use crate::error::Error;
 use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
@@ -60,6 +63,8 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
+    /// Memory-error detection (off unless asked for).
+    detect: debug::Detector<R>,
 }
 
 /// A [`Kmem`] type, named by one parameter: the handles ([`crate::Cgroup`],
@@ -112,6 +117,9 @@ pub(crate) fn hardened_on_free<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>)
     }
 }
 
+/// The mode bits that send an allocation to [`Kmem::alloc_special`].
+const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV;
+
 /// A dangling, aligned pointer for zero-size blocks.
 #[inline]
 pub(crate) fn dangling(layout: core::alloc::Layout) -> NonNull<[u8]> {
@@ -146,8 +154,32 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 large_allocs: Stat::new(),
                 large_pages: Stat::new(),
                 bad_frees: Stat::new(),
+                detect: debug::Detector::new(Detection::OFF),
             }
+            .reading_env()
         }
+    }
+
+    crate::sync::loom_const_fn! {
+        /// With `std`: read `KMEMCG_DEBUG` at the first allocation.
+        fn reading_env(mut self) -> Self {
+            if cfg!(all(feature = "std", not(loom))) {
+                self.tree.mode = crate::sync::atomic_usize(mode::ENV);
+            }
+            self
+        }
+    }
+
+    /// Whether allocations take the special path (detection, fault
+    /// injection, or the environment still to read).
+    #[inline(always)]
+    pub(crate) fn special(&self) -> bool {
+        self.tree.mode() & SPECIAL != 0
+    }
+
+    /// Whether detection is on (after reading the environment).
+    pub(crate) fn detecting(&self) -> bool {
+        self.resolve_mode() & mode::DEBUG != 0
     }
 
     /// The page source, e.g. to add regions to it.
@@ -226,6 +258,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// trims the source. Returns the pages given back. (Linux
     /// `kmem_cache_shrink` on all caches.)
     pub fn shrink(&self) -> usize {
+        self.flush_quarantine();
         let pages = self.tree.shrink(self);
         self.magazines.shrink(&crate::slab::Pages::plain(&self.source));
         pages + self.source.trim()
@@ -239,6 +272,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// just before a reap is the working set of that interval: the next
     /// reap returns it if it stays unused.
     pub fn reap(&self) -> usize {
+        self.flush_quarantine();
         let idle = self.slots.reap_idle_mask();
         self.tree.reap(self, &idle) + self.source.trim()
     }
@@ -248,34 +282,75 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// rounding overflows and a refused charge all give `None`.
     #[inline]
     pub(crate) fn alloc_raw(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        self.alloc_in(self.current(), size, align)
+        if !align.is_power_of_two() {
+            return None;
+        }
+        self.alloc_current(size, align)
     }
 
     /// [`Kmem::alloc_raw`] for a `Layout`, whose alignment is a power of
     /// two: the `GlobalAlloc` and `Allocator` entry, inlined into them.
     #[inline(always)]
     pub(crate) fn alloc_layout(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
-        self.alloc_layout_in(self.current(), layout)
+        self.alloc_current(layout.size(), layout.align())
+    }
+
+    /// An allocation for the current group: one test of the mode word
+    /// takes the plain path (no groups, no detection, no injection).
+    #[inline(always)]
+    fn alloc_current(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let m = self.tree.mode();
+        let g = if m == 0 {
+            core::ptr::null()
+        } else if m & SPECIAL != 0 {
+            return self.alloc_special(self.current(), size, align, false);
+        } else if self.platform.in_interrupt() {
+            // Interrupt context charges the root, not the interrupted task.
+            core::ptr::null()
+        } else {
+            self.tree.charged_for(self.platform.current_group())
+        };
+        self.alloc_pow2(g, size, align)
     }
 
     /// [`Kmem::alloc_layout`] charging group `g` (null: root).
     #[inline(always)]
     pub(crate) fn alloc_layout_in(&self, g: *const Group<R>, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
-        self.alloc_pow2(g, layout.size(), layout.align())
+        self.alloc_for(g, layout.size(), layout.align())
     }
 
-    /// As `alloc_raw`, charging group `g` (null: root).
-    #[inline]
-    pub(crate) fn alloc_in(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
-        if !align.is_power_of_two() {
-            return None;
+    /// An allocation charging `g` (a group handle's), detection and fault
+    /// injection included.
+    #[inline(always)]
+    fn alloc_for(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        if self.tree.mode() & SPECIAL != 0 {
+            return self.alloc_special(g, size, align, true);
         }
         self.alloc_pow2(g, size, align)
     }
 
-    /// [`Kmem::alloc_in`] for an `align` known to be a power of two.
+    /// The allocation path with detection or fault injection on (or the
+    /// environment still to read). `handle`: a group handle's allocation,
+    /// which can report failure (injection applies to the others only
+    /// when the group asked for it).
+    #[cold]
+    #[inline(never)]
+    fn alloc_special(&self, g: *const Group<R>, size: usize, align: usize, handle: bool) -> Option<NonNull<u8>> {
+        let m = self.resolve_mode();
+        // SAFETY: callers pass null or a live group of this allocator.
+        if m & mode::INJECT != 0 && unsafe { g.as_ref() }.is_some_and(|g| self.tree.inject_fails(g, handle)) {
+            return None;
+        }
+        if m & mode::DEBUG != 0 && size != 0 {
+            return self.alloc_checked(g, size, align);
+        }
+        self.alloc_pow2(g, size, align)
+    }
+
+    /// [`Kmem::alloc_in`] for an `align` known to be a power of two, with
+    /// no detection or injection.
     #[inline(always)]
-    fn alloc_pow2(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc_pow2(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
         if size == 0 {
             return None;
         }
@@ -364,41 +439,60 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if size == 0 {
             return;
         }
+        if self.tree.mode() != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.free_moded(ptr, size, align) };
+        }
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
                 let base = unsafe { self.tree.classes().get_unchecked(c) };
                 if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
-                    self.bad_frees.add(1);
-                    hardened_abort("kmemcg: free of a pointer that no cache owns");
-                    return;
+                    return self.bad_free();
                 }
-                if self.tree.no_groups() {
-                    hardened_on_free(base, ptr);
-                    // SAFETY: with no groups, every object of class `c` is
-                    // in the base cache.
-                    return unsafe { base.free(self, ptr) };
-                }
-                // SAFETY: forwarded.
-                unsafe { self.free_owned(base, ptr) }
+                hardened_on_free(base, ptr);
+                // SAFETY: with no groups, every object of class `c` is in
+                // the base cache.
+                unsafe { base.free(self, ptr) }
             }
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
         }
     }
 
-    /// Frees an object of `base`'s class once groups exist: into whichever
-    /// cache (base or a group's child) owns its slab. Out of line, so the
-    /// group-free fast path around it stays a leaf.
+    /// A free that is not a plain one: groups exist, or detection is on.
+    /// Out of line, so the plain free path around it stays a leaf.
     ///
     /// # Safety
     ///
-    /// `ptr` is a live object of `base`'s class, in a slab of `base` or of
-    /// one of its child caches.
+    /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
     #[inline(never)]
-    unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
-        // SAFETY: forwarded.
-        unsafe { self.free_into(Self::owner(base, ptr), ptr) }
+    unsafe fn free_moded(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        if self.tree.mode() & (mode::DEBUG | mode::ENV) != 0 && self.resolve_mode() & mode::DEBUG != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.free_checked(ptr, size, align) };
+        }
+        match class_of(size, align) {
+            Some(c) => {
+                // SAFETY: `class_of` returns indices below NCLASSES.
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
+                if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
+                    return self.bad_free();
+                }
+                // SAFETY: forwarded: a live object of class `c`, in a slab
+                // of `base` or of one of its child caches.
+                unsafe { self.free_into(Self::owner(base, ptr), ptr) }
+            }
+            // SAFETY: forwarded: a live large object of this `Kmem`.
+            None => unsafe { self.free_large(ptr) },
+        }
+    }
+
+    /// Counts and (hardened) reports a free of a pointer no cache owns.
+    #[cold]
+    fn bad_free(&self) {
+        self.bad_frees.add(1);
+        hardened_abort("kmemcg: free of a pointer that no cache owns");
     }
 
     /// The cache that owns the slab of `ptr`: `base` or one of its child
@@ -522,6 +616,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         new_size: usize,
     ) -> bool {
         let ptr = self.source.rebase(ptr);
+        if self.tree.mode() & mode::DEBUG != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.resize_checked(ptr, old_size, align, new_size) };
+        }
         match (class_of(old_size, align), class_of(new_size, align)) {
             (Some(a), Some(b)) => a == b,
             // SAFETY: forwarded: a live large object.
@@ -531,8 +629,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// The bytes actually usable in a block of `size` and `align`: its class
-    /// size, or its whole pages.
-    pub(crate) fn usable_size(size: usize, align: usize) -> usize {
+    /// size, or its whole pages (`size` itself with detection on: the rest
+    /// is red zone).
+    pub(crate) fn usable_size(&self, size: usize, align: usize) -> usize {
+        if self.tree.mode() & mode::DEBUG != 0 {
+            return size;
+        }
         match class_of(size, align) {
             Some(c) => GEOMETRIES[c].size,
             None => pages_for(size).map_or(size, |p| p * PAGE_SIZE),

@@ -230,13 +230,16 @@ pub use allocator_api2;
 #[cfg(feature = "allocator-api2-04")]
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
-pub use cgroup::{GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker};
+pub use cgroup::{
+    FailRule, FaultInjection, GroupId, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES, MAX_SHRINKERS,
+    ShrinkControl, Shrinker,
+};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
 pub use handle::{
     AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure,
 };
-pub use heap::{Heap, Kmem, KmemStats, SlabInfo};
+pub use heap::{Detection, Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
 #[cfg(all(feature = "std", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]

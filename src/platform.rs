@@ -72,6 +72,33 @@ pub(crate) fn hardened_abort(msg: &str) {
     panic!("{}", msg);
 }
 
+/// Stops the program on a memory error the debug checks found (always,
+/// whatever the features): writes the message to standard error piece by
+/// piece (without allocating or locking) and aborts; without `std`, panics
+/// with it (the kernel's panic handler prints it).
+#[cold]
+#[inline(never)]
+pub(crate) fn report_abort(args: core::fmt::Arguments<'_>) -> ! {
+    #[cfg(all(feature = "std", not(loom)))]
+    {
+        /// Standard error, unbuffered.
+        struct Stderr;
+        impl core::fmt::Write for Stderr {
+            fn write_str(&mut self, s: &str) -> core::fmt::Result {
+                // SAFETY: a valid buffer written to fd 2; touches no memory
+                // of ours and does not allocate.
+                unsafe { libc::write(2, s.as_ptr().cast(), s.len()) };
+                Ok(())
+            }
+        }
+        let _ = core::fmt::Write::write_fmt(&mut Stderr, format_args!("{args}\n"));
+        // SAFETY: abort ends the process; nothing runs after it.
+        unsafe { libc::abort() }
+    }
+    #[cfg(not(all(feature = "std", not(loom))))]
+    panic!("{}", args);
+}
+
 #[cfg(all(feature = "std", not(loom)))]
 pub use os::OsPages;
 pub use region::{Region, RegionError};

@@ -56,6 +56,12 @@ mod dead_cache {
     #[test]
     fn dead_cache_release_race() {
         use core::alloc::GlobalAlloc;
+        if K.detection().is_on() {
+            // The free below must release the slab at once; detection's
+            // quarantine delays it (KMEMCG_DEBUG is set).
+            eprintln!("skipped: detection is on");
+            return;
+        }
         let layout = Layout::from_size_align(64, 8).unwrap();
         let p = {
             let g = K.root().create_child("victim").unwrap();

@@ -18,7 +18,7 @@
 //! Child caches and descriptors of destroyed typed caches wait in the same
 //! limbo (see `registry`).
 
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
 
 use lock_api::{Mutex, RawMutex};
 
@@ -55,6 +55,11 @@ pub(crate) struct Tree<R: RawMutex> {
     /// Pushed with `Release` and unlinked under `lock`; iterated under a
     /// read guard.
     pub(super) all_groups: AtomicPtr<Group<R>>,
+    /// What the allocation paths must do besides the plain fast path, in
+    /// one word so that path tests it once ([`mode`]): `GROUPS` mirrors
+    /// `all_groups` (set and cleared under `lock`), the other bits belong
+    /// to the heap layer.
+    pub(crate) mode: AtomicUsize,
     /// Serialises changes to the tree, subtree reclaim, and reclamation
     /// (never taken on an allocation fast path). Holds what was unlinked
     /// but not yet freed.
@@ -87,6 +92,21 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(super) contention_mark: AtomicUsize,
     /// Contention-reclaim episodes started (see `reclaim::Episode`).
     pub(super) episodes: AtomicU32,
+    /// Groups' fault-injection rules.
+    injections: super::inject::Table,
+}
+
+/// The bits of [`Tree::mode`]. Zero: no group but the root exists and no
+/// special path is on, so an allocation takes the plain fast path.
+pub(crate) mod mode {
+    /// A group but the root exists (mirrors `Tree::all_groups`).
+    pub(crate) const GROUPS: usize = 1;
+    /// Memory-error detection is on (the heap layer's debug paths).
+    pub(crate) const DEBUG: usize = 2;
+    /// Some group armed fault injection (sticky).
+    pub(crate) const INJECT: usize = 4;
+    /// The heap has not yet read its debug settings from the environment.
+    pub(crate) const ENV: usize = 8;
 }
 
 /// What waits for no iteration to be in progress before it is freed:
@@ -213,6 +233,7 @@ impl<R: RawMutex> Tree<R> {
                 }),
                 classes: class_caches(),
                 all_groups: atomic_null(),
+                mode: atomic_usize(0),
                 lock: Mutex::const_new(R::INIT, Limbo::new()),
                 readers: atomic_usize(0),
                 zombies: atomic_null(),
@@ -224,6 +245,7 @@ impl<R: RawMutex> Tree<R> {
                 shrinkers: Mutex::const_new(R::INIT, [None; MAX_SHRINKERS]),
                 contention_mark: atomic_usize(usize::MAX),
                 episodes: atomic_u32(0),
+                injections: super::inject::Table::new(),
             }
         }
     }
@@ -259,7 +281,55 @@ impl<R: RawMutex> Tree<R> {
     /// without having synchronised with its creation.
     #[inline(always)]
     pub(crate) fn no_groups(&self) -> bool {
-        self.all_groups.load(Ordering::Relaxed).is_null()
+        self.mode() & mode::GROUPS == 0
+    }
+
+    /// The allocation paths' mode word (see [`mode`]); 0: the plain fast
+    /// path. `Relaxed`, as for [`Tree::no_groups`]; a path that acts on a
+    /// bit other than `GROUPS` reads [`Tree::mode_acquire`] first.
+    #[inline(always)]
+    pub(crate) fn mode(&self) -> usize {
+        self.mode.load(Ordering::Relaxed)
+    }
+
+    /// The mode word with `Acquire`: what was written before a bit was
+    /// set with [`Tree::set_mode`] is visible.
+    #[inline]
+    pub(crate) fn mode_acquire(&self) -> usize {
+        self.mode.load(Ordering::Acquire)
+    }
+
+    /// Sets (`on`) or clears bits of the mode word, `Release`.
+    pub(crate) fn set_mode(&self, bits: usize, on: bool) {
+        if on {
+            self.mode.fetch_or(bits, Ordering::Release);
+        } else {
+            self.mode.fetch_and(!bits, Ordering::Release);
+        }
+    }
+
+    /// Arms (or, `None`, disarms) fault injection for group `g`.
+    pub(crate) fn inject_faults(&self, g: &Group<R>, f: Option<super::FaultInjection>) -> Result<(), Error> {
+        let _tree = self.lock.lock();
+        if g.is_offline() {
+            return Err(Error::Removed);
+        }
+        self.injections.arm(ptr::from_ref(g).cast(), f)?;
+        if f.is_some() {
+            self.set_mode(mode::INJECT, true);
+        }
+        Ok(())
+    }
+
+    /// Whether group `g`'s fault-injection rule fails this allocation
+    /// (`handle`: on a path that reports failure).
+    pub(crate) fn inject_fails(&self, g: &Group<R>, handle: bool) -> bool {
+        self.injections.fails(ptr::from_ref(g).cast(), handle)
+    }
+
+    /// Failures injected into `g`.
+    pub(crate) fn injected(&self, g: &Group<R>) -> usize {
+        self.injections.injected(ptr::from_ref(g).cast())
     }
 
     /// The group to charge for a context whose current-group token is
@@ -423,6 +493,7 @@ impl<R: RawMutex> Tree<R> {
             // Publish the initialised group (pairs with Acquire in walks).
             parent.first_child.store(g.as_ptr(), Ordering::Release);
             self.all_groups.store(g.as_ptr(), Ordering::Release);
+            self.set_mode(mode::GROUPS, true);
             // The group starts with its online reference; the caller's.
             gr.get();
         }
@@ -510,6 +581,9 @@ impl<R: RawMutex> Tree<R> {
                 unsafe { g.as_ref() }.next_zombie.store(limbo.groups, Ordering::Relaxed);
                 limbo.groups = g.as_ptr();
             }
+            if self.all_groups.load(Ordering::Relaxed).is_null() {
+                self.set_mode(mode::GROUPS, false);
+            }
             // Pairs with the fence in `read_guard`.
             fence(Ordering::SeqCst);
             // Acquire: the readers' last accesses happen before the frees.
@@ -532,6 +606,7 @@ impl<R: RawMutex> Tree<R> {
                 // it: ours to free.
                 unsafe {
                     l = g.as_ref().next_zombie.load(Ordering::Relaxed);
+                    self.injections.forget(g.as_ptr().cast_const().cast());
                     self.free_group(env, g);
                 }
             }

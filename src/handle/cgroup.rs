@@ -7,6 +7,7 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
+use crate::cgroup::FaultInjection;
 use crate::cgroup::{
     Event, Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, set_no_reclaim,
     swap_token,
@@ -233,6 +234,65 @@ impl<'k, K: Heap> Cgroup<'k, K> {
         CgroupAllocator { handle: self.clone() }
     }
 
+    /// Arms fault injection for allocations charged to this group (see
+    /// [`FaultInjection`] for which paths it applies to); arming again
+    /// replaces the rule and restarts its count. Errors:
+    /// [`Error::Removed`], [`Error::TooManyInjections`].
+    pub fn inject_faults(&self, f: FaultInjection) -> Result<(), Error> {
+        self.kmem.tree().inject_faults(self.g(), Some(f))
+    }
+
+    /// Stops fault injection for this group (its count stays readable).
+    pub fn stop_injecting(&self) {
+        let _ = self.kmem.tree().inject_faults(self.g(), None);
+    }
+
+    /// Allocations fault injection failed in this group.
+    pub fn injected_failures(&self) -> usize {
+        self.kmem.tree().injected(self.g())
+    }
+
+    /// For the end of a test's scope: whether the group's subtree holds no
+    /// live object. First gives back what only waits to be reused (the
+    /// quarantine, the subtree's magazines, empty slabs and stocks), so
+    /// what is left is what the code under test still holds: then `Err`
+    /// with the group's [`GroupStat`], whose `slab` rows and `large` line
+    /// name it, per cache.
+    // A snapshot by value, like `stat()`: a `no_std` crate has no box for it.
+    #[allow(clippy::result_large_err)]
+    pub fn check_empty(&self) -> Result<(), GroupStat> {
+        self.kmem.flush_quarantine();
+        self.kmem.tree().reclaim_unused(self.kmem, self.g());
+        if self.usage() == 0 {
+            return Ok(());
+        }
+        Err(self.stat())
+    }
+
+    /// [`Cgroup::check_empty`] as an assertion: panics with what the group
+    /// still holds, per cache.
+    #[track_caller]
+    pub fn assert_empty(&self) {
+        if let Err(st) = self.check_empty() {
+            panic!("kmemcg: group {} is not empty at the end of its scope:\n{st}", st.name);
+        }
+    }
+
+    /// Asserts that the group's peak usage (since creation or
+    /// [`Cgroup::reset_peak`]) stayed at most `bytes`; panics with the
+    /// group's [`GroupStat`] otherwise.
+    #[track_caller]
+    pub fn assert_peak_at_most(&self, bytes: usize) {
+        let peak = self.peak();
+        if peak > bytes {
+            panic!(
+                "kmemcg: group {} peaked at {peak} bytes, over its budget of {bytes}:\n{}",
+                self.name(),
+                self.stat()
+            );
+        }
+    }
+
     /// A `memory.stat`-like snapshot.
     pub fn stat(&self) -> GroupStat {
         let g = self.g();
@@ -256,6 +316,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             soft_reclaim_bytes: to_bytes(ev.get(Event::SoftPages)),
             stocked: to_bytes(c.stocked()),
             large: to_bytes(g.large_pages().get()),
+            injected: t.injected(g),
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
             ncaches: 0,
             pressures: g.pressure_rows(),
@@ -448,6 +509,8 @@ pub struct GroupStat {
     pub stocked: usize,
     /// Bytes of large objects (with their header pages) charged here.
     pub large: usize,
+    /// Allocations fault injection failed ([`Cgroup::inject_faults`]).
+    pub injected: usize,
     caches: [CacheRow; MAX_ACCOUNTED],
     ncaches: usize,
     pressures: ([PressureRow; MAX_PRESSURES], usize),
@@ -483,6 +546,7 @@ impl fmt::Display for GroupStat {
         writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
         writeln!(f, "stocked {}", self.stocked)?;
         writeln!(f, "large {}", self.large)?;
+        writeln!(f, "injected {}", self.injected)?;
         for (name, objects, pages) in self.caches() {
             writeln!(f, "slab {name} {objects} {pages}")?;
         }

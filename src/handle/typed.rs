@@ -11,7 +11,7 @@ use lock_api::RawMutex;
 use super::Cgroup;
 use crate::cgroup::{CacheDesc, Group, NOT_ACCOUNTED};
 use crate::error::{Error, Name};
-use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc};
+use crate::heap::{Heap, Kmem, KmemOf, TRAILER, hardened_on_alloc};
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
 use crate::slab::{CacheStats, Geometry};
@@ -68,7 +68,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if flags.contains(CacheFlags::HWCACHE_ALIGN) {
             align = align.max(64);
         }
-        let geo = Geometry::new(size_of::<T>(), align).ok_or(Error::BadLayout)?;
+        // With detection on, objects carry its trailer (red zone and tag).
+        let size = size_of::<T>() + if self.detecting() { TRAILER } else { 0 };
+        let geo = Geometry::new(size, align).ok_or(Error::BadLayout)?;
         let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
         Ok(KmemCache { kmem: self, desc, _type: PhantomData })
     }
@@ -123,6 +125,37 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     /// An object charged to `g` (null: root).
     #[inline(always)]
     fn alloc_object_for(&self, g: *const Group<K::Lock>) -> Result<NonNull<u8>, Error> {
+        if self.kmem.special() {
+            return self.alloc_object_special(g);
+        }
+        self.alloc_object_plain(g)
+    }
+
+    /// [`KmemCache::alloc_object_for`] with fault injection or detection
+    /// on.
+    #[cold]
+    #[inline(never)]
+    fn alloc_object_special(&self, g: *const Group<K::Lock>) -> Result<NonNull<u8>, Error> {
+        let k = self.kmem;
+        // SAFETY: callers pass null or a live group of this allocator.
+        if let Some(gr) = unsafe { g.as_ref() }
+            && k.tree().inject_fails(gr, true)
+        {
+            return Err(Error::Injected);
+        }
+        let p = self.alloc_object_plain(g)?;
+        if k.detecting() {
+            // SAFETY: a fresh object of this cache (or a child of it), made
+            // with detection on (`detecting` never changes once an
+            // allocation was made).
+            unsafe { k.hand_out_typed(KmemOf::<K>::owner(&self.desc.cache, p), p, size_of::<T>()) };
+        }
+        Ok(p)
+    }
+
+    /// An object charged to `g`, with no injection or detection.
+    #[inline(always)]
+    fn alloc_object_plain(&self, g: *const Group<K::Lock>) -> Result<NonNull<u8>, Error> {
         let k = self.kmem;
         let base = &self.desc.cache;
         let cache = if self.desc.acct_idx == NOT_ACCOUNTED {
@@ -218,7 +251,12 @@ impl<T, K: Heap> Drop for CacheBox<'_, T, K> {
         unsafe {
             self.ptr.as_ptr().drop_in_place();
             let ptr = self.kmem.source().rebase(self.ptr.cast());
-            self.kmem.free_into(KmemOf::<K>::owner(&self.desc.cache, ptr), ptr);
+            let owner = KmemOf::<K>::owner(&self.desc.cache, ptr);
+            if self.kmem.special() && self.kmem.detecting() {
+                self.kmem.free_typed_checked(owner, ptr, size_of::<T>());
+            } else {
+                self.kmem.free_into(owner, ptr);
+            }
         }
     }
 }

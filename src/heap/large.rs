@@ -90,6 +90,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         (magic == LARGE_MAGIC).then_some(h)
     }
 
+    /// The pages of the live large object at `ptr` (its header says), if
+    /// it looks live.
+    pub(crate) fn large_pages_of(&self, ptr: NonNull<u8>) -> Option<usize> {
+        let h = self.large_header(ptr)?;
+        // SAFETY: a live header (its magic said so).
+        Some(unsafe { core::ptr::addr_of!((*h).pages).read() })
+    }
+
     /// Frees a large object and uncharges its group.
     ///
     /// # Safety

@@ -32,6 +32,9 @@ pub struct KmemStats {
     /// Frees of pointers that no cache owns, detected and ignored (debug
     /// builds check every free).
     pub bad_frees: usize,
+    /// Freed objects waiting in the detection quarantine, and their bytes
+    /// (see [`crate::Detection`]).
+    pub quarantined: (usize, usize),
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -53,6 +56,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             large_objects: self.large_allocs.get(),
             large_pages: self.large_pages.get(),
             bad_frees: self.bad_frees.get(),
+            quarantined: self.quarantined(),
         }
     }
 }

@@ -27,10 +27,11 @@ fn classes_cover_every_size_and_alignment() {
         assert!(w[0] < w[1]);
     }
     assert_eq!(CLASS_SIZES[NCLASSES - 1], MAX_CLASS_SIZE);
+    let k = RKmem::new(Region::new());
     for shift in 0..=16 {
         let align = 1usize << shift;
         for size in 1..=20_000usize {
-            let usable = RKmem::usable_size(size, align);
+            let usable = k.usable_size(size, align);
             assert!(usable >= size);
             match class_of(size, align) {
                 Some(c) => {

@@ -459,6 +459,15 @@ impl<R: RawMutex> Tree<R> {
         pages
     }
 
+    /// Gives back what `g`'s subtree holds unused in its caches (as
+    /// `reclaim_caches`), for reports that want only live objects left.
+    pub(crate) fn reclaim_unused<E: Env<R>>(&self, env: &E, g: &Group<R>) -> usize {
+        if reclaiming(env) {
+            return 0;
+        }
+        self.reclaim_caches(env, g)
+    }
+
     /// Gives back what `g`'s subtree holds unused in its caches: magazines,
     /// empty slabs, stocks. Returns the pages uncharged. (One step of
     /// [`Tree::reclaim`], which adds the shrinkers.)

@@ -1,0 +1,230 @@
+//! Memory-error detection (`Detection`, `KMEMCG_DEBUG`): each detector
+//! catches its bug class, in a child process (this test binary, re-run
+//! with an environment variable), since it must end in an abort; the
+//! message is checked. With detection on, correct code runs clean.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::process::Command;
+
+use kmemcg::{CacheFlags, Detection, Kmem, OsPages};
+
+/// Every check, and a quarantine small enough for the tests to flush.
+static KMEM: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.quarantine(64 << 10));
+/// Every check, with no quarantine: a freed object is reused at once.
+static NO_QUARANTINE: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.quarantine(0));
+
+/// Runs `case` in a child and returns (success, stderr).
+fn child(case: &str) -> (bool, String) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
+        .env("KMEMCG_DETECT_CASE", case)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Asserts that `case` aborts with a message containing every one of
+/// `expect`.
+fn aborts_with(case: &str, expect: &[&str]) {
+    let (ok, err) = child(case);
+    assert!(!ok, "{case}: the child did not abort; stderr:\n{err}");
+    for e in expect {
+        assert!(err.contains(e), "{case}: stderr lacks {e:?}:\n{err}");
+    }
+}
+
+/// The child's side: does what `KMEMCG_DETECT_CASE` says.
+#[test]
+fn run_case() {
+    let Ok(case) = std::env::var("KMEMCG_DETECT_CASE") else { return };
+    let l = Layout::from_size_align(24, 8).unwrap();
+    match case.as_str() {
+        // SAFETY: deliberate misuse, in a child process that detection must
+        // stop before it corrupts anything.
+        "overflow_by_one" => unsafe {
+            let p = KMEM.alloc(l);
+            p.add(24).write(0x41);
+            KMEM.dealloc(p, l);
+        },
+        // SAFETY: as above.
+        "overflow_large" => unsafe {
+            let l = Layout::from_size_align(20_000, 8).unwrap();
+            let p = KMEM.alloc(l);
+            p.add(20_003).write(7);
+            KMEM.dealloc(p, l);
+        },
+        // SAFETY: as above.
+        "write_after_free_in_quarantine" => unsafe {
+            let p = KMEM.alloc(l);
+            KMEM.dealloc(p, l);
+            p.add(5).write(0);
+            // Push it out of the 64 KiB quarantine: its poison is checked
+            // on the way out.
+            for _ in 0..4096 {
+                let q = KMEM.alloc(l);
+                KMEM.dealloc(q, l);
+            }
+        },
+        // SAFETY: as above.
+        "write_after_free_on_reuse" => unsafe {
+            let p = NO_QUARANTINE.alloc(l);
+            NO_QUARANTINE.dealloc(p, l);
+            p.write(1);
+            // The magazine hands the same object out again: its poison is
+            // checked then.
+            let q = NO_QUARANTINE.alloc(l);
+            assert_eq!(p, q, "the freed object comes back first");
+        },
+        // SAFETY: as above.
+        "double_free_in_quarantine" => unsafe {
+            let p = KMEM.alloc(l);
+            KMEM.dealloc(p, l);
+            KMEM.dealloc(p, l);
+        },
+        // SAFETY: as above.
+        "double_free_through_a_magazine" => unsafe {
+            // No quarantine: the first free puts the object in a magazine.
+            let p = NO_QUARANTINE.alloc(l);
+            let q = NO_QUARANTINE.alloc(l);
+            NO_QUARANTINE.dealloc(p, l);
+            NO_QUARANTINE.dealloc(q, l);
+            NO_QUARANTINE.dealloc(p, l);
+        },
+        // SAFETY: as above.
+        "foreign_free" => unsafe {
+            let mut on_stack = [0u64; 8];
+            KMEM.dealloc(on_stack.as_mut_ptr().cast(), l);
+        },
+        // SAFETY: as above.
+        "interior_free" => unsafe {
+            let p = KMEM.alloc(Layout::from_size_align(64, 8).unwrap());
+            KMEM.dealloc(p.add(8), l);
+        },
+        "typed_overflow" => {
+            let c = KMEM.create_cache::<[u8; 20]>("detect-objs", CacheFlags::NONE).unwrap();
+            let b = c.alloc([0; 20]).unwrap();
+            let p: *const [u8; 20] = &*b;
+            // SAFETY: deliberate misuse (a write past the object), in a
+            // child process.
+            unsafe { p.cast::<u8>().cast_mut().add(21).write(9) };
+            drop(b);
+        }
+        other => panic!("unknown case {other}"),
+    }
+    std::process::exit(0);
+}
+
+#[test]
+fn an_overflow_by_one_byte_is_reported_with_the_cache_and_the_bytes() {
+    aborts_with(
+        "overflow_by_one",
+        &["kmemcg: overflow into the red zone", "cache kmalloc-", "(24 bytes)", "bytes 24..=24 changed", "found 41"],
+    );
+}
+
+#[test]
+fn an_overflow_of_a_large_object_is_reported() {
+    aborts_with("overflow_large", &["overflow into the red zone", "cache large", "bytes 20003..=20003", "found 07"]);
+}
+
+#[test]
+fn a_write_after_free_is_caught_when_the_object_leaves_the_quarantine() {
+    aborts_with("write_after_free_in_quarantine", &["kmemcg: write after free", "bytes 5..=5 changed", "expected 6b"]);
+}
+
+#[test]
+fn a_write_after_free_is_caught_when_the_object_is_handed_out_again() {
+    aborts_with("write_after_free_on_reuse", &["kmemcg: write after free", "bytes 0..=0 changed", "found 01"]);
+}
+
+#[test]
+fn double_frees_are_caught_in_the_quarantine_and_through_a_magazine() {
+    aborts_with("double_free_in_quarantine", &["kmemcg: double free", "(24 bytes)"]);
+    aborts_with("double_free_through_a_magazine", &["kmemcg: double free", "(24 bytes)"]);
+}
+
+#[test]
+fn foreign_and_interior_frees_are_caught() {
+    aborts_with("foreign_free", &["not an object kmemcg handed out"]);
+    aborts_with("interior_free", &["not an object kmemcg handed out"]);
+}
+
+#[test]
+fn a_typed_cache_object_overflow_names_the_cache() {
+    aborts_with("typed_overflow", &["overflow into the red zone", "cache detect-objs", "bytes 21..=21"]);
+}
+
+/// Correct code runs clean with every check on: collections, threads, a
+/// group entered and removed, typed caches; the quarantine stays within its
+/// bound and gives everything back on `shrink`.
+#[test]
+fn correct_code_runs_clean_with_detection_on() {
+    let d = KMEM.detection();
+    assert!(d.redzones_on() && d.poison_on());
+    let g = KMEM.root().create_child("clean").unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let _in = g.enter();
+                let mut m = std::collections::HashMap::new();
+                for i in 0..2000u64 {
+                    m.insert(i, vec![t as u8; (i % 300) as usize]);
+                    if i % 3 == 0 {
+                        m.remove(&(i / 2));
+                    }
+                }
+                let mut s = String::new();
+                for i in 0..500 {
+                    s.push_str(&i.to_string());
+                }
+                let mut v: Vec<u32> = Vec::with_capacity(1);
+                for i in 0..50_000 {
+                    v.push(i);
+                }
+                v.shrink_to(10);
+                m.len() + s.len() + v.len()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap() > 0);
+    }
+    let c = KMEM.create_cache::<[u64; 5]>("clean-objs", CacheFlags::ACCOUNT).unwrap();
+    {
+        let _in = g.enter();
+        let boxes: Vec<_> = (0..1000).map(|i| c.alloc([i; 5]).unwrap()).collect();
+        assert!(boxes.iter().enumerate().all(|(i, b)| b[4] == i as u64));
+    }
+    let (_, bytes) = KMEM.stats().quarantined;
+    assert!(bytes <= 64 << 10, "quarantine over its bound: {bytes}");
+    g.assert_empty();
+    g.remove().unwrap();
+    drop(c);
+    KMEM.shrink();
+    assert_eq!(KMEM.stats().quarantined, (0, 0));
+}
+
+/// `usable_size` with detection is the request itself: the rest is red
+/// zone, and an `Allocator` user may write all of what it was given.
+#[test]
+fn the_allocator_reports_exactly_the_requested_size() {
+    use kmemcg::allocator_api2::alloc::Allocator;
+    let a = (&KMEM).allocate(Layout::from_size_align(100, 8).unwrap()).unwrap();
+    assert_eq!(a.len(), 100);
+    // SAFETY: the block is ours, 100 bytes long.
+    unsafe {
+        a.cast::<u8>().as_ptr().write_bytes(0xee, 100);
+        (&KMEM).deallocate(a.cast(), Layout::from_size_align(100, 8).unwrap());
+    }
+}
+
+#[test]
+fn detection_settings_parse_from_the_environment_value() {
+    assert_eq!(Detection::from_env_value(b""), Detection::OFF);
+    assert_eq!(Detection::from_env_value(b"off"), Detection::OFF);
+    assert_eq!(Detection::from_env_value(b"1"), Detection::ALL);
+    assert_eq!(Detection::from_env_value(b"poison,quarantine=2m"), Detection::OFF.poison(true).quarantine(2 << 20));
+    assert_eq!(Detection::from_env_value(b"redzone,bogus,quarantine=x"), Detection::OFF.redzones(true));
+}
