@@ -10,8 +10,8 @@ mod debug;
 mod large;
 mod report;
 
-pub use debug::Detection;
 pub(crate) use debug::TRAILER;
+pub use debug::{Detection, GUARDED_MAX};
 pub use report::{KmemStats, SlabInfo};
 
 use core::ptr::NonNull;

@@ -239,7 +239,7 @@ pub use error::{Error, GroupName, NAME_MAX};
 pub use handle::{
     AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure,
 };
-pub use heap::{Detection, Heap, Kmem, KmemStats, SlabInfo};
+pub use heap::{Detection, GUARDED_MAX, Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
 #[cfg(all(feature = "std", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]

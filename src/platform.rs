@@ -228,6 +228,14 @@ pub unsafe trait PageSource: Sync {
         ptr
     }
 
+    /// Makes the `pages` pages at `at` (inside a live run of this source)
+    /// inaccessible (`off`) or accessible again, for detection's guard
+    /// pages; returns whether it could. The default cannot (a `Region`
+    /// has no page tables to change), and then detection does not sample.
+    fn protect(&self, _at: NonNull<u8>, _pages: usize, _off: bool) -> bool {
+        false
+    }
+
     /// Takes the `pages` pages that start at `at` — the end of a live run of
     /// this source — if all of them are free, so the run can grow in place
     /// (`realloc` of a large object). Returns whether it took them; the
@@ -264,6 +272,9 @@ unsafe impl<S: PageSource> PageSource for &S {
     }
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
         (**self).claim_pages(at, pages)
+    }
+    fn protect(&self, at: NonNull<u8>, pages: usize, off: bool) -> bool {
+        (**self).protect(at, pages, off)
     }
     #[inline(always)]
     fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {

@@ -8,20 +8,27 @@ use std::process::Command;
 
 use kmemcg::{CacheFlags, Detection, Kmem, OsPages};
 
-/// Every check, and a quarantine small enough for the tests to flush.
-static KMEM: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.quarantine(64 << 10));
+/// Every check but sampling, and a quarantine small enough for the tests
+/// to flush.
+static KMEM: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.quarantine(64 << 10).guard_pages(0));
 /// Every check, with no quarantine: a freed object is reused at once.
-static NO_QUARANTINE: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.quarantine(0));
+static NO_QUARANTINE: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.quarantine(0).guard_pages(0));
+/// Every allocation sampled onto a guard page (while the table has room).
+static GUARDED: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(1));
 
 /// Runs `case` in a child and returns (success, stderr).
 fn child(case: &str) -> (bool, String) {
+    let out = child_output(case);
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn child_output(case: &str) -> std::process::Output {
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
+    Command::new(exe)
         .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
         .env("KMEMCG_DETECT_CASE", case)
         .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+        .unwrap()
 }
 
 /// Asserts that `case` aborts with a message containing every one of
@@ -110,6 +117,14 @@ fn run_case() {
             unsafe { p.cast::<u8>().cast_mut().add(21).write(9) };
             drop(b);
         }
+        // SAFETY: as above; the write lands on the guard page and faults.
+        "overflow_into_a_guard_page" => unsafe {
+            let p = GUARDED.alloc(l);
+            p.add(23).write(1);
+            eprintln!("last byte written");
+            p.add(24).write(1);
+            eprintln!("the guard page did not fault");
+        },
         other => panic!("unknown case {other}"),
     }
     std::process::exit(0);
@@ -153,6 +168,53 @@ fn foreign_and_interior_frees_are_caught() {
 #[test]
 fn a_typed_cache_object_overflow_names_the_cache() {
     aborts_with("typed_overflow", &["overflow into the red zone", "cache detect-objs", "bytes 21..=21"]);
+}
+
+#[test]
+fn an_overflow_into_a_guard_page_faults_at_the_write() {
+    use std::os::unix::process::ExitStatusExt;
+    let out = child_output("overflow_into_a_guard_page");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc_sigsegv()), "{err}");
+    assert!(err.contains("last byte written") && !err.contains("did not fault"), "{err}");
+}
+
+/// SIGSEGV on the targets the tests run on.
+fn libc_sigsegv() -> i32 {
+    11
+}
+
+/// With every allocation sampled: objects end at their page's end, work
+/// as any (collections grow and shrink across the sampled and unsampled
+/// paths), and the table and pages come back.
+#[test]
+fn sampled_objects_end_at_a_page_boundary_and_come_back() {
+    let l = Layout::from_size_align(40, 8).unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..kmemcg::GUARDED_MAX + 10 {
+        // SAFETY: a valid layout, freed below.
+        let p = unsafe { GUARDED.alloc(l) };
+        assert!(!p.is_null());
+        // SAFETY: the object's 40 bytes are ours.
+        unsafe { p.write_bytes(0x5a, 40) };
+        kept.push(p);
+    }
+    let at_page_end = kept.iter().filter(|p| (p.addr() + 40).is_multiple_of(4096)).count();
+    assert_eq!(at_page_end, kmemcg::GUARDED_MAX, "the table's worth sampled, the rest not");
+    for p in kept {
+        // SAFETY: allocated above with this layout, freed once.
+        unsafe { GUARDED.dealloc(p, l) };
+    }
+    let v: Vec<u8> = {
+        let mut a = kmemcg::allocator_api2::vec::Vec::new_in(&GUARDED);
+        for i in 0..10_000u32 {
+            a.push(i as u8);
+        }
+        a.iter().copied().collect()
+    };
+    assert_eq!(v.len(), 10_000);
+    GUARDED.shrink();
+    assert_eq!(GUARDED.stats().large_objects, 0, "every sampled run was freed");
 }
 
 /// Correct code runs clean with every check on: collections, threads, a

@@ -77,13 +77,15 @@ pub struct Detection {
     redzone: bool,
     poison: bool,
     quarantine: usize,
+    guard_every: usize,
 }
 
 impl Detection {
     /// No detection: the plain allocator.
-    pub const OFF: Detection = Detection { redzone: false, poison: false, quarantine: 0 };
-    /// Red zones, poison, and a 1 MiB quarantine.
-    pub const ALL: Detection = Detection { redzone: true, poison: true, quarantine: 1 << 20 };
+    pub const OFF: Detection = Detection { redzone: false, poison: false, quarantine: 0, guard_every: 0 };
+    /// Red zones, poison, a 1 MiB quarantine, and one size-class
+    /// allocation in 256 on a guard page.
+    pub const ALL: Detection = Detection { redzone: true, poison: true, quarantine: 1 << 20, guard_every: 256 };
 
     /// With red zones checked (`on`) or not.
     pub const fn redzones(mut self, on: bool) -> Self {
@@ -102,6 +104,21 @@ impl Detection {
     pub const fn quarantine(mut self, bytes: usize) -> Self {
         self.quarantine = bytes;
         self
+    }
+
+    /// With one size-class allocation in `n` placed to end at a page
+    /// boundary before an inaccessible page (0: none), so an overflow
+    /// faults at the instruction that makes it (KFENCE's idea). Only page
+    /// sources that can protect pages (`OsPages`) sample; at most
+    /// [`GUARDED_MAX`] sampled objects live at once.
+    pub const fn guard_pages(mut self, n: usize) -> Self {
+        self.guard_every = n;
+        self
+    }
+
+    /// One allocation in how many is sampled onto a guard page (0: none).
+    pub const fn guard_every(&self) -> usize {
+        self.guard_every
     }
 
     /// Whether red zones are checked.
@@ -126,8 +143,8 @@ impl Detection {
 
     /// Detection from a `KMEMCG_DEBUG` value: empty, `0` or `off`: none;
     /// `1`, `on` or `all`: [`Detection::ALL`]; otherwise a comma-separated
-    /// list of `redzone`, `poison` and `quarantine=N` (bytes, with an
-    /// optional `k` or `m`). Unknown words are ignored (the allocator
+    /// list of `redzone`, `poison`, `quarantine=N` (bytes, with an
+    /// optional `k` or `m`) and `guard=N` (one allocation in N). Unknown words are ignored (the allocator
     /// cannot report them); [`Kmem::detection`] tells what was taken.
     pub const fn from_env_value(v: &[u8]) -> Detection {
         match v {
@@ -148,8 +165,10 @@ impl Detection {
                 b"redzone" => d.redzone = true,
                 b"poison" => d.poison = true,
                 _ => {
-                    if let Some(n) = parse_quarantine(word) {
+                    if let Some(n) = parse_number(word, b"quarantine=") {
                         d.quarantine = n;
+                    } else if let Some(n) = parse_number(word, b"guard=") {
+                        d.guard_every = n;
                     }
                 }
             }
@@ -159,9 +178,8 @@ impl Detection {
     }
 }
 
-/// `quarantine=N[k|m]` as bytes.
-const fn parse_quarantine(word: &[u8]) -> Option<usize> {
-    let key = b"quarantine=";
+/// `key` followed by `N[k|m]`, as a number.
+const fn parse_number(word: &[u8], key: &[u8]) -> Option<usize> {
     if word.len() <= key.len() {
         return None;
     }
@@ -199,6 +217,12 @@ pub(crate) struct Detector<R: RawMutex> {
     /// `REDZONE | POISON` while on.
     flags: AtomicUsize,
     quarantine_max: AtomicUsize,
+    guard_every: AtomicUsize,
+    /// Allocations seen by the sampler.
+    sampled: AtomicUsize,
+    /// Sampled objects live (so frees look the table up only when some
+    /// are).
+    guarded_live: AtomicUsize,
     quarantine: Mutex<R, Quarantine>,
     /// Frees checked (a statistic).
     frees_checked: Stat,
@@ -214,7 +238,12 @@ struct Quarantine {
     tail: *mut u8,
     bytes: usize,
     objects: usize,
+    /// Live sampled objects and the large runs holding them.
+    guarded: [(*mut u8, *mut u8); GUARDED_MAX],
 }
+
+/// How many sampled guard-page objects can live at once.
+pub const GUARDED_MAX: usize = 64;
 
 // SAFETY: the objects linked are owned by the quarantine (freed by their
 // users, not yet given back), reached only under its lock.
@@ -227,11 +256,15 @@ impl<R: RawMutex> Detector<R> {
             Detector {
                 flags: atomic_usize(if d.redzone { REDZONE } else { 0 } | if d.poison { POISONED } else { 0 }),
                 quarantine_max: atomic_usize(d.quarantine),
+                guard_every: atomic_usize(d.guard_every),
+                sampled: atomic_usize(0),
+                guarded_live: atomic_usize(0),
                 quarantine: Mutex::const_new(R::INIT, Quarantine {
                     head: core::ptr::null_mut(),
                     tail: core::ptr::null_mut(),
                     bytes: 0,
                     objects: 0,
+                    guarded: [(core::ptr::null_mut(), core::ptr::null_mut()); GUARDED_MAX],
                 }),
                 frees_checked: Stat::new(),
             }
@@ -241,6 +274,7 @@ impl<R: RawMutex> Detector<R> {
     fn set(&self, d: Detection) {
         self.flags.store(if d.redzone { REDZONE } else { 0 } | if d.poison { POISONED } else { 0 }, Ordering::Relaxed);
         self.quarantine_max.store(d.quarantine, Ordering::Relaxed);
+        self.guard_every.store(d.guard_every, Ordering::Relaxed);
     }
 
     fn get(&self) -> Detection {
@@ -249,6 +283,7 @@ impl<R: RawMutex> Detector<R> {
             redzone: f & REDZONE != 0,
             poison: f & POISONED != 0,
             quarantine: self.quarantine_max.load(Ordering::Relaxed),
+            guard_every: self.guard_every.load(Ordering::Relaxed),
         }
     }
 }
@@ -378,6 +413,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     pub(crate) fn alloc_checked(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
         let padded = size.checked_add(TRAILER)?;
+        let n = self.detect.guard_every.load(Ordering::Relaxed);
+        if n != 0
+            && class_of(padded, align).is_some()
+            && self.detect.sampled.fetch_add(1, Ordering::Relaxed).is_multiple_of(n)
+            && let Some(p) = self.alloc_guarded(g, size, align)
+        {
+            return Some(p);
+        }
         let p = self.alloc_pow2(g, padded, align)?;
         let slot = match class_of(padded, align) {
             Some(c) => GEOMETRIES[c].size,
@@ -451,6 +494,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: forwarded.
             return unsafe { self.free_large_checked(ptr, size, padded) };
         };
+        if self.detect.guarded_live.load(Ordering::Acquire) != 0 && self.free_guarded(p) {
+            return;
+        }
         // SAFETY: `class_of` returns indices below NCLASSES.
         let base = unsafe { self.tree.classes().get_unchecked(c) };
         if !self.is_object_of(base, ptr) {
@@ -466,6 +512,65 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let owner = unsafe { Self::owner(base, ptr) };
         // SAFETY: a live object of `owner`, checked, freed once.
         unsafe { self.quarantine(owner, p, slot) };
+    }
+
+    /// A sampled object: `size` bytes ending at a page boundary (rounded to
+    /// `align`) before a page made inaccessible, in a large run charged to
+    /// `g`. `None` if the table is full or the source cannot protect
+    /// pages: the caller allocates normally.
+    #[cold]
+    fn alloc_guarded(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        if self.detect.guarded_live.load(Ordering::Relaxed) >= GUARDED_MAX {
+            return None;
+        }
+        let pages = pages_for(size)?;
+        let run = self.alloc_large(g, (pages + 1) * PAGE_SIZE, PAGE_SIZE)?;
+        let guard = run.as_ptr().wrapping_add(pages * PAGE_SIZE);
+        // SAFETY: `guard` is the last page of the run we just made.
+        let protected = self.source.protect(unsafe { NonNull::new_unchecked(guard) }, 1, true);
+        let p = guard.wrapping_sub(size.next_multiple_of(align));
+        let kept = protected && {
+            let mut q = self.detect.quarantine.lock();
+            match q.guarded.iter_mut().find(|e| e.0.is_null()) {
+                Some(e) => {
+                    *e = (p, run.as_ptr());
+                    self.detect.guarded_live.fetch_add(1, Ordering::Release);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !kept {
+            if protected {
+                // SAFETY: as above; accessible again before it is freed.
+                self.source.protect(unsafe { NonNull::new_unchecked(guard) }, 1, false);
+            }
+            // SAFETY: the run we just made, unused.
+            unsafe { self.free_large(run) };
+            return None;
+        }
+        NonNull::new(p)
+    }
+
+    /// Frees `p` if it is a live sampled object; returns whether it was.
+    #[cold]
+    fn free_guarded(&self, p: *mut u8) -> bool {
+        let run = {
+            let mut q = self.detect.quarantine.lock();
+            let Some(e) = q.guarded.iter_mut().find(|e| e.0 == p) else { return false };
+            let run = e.1;
+            *e = (core::ptr::null_mut(), core::ptr::null_mut());
+            self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed);
+            run
+        };
+        // SAFETY: the run of a live sampled object (the table said so),
+        // now ours: its guard page (its last) made accessible, then freed.
+        unsafe {
+            let pages = self.large_pages_of(NonNull::new_unchecked(run)).unwrap_or(1);
+            self.source.protect(NonNull::new_unchecked(run.add((pages - 1) * PAGE_SIZE)), 1, false);
+            self.free_large(NonNull::new_unchecked(run));
+        }
+        true
     }
 
     /// A large object's free with detection.
