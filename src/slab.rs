@@ -327,6 +327,17 @@ impl<R: RawMutex> Cache<R> {
         unsafe { (*s).cache }
     }
 
+    /// The birth number of the slab holding `ptr` (see `Slab::birth`).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live object of this cache.
+    pub(crate) unsafe fn birth_of(&self, ptr: *mut u8) -> u32 {
+        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        // SAFETY: the header of a live slab; `birth` is fixed at creation.
+        unsafe { (*s).birth }
+    }
+
     /// The node of the slab holding `ptr`.
     ///
     /// # Safety
@@ -353,6 +364,7 @@ impl<R: RawMutex> Cache<R> {
                 list: ListKind::Partial,
                 inuse: 0,
                 hint: 0,
+                birth: crate::sync::next_sequence(),
                 cache: if owner.is_null() { self.id() } else { owner },
                 next: ptr::null_mut(),
                 prev: ptr::null_mut(),

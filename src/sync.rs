@@ -178,6 +178,19 @@ loom_const_fn! {
     }
 }
 
+/// A process-wide sequence number, for telling apart things that may
+/// reuse an address (slabs); never a synchronisation decision. Under loom,
+/// where statics cannot hold its atomics, always 0.
+pub(crate) fn next_sequence() -> u32 {
+    #[cfg(not(loom))]
+    {
+        static SEQ: AtomicU32 = AtomicU32::new(1);
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    }
+    #[cfg(loom)]
+    0
+}
+
 /// A statistics counter: `Relaxed` increments and reads.
 ///
 /// Relaxed is enough because no decision that guards memory safety is taken

@@ -295,10 +295,22 @@ fn trailer(p: *mut u8, slot: usize) -> (*mut *mut u8, *mut *const (), *mut usize
     (t.cast(), t.wrapping_add(W).cast(), t.wrapping_add(2 * W).cast())
 }
 
-/// The tag of the slot at `p` of `slot` bytes in state `kind`.
+/// The tag of the slot at `p` of `slot` bytes in state `kind`, in the
+/// slab born `birth` (0: a page run).
 #[inline]
-fn tag(kind: usize, p: *mut u8, slot: usize) -> usize {
-    kind ^ p.addr() ^ slot.rotate_left(usize::BITS / 2)
+fn tag(kind: usize, p: *mut u8, slot: usize, birth: u32) -> usize {
+    kind ^ p.addr() ^ slot.rotate_left(usize::BITS / 2) ^ (birth as usize).rotate_left(usize::BITS / 4)
+}
+
+/// The birth number of the slab of `p`, an object of `cache`, or 0 for
+/// a page run (`None`).
+///
+/// # Safety
+///
+/// `p` is a live object of `cache`.
+unsafe fn birth_in<R: RawMutex>(cache: Option<&MagCache<R>>, p: *mut u8) -> u32 {
+    // SAFETY: forwarded.
+    cache.map_or(0, |c| unsafe { c.cache.birth_of(p) })
 }
 
 /// The first and last offsets in `p[from..to]` that differ from `byte`.
@@ -307,16 +319,34 @@ fn tag(kind: usize, p: *mut u8, slot: usize) -> usize {
 ///
 /// `p[from..to]` is readable.
 unsafe fn changed(p: *const u8, from: usize, to: usize, byte: u8) -> Option<(usize, usize)> {
+    // Word by word first (the common case: nothing changed), then the
+    // bytes of a word that differs, from each end.
+    let word = usize::from_ne_bytes([byte; W]);
+    let mut i = from;
     let mut first = None;
-    let mut last = 0;
-    for i in from..to {
-        // SAFETY: in range, per the contract.
-        if unsafe { p.add(i).read() } != byte {
-            first.get_or_insert(i);
-            last = i;
+    while i < to {
+        if to - i >= W {
+            // SAFETY: in range, per the contract.
+            if unsafe { p.add(i).cast::<usize>().read_unaligned() } == word {
+                i += W;
+                continue;
+            }
         }
+        // SAFETY: as above.
+        if unsafe { p.add(i).read() } != byte {
+            first = Some(i);
+            break;
+        }
+        i += 1;
     }
-    first.map(|f| (f, last))
+    let first = first?;
+    let mut last = to - 1;
+    // SAFETY: `first..to` is in range; `first` itself differs, so the loop
+    // stops there at the latest.
+    while unsafe { p.add(last).read() } == byte {
+        last -= 1;
+    }
+    Some((first, last))
 }
 
 /// Up to 8 bytes of `p` from `at`, for a report.
@@ -422,12 +452,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return Some(p);
         }
         let p = self.alloc_pow2(g, padded, align)?;
-        let slot = match class_of(padded, align) {
-            Some(c) => GEOMETRIES[c].size,
-            None => pages_for(padded).unwrap_or(0) * PAGE_SIZE,
+        let (slot, birth) = match class_of(padded, align) {
+            Some(c) => {
+                // SAFETY: `p` is a fresh object of class `c`, in a slab of
+                // its base cache or of a child of it.
+                let birth = unsafe { birth_in(Some(Self::owner(&self.tree.classes()[c], p)), p.as_ptr()) };
+                (GEOMETRIES[c].size, birth)
+            }
+            None => (pages_for(padded).unwrap_or(0) * PAGE_SIZE, 0),
         };
         // SAFETY: a fresh object of `slot` bytes.
-        unsafe { self.hand_out(p.as_ptr(), size, slot, || slot_name(padded, align)) };
+        unsafe { self.hand_out(p.as_ptr(), size, slot, birth, || slot_name(padded, align)) };
         Some(p)
     }
 
@@ -437,16 +472,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// `p` is an object of `slot` bytes just handed out, `size + TRAILER
     /// <= slot`.
-    pub(crate) unsafe fn hand_out(&self, p: *mut u8, size: usize, slot: usize, cache: impl Fn() -> Name) {
+    pub(crate) unsafe fn hand_out(&self, p: *mut u8, size: usize, slot: usize, birth: u32, cache: impl Fn() -> Name) {
         let (_, _, t) = trailer(p, slot);
         let d = self.detect.get();
         // SAFETY: the slot is ours (per the contract).
         unsafe {
-            if d.poison && t.read_unaligned() == tag(FREED, p, slot) {
+            if d.poison && t.read_unaligned() == tag(FREED, p, slot, birth) {
                 expect_bytes(p, 0, slot - TRAILER, POISON, "write after free", cache, slot - TRAILER);
             }
             core::ptr::write_bytes(p.add(size), RED, slot - W - size);
-            t.write_unaligned(tag(ALIVE, p, slot));
+            t.write_unaligned(tag(ALIVE, p, slot, birth));
         }
     }
 
@@ -457,18 +492,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// `p` is an object of `slot` bytes (its cache said so), `size +
     /// TRAILER <= slot`.
-    unsafe fn check_live(&self, p: *mut u8, size: usize, slot: usize, cache: impl Fn() -> Name + Copy) {
+    unsafe fn check_live(&self, p: *mut u8, size: usize, slot: usize, birth: u32, cache: impl Fn() -> Name + Copy) {
         let (_, _, t) = trailer(p, slot);
         // SAFETY: the slot is readable (per the contract).
         let found = unsafe { t.read_unaligned() };
-        if found == tag(FREED, p, slot) {
+        if found == tag(FREED, p, slot, birth) {
             report_abort(format_args!("kmemcg: double free: cache {}, object {p:p} ({size} bytes)", cache().as_str()));
         }
-        if self.detect.get().redzone || found != tag(ALIVE, p, slot) {
+        if self.detect.get().redzone || found != tag(ALIVE, p, slot, birth) {
             // SAFETY: as above.
             unsafe { expect_bytes(p, size, slot - W, RED, "overflow into the red zone", cache, size) };
         }
-        if found != tag(ALIVE, p, slot) {
+        if found != tag(ALIVE, p, slot, birth) {
             report_abort(format_args!(
                 "kmemcg: the trailer of object {p:p} ({size} bytes, cache {}) was overwritten, or the free's \
                  size is not the allocation's",
@@ -506,10 +541,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             ));
         }
         let slot = GEOMETRIES[c].size;
-        // SAFETY: an object of class `c` (checked above).
-        unsafe { self.check_live(p, size, slot, || class_name(c)) };
         // SAFETY: a live object of `base`'s class (checked above).
         let owner = unsafe { Self::owner(base, ptr) };
+        // SAFETY: an object of class `c` in `owner` (checked above).
+        unsafe { self.check_live(p, size, slot, birth_in(Some(owner), p), || class_name(c)) };
         // SAFETY: a live object of `owner`, checked, freed once.
         unsafe { self.quarantine(owner, p, slot) };
     }
@@ -596,7 +631,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let slot = pages.unwrap_or(0) * PAGE_SIZE;
         // SAFETY: a live large object of `slot` bytes (checked above).
         unsafe {
-            self.check_live(p, size, slot, || Name::LARGE);
+            self.check_live(p, size, slot, 0, || Name::LARGE);
             self.free_large(ptr);
         }
     }
@@ -617,7 +652,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             link.write_unaligned(core::ptr::null_mut());
             own.write_unaligned((owner as *const MagCache<R>).cast());
-            t.write_unaligned(tag(FREED, p, slot));
+            t.write_unaligned(tag(FREED, p, slot, birth_in(Some(owner), p)));
         }
         let evicted = {
             let mut q = self.detect.quarantine.lock();
@@ -688,7 +723,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(crate) unsafe fn hand_out_typed(&self, cache: &MagCache<R>, p: NonNull<u8>, size: usize) {
         let slot = cache.cache.geometry().size;
         // SAFETY: forwarded.
-        unsafe { self.hand_out(p.as_ptr(), size, slot, || self.cache_name(cache)) };
+        unsafe { self.hand_out(p.as_ptr(), size, slot, birth_in(Some(cache), p.as_ptr()), || self.cache_name(cache)) };
     }
 
     /// A typed cache's object freed with detection on: checked, poisoned,
@@ -702,7 +737,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let slot = owner.cache.geometry().size;
         // SAFETY: forwarded.
         unsafe {
-            self.check_live(p.as_ptr(), size, slot, || self.cache_name(owner));
+            self.check_live(p.as_ptr(), size, slot, birth_in(Some(owner), p.as_ptr()), || self.cache_name(owner));
             self.quarantine(owner, p.as_ptr(), slot);
         }
     }
@@ -721,9 +756,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let slot = GEOMETRIES[a].size;
         let p = ptr.as_ptr();
-        // SAFETY: a live object of class `a` (per the contract).
+        // SAFETY: a live object of class `a` (per the contract), in a slab
+        // of its base cache or of a child of it.
         unsafe {
-            self.check_live(p, old, slot, || class_name(a));
+            let birth = birth_in(Some(Self::owner(&self.tree.classes()[a], ptr)), p);
+            self.check_live(p, old, slot, birth, || class_name(a));
             if new < old {
                 core::ptr::write_bytes(p.add(new), RED, old - new);
             }

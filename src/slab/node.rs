@@ -28,10 +28,15 @@ pub(crate) struct Slab {
     pub(super) node: u8,
     /// The list the slab is on.
     pub(super) list: ListKind,
+    /// No word of the free bitmap below this one has a set bit (a slab
+    /// of at most 1 MiB has at most 2^14 words).
+    pub(super) hint: u16,
     /// Objects handed out and not returned.
     pub(super) inuse: u32,
-    /// No word of the free bitmap below this one has a set bit.
-    pub(super) hint: u32,
+    /// This slab's number in the process (`sync::next_sequence`): tells a
+    /// slab from an earlier one at the same address (memory-error
+    /// detection's object tags mix it in).
+    pub(super) birth: u32,
     /// The cache that owns this slab.
     pub(super) cache: *const (),
     pub(super) next: *mut Slab,
@@ -39,6 +44,10 @@ pub(crate) struct Slab {
 }
 
 static_assertions::const_assert!(core::mem::size_of::<Slab>() <= HEADER);
+// Eight bytes of counters and flags, then the pointers: the free bitmap
+// after it still shares the header's cache line for up to 192 objects.
+#[cfg(target_pointer_width = "64")]
+static_assertions::const_assert_eq!(core::mem::size_of::<Slab>(), 40);
 
 /// The free bitmap of the slab at `s`: [`Geometry::words`] words right
 /// after the `Slab` struct (at [`MAP_OFFSET`]), bit `i` of word `w` set
@@ -194,7 +203,7 @@ impl NodeSlabs {
                         w += 1;
                     }
                 }
-                (*s).hint = w as u32;
+                (*s).hint = w as u16;
                 (*s).inuse += got as u32;
                 if (*s).inuse as usize == g.capacity {
                     self.relist(s, ListKind::Full);
@@ -263,7 +272,7 @@ impl NodeSlabs {
                     continue;
                 }
                 *word |= bit;
-                (*s).hint = (*s).hint.min((i / 64) as u32);
+                (*s).hint = (*s).hint.min((i / 64) as u16);
                 back += 1;
             }
             if back == 0 {

@@ -1,0 +1,88 @@
+//! Run with: `cargo run --release --example detect_cost`
+//!
+//! What memory-error detection costs: 64-byte alloc+free pairs and the
+//! `random` workload (a live set of 10k slots, each step frees one and
+//! allocates 8..4096 bytes) on three allocators in one process: detection
+//! off, on without guard-page sampling, and `Detection::ALL` (one
+//! allocation in 256 on a guard page). Rounds interleave the three; the
+//! medians and their ratios to "off" are printed.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::hint::black_box;
+use std::time::Instant;
+
+use kmemcg::{Detection, Kmem, OsPages};
+
+static OFF: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::OFF);
+static ON: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(0));
+static ALL: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL);
+
+fn pairs(k: &Kmem, n: usize) -> f64 {
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: valid layout; freed at once.
+        unsafe {
+            let p = k.alloc(black_box(layout));
+            k.dealloc(black_box(p), layout);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn random(k: &Kmem, steps: usize) -> f64 {
+    const LIVE: usize = 10_000;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut slots: Vec<(*mut u8, Layout)> = Vec::with_capacity(LIVE);
+    for _ in 0..LIVE {
+        let l = Layout::from_size_align(8 + (next() % 4089) as usize, 8).unwrap();
+        // SAFETY: a valid layout.
+        slots.push((unsafe { k.alloc(l) }, l));
+    }
+    let t = Instant::now();
+    for _ in 0..steps {
+        let i = (next() % LIVE as u64) as usize;
+        let l = Layout::from_size_align(8 + (next() % 4089) as usize, 8).unwrap();
+        // SAFETY: each slot holds a live block of its layout; freed once.
+        unsafe {
+            k.dealloc(slots[i].0, slots[i].1);
+            slots[i] = (k.alloc(l), l);
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / steps as f64;
+    for (p, l) in slots {
+        // SAFETY: as above.
+        unsafe { k.dealloc(p, l) };
+    }
+    ns
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let rounds = 7;
+    let kmems: [(&str, &Kmem); 3] = [("off", &OFF), ("on, no sampling", &ON), ("all (guard 1/256)", &ALL)];
+    let mut pair_ns = vec![Vec::new(); 3];
+    let mut random_ns = vec![Vec::new(); 3];
+    for _ in 0..rounds {
+        for (i, (_, k)) in kmems.iter().enumerate() {
+            pair_ns[i].push(pairs(k, 2_000_000));
+            random_ns[i].push(random(k, 500_000));
+        }
+    }
+    let (p0, r0) = (median(pair_ns[0].clone()), median(random_ns[0].clone()));
+    println!("detection          pair-64 ns  ratio   random ns  ratio   (medians of {rounds} interleaved rounds)");
+    for (i, (name, _)) in kmems.iter().enumerate() {
+        let (p, r) = (median(pair_ns[i].clone()), median(random_ns[i].clone()));
+        println!("{name:<18} {p:>10.2} {:>6.2}x {r:>10.2} {:>6.2}x", p / p0, r / r0);
+    }
+}
