@@ -29,6 +29,17 @@
 //! small as a page and share a chunk-sized granule with mappings that are
 //! not ours, and because the freed tail of a direct run is no longer ours.
 //!
+//! # Loom
+//!
+//! Under `--cfg loom` the page map is a model build with the same API
+//! (`page_map_model`: loom atomics cannot live in mapped memory, and loom
+//! could not run 4,096 of them per execution), the pool tracks at most 4
+//! chunks, and dropping an `OsPages` unmaps every page it still holds: a
+//! loom model builds and drops its allocator in every execution, which
+//! would otherwise leave a mapping behind each time. (Outside loom an
+//! `OsPages` keeps its mappings when dropped: a thread's current-group
+//! token may still point into them.)
+//!
 //! # Miri
 //!
 //! Miri supports `mmap` only with `MAP_PRIVATE | MAP_ANONYMOUS` and
@@ -45,10 +56,16 @@ use lock_api::{Mutex, RawMutex};
 
 use super::buddy::Buddy;
 use super::{DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PAGE_SIZE, PageRun, PageSource, SourceStats};
-use crate::sync::Stat;
+use crate::sync::{Stat, loom_const_fn};
 
+#[cfg(not(loom))]
 mod page_map;
+#[cfg(loom)]
+mod page_map_model;
+#[cfg(not(loom))]
 pub(super) use page_map::PageMap;
+#[cfg(loom)]
+use page_map_model::PageMap;
 
 /// Pages in one pooled chunk: 4 MiB.
 const CHUNK_PAGES: usize = 1024;
@@ -56,9 +73,10 @@ const CHUNK_BYTES: usize = CHUNK_PAGES * PAGE_SIZE;
 /// Orders served from chunks; one page of each chunk holds its metadata, so
 /// the largest block a chunk yields is half of it.
 const CHUNK_MAX_ORDER: u32 = 9;
-/// Chunks the pool can track: 4 GiB of pooled pages. Beyond that, and for
-/// runs above `CHUNK_MAX_ORDER`, runs are mapped directly.
-const POOL_ZONES: usize = 1024;
+/// Chunks the pool can track: 4 GiB of pooled pages (16 MiB under loom).
+/// Beyond that, and for runs above `CHUNK_MAX_ORDER`, runs are mapped
+/// directly.
+const POOL_ZONES: usize = if cfg!(loom) { 4 } else { 1024 };
 /// Entirely free chunks `trim` keeps mapped.
 const SPARE_CHUNKS: usize = 1;
 /// Entirely free chunks kept mapped between trims (1 GiB): memory freed in
@@ -130,26 +148,32 @@ impl<R: RawMutex> Default for OsPages<R> {
 }
 
 impl<R: RawMutex> OsPages<R> {
-    /// A page source with nothing mapped yet, whose pool may grow to 1,024
-    /// chunks (4 GiB).
-    pub const fn new() -> Self {
-        Self::with_max_chunks(POOL_ZONES)
+    loom_const_fn! {
+        /// A page source with nothing mapped yet, whose pool may grow to
+        /// 1,024 chunks (4 GiB; 4 under loom). (Under `--cfg loom` not
+        /// `const`.)
+        pub fn new() -> Self {
+            Self::with_max_chunks(POOL_ZONES)
+        }
     }
 
-    /// A page source with nothing mapped yet, whose pool holds at most
-    /// `max_chunks` 4 MiB chunks (values above 1,024 mean 1,024). Once the
-    /// pool is full and has no free block of the size asked for, runs are
-    /// mapped directly: a small limit exercises that path in tests, and `0`
-    /// maps every run directly.
-    pub const fn with_max_chunks(max_chunks: usize) -> Self {
-        OsPages {
-            pool: Mutex::const_new(R::INIT, Pool { buddy: Buddy::new(), chunks: 0 }),
-            max_chunks: if max_chunks < POOL_ZONES { max_chunks } else { POOL_ZONES },
-            owned: PageMap::new(),
-            in_use: Stat::new(),
-            mapped: Stat::new(),
-            #[cfg(miri)]
-            maps: Mutex::const_new(R::INIT, Mappings { list: [(core::ptr::null_mut(), 0); 1024], len: 0 }),
+    loom_const_fn! {
+        /// A page source with nothing mapped yet, whose pool holds at most
+        /// `max_chunks` 4 MiB chunks (values above 1,024 mean 1,024; above
+        /// 4 under loom, 4). Once the pool is full and has no free block of
+        /// the size asked for, runs are mapped directly: a small limit
+        /// exercises that path in tests, and `0` maps every run directly.
+        /// (Under `--cfg loom` not `const`.)
+        pub fn with_max_chunks(max_chunks: usize) -> Self {
+            OsPages {
+                pool: Mutex::const_new(R::INIT, Pool { buddy: Buddy::new(), chunks: 0 }),
+                max_chunks: if max_chunks < POOL_ZONES { max_chunks } else { POOL_ZONES },
+                owned: PageMap::new(),
+                in_use: Stat::new(),
+                mapped: Stat::new(),
+                #[cfg(miri)]
+                maps: Mutex::const_new(R::INIT, Mappings { list: [(core::ptr::null_mut(), 0); 1024], len: 0 }),
+            }
         }
     }
 
@@ -348,6 +372,23 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
             unsafe { self.unmap(raw, len) };
             pages += len / PAGE_SIZE;
         }
+    }
+}
+
+/// Under loom: unmaps every page this source still holds (see the module's
+/// *Loom*).
+#[cfg(loom)]
+impl<R: RawMutex> Drop for OsPages<R> {
+    fn drop(&mut self) {
+        self.owned.take_all(|addr, len| {
+            // munmap only reads the address: a pointer without provenance
+            // is enough (nothing is ever read or written through it).
+            let p = core::ptr::without_provenance_mut(addr);
+            // SAFETY: pages of mappings this source made and still holds;
+            // `&mut self` means the allocator that owned it is gone, and
+            // with it every run it handed out.
+            unsafe { unmap_piece(p, len) };
+        });
     }
 }
 

@@ -1,6 +1,7 @@
 //! The page map of `OsPages`: one bit per page of the user address space,
 //! in a two-level radix table of leaves mapped on first use (see the
-//! parent module's *Ownership map*).
+//! parent module's *Ownership map*). Under `--cfg loom` a small model
+//! build with the same API replaces it (`page_map_model`).
 
 use super::super::{PAGE_SHIFT, PAGE_SIZE};
 use super::{map_aligned, unmap_whole};
