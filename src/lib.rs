@@ -181,8 +181,8 @@
 
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Under loom: helpers only the loom models use, and `OsPages`-only parts of
-// the buddy allocator (`OsPages` is built without loom only).
+// Under loom: helpers only the loom models use, and the parts of the OS
+// build of `OsPages` and `Threads` that their loom builds do without.
 #![cfg_attr(loom, allow(dead_code))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -241,10 +241,10 @@ pub use handle::{
 };
 pub use heap::{Detection, GUARDED_MAX, Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::OsPages;
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::Threads;
 pub use platform::{

@@ -21,31 +21,37 @@
 pub mod arch;
 mod buddy;
 mod cpu;
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 mod os;
 mod percpu;
 mod region;
 #[cfg(all(feature = "std", not(loom)))]
 mod threads;
+#[cfg(all(feature = "std", loom))]
+mod threads_model;
 
 pub use cpu::{MAX_CPUS, NoCpus, Platform};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
 pub use threads::Threads;
+/// Under loom, `Threads` is a model build with the same API (see its
+/// module).
+#[cfg(all(feature = "std", loom))]
+pub use threads_model::Threads;
 
 /// The platform `Kmem::new` uses: per-thread slots with `std`, none without.
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 pub type DefaultPlatform = Threads;
 /// The platform `Kmem::new` uses: per-thread slots with `std`, none without.
-#[cfg(not(all(feature = "std", not(loom))))]
+#[cfg(not(feature = "std"))]
 pub type DefaultPlatform = NoCpus;
 
 /// The page source `Kmem` names by default: `OsPages` with `std`, so
 /// `Kmem` alone is `Kmem<OsPages>`.
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 pub type DefaultSource = OsPages;
 /// The page source `Kmem` names by default: [`Region`] without `std`.
-#[cfg(not(all(feature = "std", not(loom))))]
+#[cfg(not(feature = "std"))]
 pub type DefaultSource = Region;
 
 pub(crate) use buddy::for_each_block;
@@ -99,7 +105,7 @@ pub(crate) fn report_abort(args: core::fmt::Arguments<'_>) -> ! {
     panic!("{}", args);
 }
 
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 pub use os::OsPages;
 pub use region::{Region, RegionError};
 

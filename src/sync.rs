@@ -12,6 +12,13 @@ pub(crate) use core::sync::atomic::{
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence};
 
+/// Under loom: statics made afresh in every model execution
+/// (`model_static!`, loom's `lazy_static!`) and model thread-locals whose
+/// values drop when their model thread ends (`model_thread_local!`), for
+/// the loom build of the `Threads` platform.
+#[cfg(all(loom, feature = "std"))]
+pub(crate) use loom::{lazy_static as model_static, thread_local as model_thread_local};
+
 /// Loom has no compiler fence; a full fence is the conservative model.
 #[cfg(loom)]
 pub(crate) fn compiler_fence(order: Ordering) {

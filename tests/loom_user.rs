@@ -8,20 +8,26 @@
 //!
 //! Under loom, `Kmem::new` is not `const`: build the allocator inside the
 //! model (a `static` cannot hold it), on a model thread with a large stack
-//! (a `Kmem` is tens of kilobytes), over a `Region` of memory the test
-//! owns; raise loom's `max_branches` (setting up and shrinking an
-//! allocator takes more steps than its default). Without `std` the default
-//! platform is `NoCpus`, one current group
-//! for every thread: charge groups through their allocator handles and
-//! typed caches' `alloc_in`, not `enter`.
+//! (a `Kmem` is tens of kilobytes), and drop it at the end of the model
+//! (loom runs the model many times); raise loom's `max_branches` (setting
+//! up and shrinking an allocator takes more steps than its default).
+//!
+//! Two models: the std defaults, `Kmem<OsPages>` with the `Threads`
+//! platform (threads `enter` a group and take per-thread slots, so loom
+//! checks the magazines' slot handshake too), and a `Region` of memory the
+//! test owns with the `NoCpus` platform, the default without `std` (one
+//! current group for every thread: charge groups through their allocator
+//! handles and typed caches' `alloc_in`, not `enter`).
 
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::thread;
 
+use std::alloc::Layout;
+
 use kmemcg::allocator_api2::alloc::Allocator;
-use kmemcg::{CacheFlags, Kmem, Region};
+use kmemcg::{CacheFlags, DefaultRawMutex, Kmem, NoCpus, OsPages, Region};
 
 /// A node of the user's data structure, kept in an accounted typed cache.
 struct Node {
@@ -32,59 +38,107 @@ struct Node {
 /// The model thread's stack: room for a `Kmem`.
 const STACK: usize = 16 << 20;
 
-#[test]
-fn two_threads_allocate_in_a_group_and_give_everything_back() {
+/// Runs `body` in every execution of a loom model, on a model thread with
+/// room for a `Kmem`.
+fn model(body: fn()) {
     let mut model = loom::model::Builder::new();
     // Building a `Kmem`, a group and a cache, and shrinking at the end,
     // take many steps on one thread: more than loom's default of 1,000.
     model.max_branches = 100_000;
-    model.check(|| {
-        thread::Builder::new()
-            .stack_size(STACK)
-            .spawn(|| {
-                // One allocator and one arena per execution of the model,
-                // given back at its end (loom runs the model many times).
-                let mem = Box::into_raw(Box::<[u8]>::new_uninit_slice(128 << 10));
-                let kmem = Box::into_raw(Box::new(Kmem::<Region>::new(Region::new())));
-                // SAFETY: freed only at the end, once nothing refers to it.
-                let (mem, kmem): (&'static mut _, &'static Kmem<Region>) = unsafe { (&mut *mem, &*kmem) };
-                let (mem_ptr, kmem_ptr) = (mem as *mut [std::mem::MaybeUninit<u8>], kmem as *const Kmem<Region>);
-                kmem.source().add(mem, 0).unwrap();
-                let tenant = Arc::new(kmem.root().create_child("tenant").unwrap());
-                let nodes = Arc::new(kmem.create_cache::<Node>("node", CacheFlags::ACCOUNT).unwrap());
-                let workers: Vec<_> = (0..2u64)
-                    .map(|i| {
-                        let (tenant, nodes) = (tenant.clone(), nodes.clone());
-                        thread::Builder::new()
-                            .stack_size(STACK)
-                            .spawn(move || {
-                                let n = nodes.alloc_in(&tenant, Node { key: i, value: [i; 3] }).unwrap();
-                                let layout = std::alloc::Layout::new::<[u8; 100]>();
-                                let block = tenant.allocator().allocate(layout).unwrap();
-                                assert_eq!((n.key, n.value), (i, [i; 3]));
-                                // SAFETY: allocated just above with `layout`.
-                                unsafe { tenant.allocator().deallocate(block.cast(), layout) };
-                            })
-                            .unwrap()
+    model.check(move || thread::Builder::new().stack_size(STACK).spawn(body).unwrap().join().unwrap());
+}
+
+/// The std defaults: `Kmem` is `Kmem<OsPages>` on the `Threads` platform.
+/// Two threads enter a group, allocate and free; once they are joined,
+/// `shrink` empties their slots' magazines and the group's usage is zero.
+#[test]
+fn two_threads_enter_a_group_on_os_pages_and_give_everything_back() {
+    model(|| {
+        // One allocator per execution of the model, dropped at its end
+        // (under loom, a dropped `OsPages` unmaps what it mapped).
+        let kmem_ptr = Box::into_raw(Box::new(Kmem::new(OsPages::new())));
+        // SAFETY: freed only at the end, once nothing refers to it.
+        let kmem: &'static Kmem = unsafe { &*kmem_ptr };
+        let tenant = Arc::new(kmem.root().create_child("tenant").unwrap());
+        let workers: Vec<_> = (0..2u64)
+            .map(|i| {
+                let tenant = tenant.clone();
+                thread::Builder::new()
+                    .stack_size(STACK)
+                    .spawn(move || {
+                        let _in = tenant.enter();
+                        let layout = Layout::new::<[u64; 4]>();
+                        let block = kmem.allocate(layout).unwrap().cast::<u64>();
+                        // SAFETY: a fresh block of 4 u64s, ours until freed.
+                        unsafe {
+                            block.write(i);
+                            assert_eq!(block.read(), i);
+                            kmem.deallocate(block.cast(), layout);
+                        }
                     })
-                    .collect();
-                for w in workers {
-                    w.join().unwrap();
-                }
-                assert!(tenant.usage() > 0, "the tenant was charged for its slabs");
-                kmem.shrink();
-                assert_eq!(tenant.usage(), 0, "a charge stayed after every object was freed");
-                tenant.remove().unwrap();
-                drop((tenant, nodes));
-                // SAFETY: the workers are joined and every handle dropped:
-                // nothing refers to the allocator or its arena any more.
-                unsafe {
-                    drop(Box::from_raw(kmem_ptr.cast_mut()));
-                    drop(Box::from_raw(mem_ptr));
-                }
+                    .unwrap()
             })
-            .unwrap()
-            .join()
-            .unwrap();
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert!(tenant.usage() > 0, "the tenant was charged for its slabs");
+        kmem.shrink();
+        assert_eq!(tenant.usage(), 0, "a charge stayed after every object was freed");
+        tenant.remove().unwrap();
+        drop(tenant);
+        // SAFETY: the workers are joined and every handle is gone: nothing
+        // refers to the allocator any more.
+        drop(unsafe { Box::from_raw(kmem_ptr) });
+    });
+}
+
+/// `Region` and `NoCpus` (the defaults without `std`): two threads
+/// allocate from an accounted typed cache and through the group's
+/// allocator.
+#[test]
+fn two_threads_allocate_in_a_group_and_give_everything_back() {
+    type K = Kmem<Region, DefaultRawMutex, NoCpus>;
+    model(|| {
+        // One allocator and one arena per execution of the model,
+        // given back at its end (loom runs the model many times).
+        let mem = Box::into_raw(Box::<[u8]>::new_uninit_slice(128 << 10));
+        let kmem = Box::into_raw(Box::new(K::with_platform(Region::new(), NoCpus::new())));
+        // SAFETY: freed only at the end, once nothing refers to it.
+        let (mem, kmem): (&'static mut _, &'static K) = unsafe { (&mut *mem, &*kmem) };
+        let (mem_ptr, kmem_ptr) = (mem as *mut [std::mem::MaybeUninit<u8>], kmem as *const K);
+        kmem.source().add(mem, 0).unwrap();
+        let tenant = Arc::new(kmem.root().create_child("tenant").unwrap());
+        let nodes = Arc::new(kmem.create_cache::<Node>("node", CacheFlags::ACCOUNT).unwrap());
+        let workers: Vec<_> = (0..2u64)
+            .map(|i| {
+                let (tenant, nodes) = (tenant.clone(), nodes.clone());
+                thread::Builder::new()
+                    .stack_size(STACK)
+                    .spawn(move || {
+                        let n = nodes.alloc_in(&tenant, Node { key: i, value: [i; 3] }).unwrap();
+                        let layout = std::alloc::Layout::new::<[u8; 100]>();
+                        let block = tenant.allocator().allocate(layout).unwrap();
+                        assert_eq!((n.key, n.value), (i, [i; 3]));
+                        // SAFETY: allocated just above with `layout`.
+                        unsafe { tenant.allocator().deallocate(block.cast(), layout) };
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert!(tenant.usage() > 0, "the tenant was charged for its slabs");
+        kmem.shrink();
+        assert_eq!(tenant.usage(), 0, "a charge stayed after every object was freed");
+        tenant.remove().unwrap();
+        drop((tenant, nodes));
+        // SAFETY: the workers are joined and every handle dropped:
+        // nothing refers to the allocator or its arena any more.
+        unsafe {
+            drop(Box::from_raw(kmem_ptr.cast_mut()));
+            drop(Box::from_raw(mem_ptr));
+        }
     });
 }

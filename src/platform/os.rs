@@ -29,6 +29,17 @@
 //! small as a page and share a chunk-sized granule with mappings that are
 //! not ours, and because the freed tail of a direct run is no longer ours.
 //!
+//! # Loom
+//!
+//! Under `--cfg loom` the page map is a model build with the same API
+//! (`page_map_model`: loom atomics cannot live in mapped memory, and loom
+//! could not run 4,096 of them per execution), the pool tracks at most 4
+//! chunks, and dropping an `OsPages` unmaps every page it still holds: a
+//! loom model builds and drops its allocator in every execution, which
+//! would otherwise leave a mapping behind each time. (Outside loom an
+//! `OsPages` keeps its mappings when dropped: a thread's current-group
+//! token may still point into them.)
+//!
 //! # Miri
 //!
 //! Miri supports `mmap` only with `MAP_PRIVATE | MAP_ANONYMOUS` and
@@ -44,10 +55,17 @@ use core::ptr::NonNull;
 use lock_api::{Mutex, RawMutex};
 
 use super::buddy::Buddy;
-use super::{
-    DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, SourceStats,
-};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null};
+use super::{DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PAGE_SIZE, PageRun, PageSource, SourceStats};
+use crate::sync::{Stat, loom_const_fn};
+
+#[cfg(not(loom))]
+mod page_map;
+#[cfg(loom)]
+mod page_map_model;
+#[cfg(not(loom))]
+pub(super) use page_map::PageMap;
+#[cfg(loom)]
+use page_map_model::PageMap;
 
 /// Pages in one pooled chunk: 4 MiB.
 const CHUNK_PAGES: usize = 1024;
@@ -55,9 +73,10 @@ const CHUNK_BYTES: usize = CHUNK_PAGES * PAGE_SIZE;
 /// Orders served from chunks; one page of each chunk holds its metadata, so
 /// the largest block a chunk yields is half of it.
 const CHUNK_MAX_ORDER: u32 = 9;
-/// Chunks the pool can track: 4 GiB of pooled pages. Beyond that, and for
-/// runs above `CHUNK_MAX_ORDER`, runs are mapped directly.
-const POOL_ZONES: usize = 1024;
+/// Chunks the pool can track: 4 GiB of pooled pages (16 MiB under loom).
+/// Beyond that, and for runs above `CHUNK_MAX_ORDER`, runs are mapped
+/// directly.
+const POOL_ZONES: usize = if cfg!(loom) { 4 } else { 1024 };
 /// Entirely free chunks `trim` keeps mapped.
 const SPARE_CHUNKS: usize = 1;
 /// Entirely free chunks kept mapped between trims (1 GiB): memory freed in
@@ -129,26 +148,32 @@ impl<R: RawMutex> Default for OsPages<R> {
 }
 
 impl<R: RawMutex> OsPages<R> {
-    /// A page source with nothing mapped yet, whose pool may grow to 1,024
-    /// chunks (4 GiB).
-    pub const fn new() -> Self {
-        Self::with_max_chunks(POOL_ZONES)
+    loom_const_fn! {
+        /// A page source with nothing mapped yet, whose pool may grow to
+        /// 1,024 chunks (4 GiB; 4 under loom). (Under `--cfg loom` not
+        /// `const`.)
+        pub fn new() -> Self {
+            Self::with_max_chunks(POOL_ZONES)
+        }
     }
 
-    /// A page source with nothing mapped yet, whose pool holds at most
-    /// `max_chunks` 4 MiB chunks (values above 1,024 mean 1,024). Once the
-    /// pool is full and has no free block of the size asked for, runs are
-    /// mapped directly: a small limit exercises that path in tests, and `0`
-    /// maps every run directly.
-    pub const fn with_max_chunks(max_chunks: usize) -> Self {
-        OsPages {
-            pool: Mutex::const_new(R::INIT, Pool { buddy: Buddy::new(), chunks: 0 }),
-            max_chunks: if max_chunks < POOL_ZONES { max_chunks } else { POOL_ZONES },
-            owned: PageMap::new(),
-            in_use: Stat::new(),
-            mapped: Stat::new(),
-            #[cfg(miri)]
-            maps: Mutex::const_new(R::INIT, Mappings { list: [(core::ptr::null_mut(), 0); 1024], len: 0 }),
+    loom_const_fn! {
+        /// A page source with nothing mapped yet, whose pool holds at most
+        /// `max_chunks` 4 MiB chunks (values above 1,024 mean 1,024; above
+        /// 4 under loom, 4). Once the pool is full and has no free block of
+        /// the size asked for, runs are mapped directly: a small limit
+        /// exercises that path in tests, and `0` maps every run directly.
+        /// (Under `--cfg loom` not `const`.)
+        pub fn with_max_chunks(max_chunks: usize) -> Self {
+            OsPages {
+                pool: Mutex::const_new(R::INIT, Pool { buddy: Buddy::new(), chunks: 0 }),
+                max_chunks: if max_chunks < POOL_ZONES { max_chunks } else { POOL_ZONES },
+                owned: PageMap::new(),
+                in_use: Stat::new(),
+                mapped: Stat::new(),
+                #[cfg(miri)]
+                maps: Mutex::const_new(R::INIT, Mappings { list: [(core::ptr::null_mut(), 0); 1024], len: 0 }),
+            }
         }
     }
 
@@ -362,149 +387,21 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
     }
 }
 
-/// Bits of the user address space the page map covers (48 on 64-bit
-/// targets: x86-64 hands out 47, AArch64 48, without an explicit hint).
-const ADDR_BITS: u32 = if usize::BITS >= 64 { 48 } else { usize::BITS };
-/// Pages one leaf covers, as a power of two: 64 GiB of addresses (the whole
-/// space on 32-bit targets).
-const LEAF_PAGE_BITS: u32 = if ADDR_BITS - PAGE_SHIFT < 24 { ADDR_BITS - PAGE_SHIFT } else { 24 };
-const LEAF_PAGES: usize = 1 << LEAF_PAGE_BITS;
-/// Pages (bits) per bitmap word.
-const WORD_PAGES: usize = usize::BITS as usize;
-/// Bytes in one leaf: 2 MiB on 64-bit targets.
-const LEAF_BYTES: usize = LEAF_PAGES / 8;
-/// Leaves in the table: 4,096 on 64-bit targets.
-const LEAVES: usize = 1 << (ADDR_BITS - PAGE_SHIFT - LEAF_PAGE_BITS);
-
-/// One bit per page of the user address space: which pages lie in
-/// mappings an [`OsPages`] holds. A two-level radix table whose leaves are
-/// mapped on first use (see the module docs).
-///
-/// Atomics: a leaf pointer is published once by CAS (`AcqRel`) and read
-/// with `Acquire`; never changed again until drop. A page's bit is set
-/// with `Release` after the page is mapped and before the source hands any
-/// of it out, and cleared with `Release` before the page is unmapped; it is
-/// read with `Acquire`. A lookup of a page that the caller got from this
-/// source (through whatever synchronisation handed it over) therefore sees
-/// its bit set. Tolerated race: a lookup of a stray pointer into a run that
-/// another thread is unmapping may see the bit before it is cleared (its
-/// caller may then read a page as it is unmapped); frees of pointers that
-/// were never allocated cannot be told apart from that without a lock.
-pub(super) struct PageMap {
-    /// `leaves[i]`: null, or a zeroed mapping of `LEAF_BYTES` holding the
-    /// bits of pages `i * LEAF_PAGES ..`, live until drop.
-    leaves: [AtomicPtr<AtomicUsize>; LEAVES],
-}
-
-impl PageMap {
-    /// Bytes of address space one leaf covers (for tests of the seams).
-    #[cfg(test)]
-    pub(super) const LEAF_SPAN: usize = LEAF_PAGES * PAGE_SIZE;
-
-    /// An empty map: no leaf mapped, no page set.
-    pub(super) const fn new() -> Self {
-        PageMap { leaves: [const { atomic_null() }; LEAVES] }
-    }
-
-    /// Whether the page holding `addr` is set.
-    #[inline]
-    pub(super) fn contains(&self, addr: usize) -> bool {
-        let page = addr >> PAGE_SHIFT;
-        let Some(slot) = self.leaves.get(page >> LEAF_PAGE_BITS) else { return false };
-        let leaf = slot.load(Ordering::Acquire);
-        if leaf.is_null() {
-            return false;
-        }
-        let i = page & (LEAF_PAGES - 1);
-        // SAFETY: a non-null leaf is a live mapping of LEAF_PAGES bits, and
-        // `i / WORD_PAGES` is below its word count; zeroed memory is a valid
-        // `AtomicUsize`.
-        let word = unsafe { &*leaf.add(i / WORD_PAGES) };
-        word.load(Ordering::Acquire) & (1 << (i % WORD_PAGES)) != 0
-    }
-
-    /// Sets the pages of `[addr, addr + len)` (page-aligned), mapping the
-    /// leaves they need first. `false`, with nothing set, if the range lies
-    /// beyond the covered address space or a leaf cannot be mapped.
-    pub(super) fn mark(&self, addr: usize, len: usize) -> bool {
-        let Some((first, end)) = page_range(addr, len) else { return false };
-        for leaf in first >> LEAF_PAGE_BITS..end.div_ceil(LEAF_PAGES) {
-            if self.leaf_or_map(leaf).is_none() {
-                return false;
-            }
-        }
-        self.update(first, end, |w, mask| {
-            w.fetch_or(mask, Ordering::Release);
-        });
-        true
-    }
-
-    /// Clears the pages of `[addr, addr + len)` (page-aligned).
-    pub(super) fn clear(&self, addr: usize, len: usize) {
-        let Some((first, end)) = page_range(addr, len) else { return };
-        self.update(first, end, |w, mask| {
-            w.fetch_and(!mask, Ordering::Release);
-        });
-    }
-
-    /// Calls `f(word, mask)` for every bitmap word holding pages
-    /// `first..end`, with the mask of those pages; skips unmapped leaves.
-    fn update(&self, first: usize, end: usize, f: impl Fn(&AtomicUsize, usize)) {
-        let mut p = first;
-        while p < end {
-            let leaf_end = (p | (LEAF_PAGES - 1)) + 1;
-            let leaf = self.leaves[p >> LEAF_PAGE_BITS].load(Ordering::Acquire);
-            let stop = end.min(leaf_end);
-            while !leaf.is_null() && p < stop {
-                let i = p & (LEAF_PAGES - 1);
-                let bit = i % WORD_PAGES;
-                let n = (WORD_PAGES - bit).min(stop - p);
-                let mask = (usize::MAX >> (WORD_PAGES - n)) << bit;
-                // SAFETY: as in `contains`.
-                f(unsafe { &*leaf.add(i / WORD_PAGES) }, mask);
-                p += n;
-            }
-            p = stop;
-        }
-    }
-
-    /// Leaf `i`, mapping it if it is not yet; `None` if mmap fails.
-    fn leaf_or_map(&self, i: usize) -> Option<*mut AtomicUsize> {
-        let slot = &self.leaves[i];
-        let leaf = slot.load(Ordering::Acquire);
-        if !leaf.is_null() {
-            return Some(leaf);
-        }
-        let new = map_aligned(LEAF_BYTES, PAGE_SIZE)?.cast::<AtomicUsize>();
-        match slot.compare_exchange(core::ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => Some(new),
-            Err(winner) => {
-                // SAFETY: our leaf is a whole mapping nobody else has seen.
-                unsafe { unmap_whole(new.cast(), LEAF_BYTES) };
-                Some(winner)
-            }
-        }
-    }
-}
-
-impl Drop for PageMap {
+/// Under loom: unmaps every page this source still holds (see the module's
+/// *Loom*).
+#[cfg(loom)]
+impl<R: RawMutex> Drop for OsPages<R> {
     fn drop(&mut self) {
-        for slot in &mut self.leaves {
-            let leaf = *slot.get_mut();
-            if !leaf.is_null() {
-                // SAFETY: a whole leaf mapping; `&mut self` means no lookup
-                // can still read it.
-                unsafe { unmap_whole(leaf.cast(), LEAF_BYTES) };
-            }
-        }
+        self.owned.take_all(|addr, len| {
+            // munmap only reads the address: a pointer without provenance
+            // is enough (nothing is ever read or written through it).
+            let p = core::ptr::without_provenance_mut(addr);
+            // SAFETY: pages of mappings this source made and still holds;
+            // `&mut self` means the allocator that owned it is gone, and
+            // with it every run it handed out.
+            unsafe { unmap_piece(p, len) };
+        });
     }
-}
-
-/// The page numbers `first..end` of `[addr, addr + len)`, if the range lies
-/// in the space the page map covers.
-fn page_range(addr: usize, len: usize) -> Option<(usize, usize)> {
-    let end = addr.checked_add(len)? >> PAGE_SHIFT;
-    (end <= LEAVES << LEAF_PAGE_BITS).then_some((addr >> PAGE_SHIFT, end))
 }
 
 /// Maps `len` bytes aligned to `align` (both page multiples), trimming the
