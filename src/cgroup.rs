@@ -105,12 +105,9 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 
 // Two groups and a slab header fit one page, so the group cache needs no
 // larger runs (an order-3 slab for groups made `create_child` fail in a
-// fragmented region).
-// (Under Miri and loom, with 2 CPU slots, and on targets with smaller
-// cache-line padding or 32 CPU slots, groups are smaller and the geometry
-// picks larger slabs for less waste; the bound is for the 64-slot builds
-// of x86_64 and aarch64.)
-#[cfg(all(not(any(miri, loom)), any(target_arch = "x86_64", target_arch = "aarch64")))]
+// fragmented region); `GEOMETRY` keeps them in single pages whatever the
+// waste. On every target: the 64-slot builds of x86_64 and aarch64 have
+// the largest groups.
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
 static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
@@ -257,9 +254,10 @@ unsafe impl<R: RawMutex + Sync> Sync for Group<R> {}
 unsafe impl<R: RawMutex + Send> Send for Group<R> {}
 
 impl<R: RawMutex> Group<R> {
-    /// Slab geometry of the internal cache groups live in.
+    /// Slab geometry of the internal cache groups live in: single pages
+    /// whenever two groups fit one, whatever the waste.
     pub(crate) const GEOMETRY: crate::slab::Geometry =
-        match crate::slab::Geometry::new(core::mem::size_of::<Self>(), core::mem::align_of::<Self>()) {
+        match crate::slab::Geometry::in_order(core::mem::size_of::<Self>(), core::mem::align_of::<Self>(), 0, 2) {
             Some(g) => g,
             None => panic!("Group does not fit a slab"),
         };

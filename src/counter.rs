@@ -38,13 +38,17 @@ use crossbeam_utils::CachePadded;
 
 use crate::platform::MAX_CPUS;
 use crate::sync::{
-    AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat, spin_hint,
+    AtomicBool, AtomicU32, AtomicUsize, Ordering, atomic_bool, atomic_u32, atomic_usize, fence, loom_const_fn, repeat,
+    spin_hint,
 };
 
 /// Pages a stock refill charges beyond the request.
 pub const STOCK_BATCH: usize = 8;
 /// The most pages one CPU slot may hold in a counter's stock.
 pub const STOCK_MAX: usize = 2 * STOCK_BATCH;
+
+// A stock is a `u32`.
+static_assertions::const_assert!(STOCK_MAX <= u32::MAX as usize);
 
 /// A hierarchical page counter.
 ///
@@ -76,8 +80,11 @@ pub struct PageCounter {
     /// charge leads back to its group with the group's own provenance.
     /// Null unless set.
     pub(crate) owner: *const (),
-    /// Pre-charged pages per CPU slot.
-    stock: [AtomicUsize; MAX_CPUS],
+    /// Pre-charged pages per CPU slot, at most [`STOCK_MAX`] each: a `u32`
+    /// holds that with room to spare, and half the bytes of a `usize`
+    /// keep the counter (and so a group) small enough for two groups to
+    /// fit a page.
+    stock: [AtomicU32; MAX_CPUS],
 }
 
 impl core::fmt::Debug for PageCounter {
@@ -139,7 +146,7 @@ impl PageCounter {
                 setting: atomic_bool(false),
                 parent,
                 owner: core::ptr::null(),
-                stock: repeat!(atomic_usize(0); MAX_CPUS),
+                stock: repeat!(atomic_u32(0); MAX_CPUS),
             }
         }
     }
@@ -287,8 +294,10 @@ impl PageCounter {
         };
         let st = &self.stock[slot];
         let mut have = st.load(Ordering::Relaxed);
-        while have >= n {
-            match st.compare_exchange_weak(have, have - n, Ordering::Relaxed, Ordering::Relaxed) {
+        // `have as usize`: a stock holds at most STOCK_MAX pages, so `n`
+        // fits a `u32` whenever the loop runs.
+        while have as usize >= n {
+            match st.compare_exchange_weak(have, have - n as u32, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(now) => have = now,
             }
@@ -315,8 +324,9 @@ impl PageCounter {
         let st = &self.stock[slot];
         let mut have = st.load(Ordering::Relaxed);
         loop {
-            let keep = (STOCK_MAX.saturating_sub(have)).min(n);
-            match st.compare_exchange_weak(have, have + keep, Ordering::Relaxed, Ordering::Relaxed) {
+            let keep = (STOCK_MAX.saturating_sub(have as usize)).min(n);
+            // `keep <= STOCK_MAX`, so the sum fits a `u32`.
+            match st.compare_exchange_weak(have, have + keep as u32, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
                     if n > keep {
                         self.uncharge(n - keep);
@@ -332,7 +342,7 @@ impl PageCounter {
     pub fn drain_stock(&self) -> usize {
         let mut n = 0;
         for st in &self.stock {
-            n += st.swap(0, Ordering::Relaxed);
+            n += st.swap(0, Ordering::Relaxed) as usize;
         }
         if n > 0 {
             self.uncharge(n);
@@ -342,7 +352,7 @@ impl PageCounter {
 
     /// Pages held in stocks (charged, backing nothing).
     pub fn stocked(&self) -> usize {
-        self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+        self.stock.iter().map(|s| s.load(Ordering::Relaxed) as usize).sum()
     }
 }
 
