@@ -97,6 +97,18 @@ pub(crate) struct TokenHead {
     /// the parent outlives us. Here rather than in `Group<R>`, so a walk
     /// up the tree needs no lock type (`ShrinkControl::contains`).
     parent: *const TokenHead,
+    /// `ONLINE` until `remove`, then `OFFLINE` (`FREED` just before the
+    /// memory goes). Here for the same reason: `ShrinkControl::contains`
+    /// leads objects of removed groups to their nearest online ancestor.
+    state: AtomicU8,
+}
+
+impl TokenHead {
+    /// Whether `remove` has run on the group this head starts.
+    #[inline]
+    fn is_offline(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OFFLINE
+    }
 }
 
 /// Where the token head sits in every `Group<R>`: after the counter, so
@@ -175,12 +187,23 @@ pub(crate) enum Event {
     /// Soft-limit reclaim passes run on this group, and pages they freed.
     Soft,
     SoftPages,
-    /// Times contention reclaim skipped this group as protected by `low`.
+    /// Times the group was reclaimed while its usage was within its
+    /// effective `low`: by a pass that found nothing unprotected left
+    /// (Linux's `low` event).
     Low,
+    /// Times the group was reclaimed while its usage was within its own
+    /// `min`: only reclaim for its own limits (`max`, `high`) or
+    /// [`Cgroup::reclaim`](crate::Cgroup::reclaim) on it does that, as a
+    /// group's protection shields it from reclaim on behalf of others, not
+    /// from its own limits.
+    Min,
 }
 
+/// Event kinds.
+const NEVENTS: usize = 7;
+
 /// A group's event counters, by [`Event`].
-pub(crate) struct Events([Stat; 6]);
+pub(crate) struct Events([Stat; NEVENTS]);
 
 impl Events {
     /// Adds `n` to `e`.
@@ -211,9 +234,11 @@ pub(crate) struct Group<R: RawMutex> {
     /// Which tree made this group, and how a token drops a reference on it.
     head: TokenHead,
     name: Name,
-    /// (`state` and `visited` sit in the padding after the name.)
-    /// `ONLINE` until `remove`, then `OFFLINE`.
-    state: AtomicU8,
+    /// (`plan` and `visited` sit in the padding after the name.)
+    /// What the reclaim pass being planned takes from this group (see
+    /// `tree::protection`): written and read under the tree lock only, so
+    /// `Relaxed`.
+    plan: AtomicU8,
     /// The last contention-reclaim episode that reclaimed this group (0:
     /// none): how an episode reaches every group once, however many there
     /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
@@ -270,7 +295,7 @@ impl<R: RawMutex> Group<R> {
                 counter,
                 head,
                 name,
-                state: atomic_u8(ONLINE),
+                plan: atomic_u8(0),
                 visited: atomic_u32(0),
                 refs: atomic_usize(1),
                 first_child: atomic_null(),
@@ -279,7 +304,7 @@ impl<R: RawMutex> Group<R> {
                 next_zombie: atomic_null(),
                 caches: repeat!(atomic_null(); MAX_ACCOUNTED),
                 large_pages: Stat::new(),
-                events: Events(repeat!(Stat::new(); 6)),
+                events: Events(repeat!(Stat::new(); NEVENTS)),
                 pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
             }
         }
@@ -288,7 +313,8 @@ impl<R: RawMutex> Group<R> {
     loom_const_fn! {
         /// The root group of a tree.
         fn new_root(name: Name) -> Self {
-            let head = TokenHead { owner: ptr::null(), release: release_root, parent: ptr::null() };
+            let head =
+                TokenHead { owner: ptr::null(), release: release_root, parent: ptr::null(), state: atomic_u8(ONLINE) };
             Self::with(PageCounter::new_root(), head, name)
         }
     }
@@ -305,7 +331,7 @@ impl<R: RawMutex> Group<R> {
         name: Name,
     ) -> Self {
         let parent_head = ptr::from_ref(parent).cast::<u8>().wrapping_add(HEAD_OFFSET).cast::<TokenHead>();
-        let head = TokenHead { owner, release, parent: parent_head };
+        let head = TokenHead { owner, release, parent: parent_head, state: atomic_u8(ONLINE) };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
     }
@@ -370,13 +396,13 @@ impl<R: RawMutex> Group<R> {
     /// pointer, by the loom models).
     #[cfg(loom)]
     pub(crate) fn is_freed(&self) -> bool {
-        self.state.load(Ordering::Acquire) == FREED
+        self.head.state.load(Ordering::Acquire) == FREED
     }
 
     /// Whether `remove` has run.
     #[inline]
     pub(crate) fn is_offline(&self) -> bool {
-        self.state.load(Ordering::Acquire) == OFFLINE
+        self.head.is_offline()
     }
 
     /// The nearest group from this one up that is online.
@@ -445,14 +471,35 @@ impl<R: RawMutex> Group<R> {
     }
 
     /// Calls `f` on this group and every descendant (pre-order), without
-    /// recursion or allocation. The caller holds the tree lock.
+    /// recursion or allocation. The caller holds the tree lock, or a read
+    /// guard taken while this group was referenced (see
+    /// [`Group::walk_pruned`]).
     fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
+        self.walk_pruned(|g| {
+            f(g);
+            true
+        })
+    }
+
+    /// Calls `f` on this group and its descendants, pre-order, without
+    /// recursion or allocation; below a group for which `f` returns
+    /// `false`, on none.
+    ///
+    /// The caller holds the tree lock, or a read guard taken while this
+    /// group was referenced. Under a read guard alone the walk is sound:
+    /// every group it reaches was linked below this one when its link was
+    /// read, after the guard was taken, so nothing it reaches is freed
+    /// before the guard drops (a group removed meanwhile keeps the
+    /// sibling link it had, to a group that was linked then); it may miss
+    /// groups created or removed meanwhile.
+    fn walk_pruned(&self, mut f: impl FnMut(&Group<R>) -> bool) {
         let top: *const Group<R> = self;
         let mut cur: &Group<R> = self;
         loop {
-            f(cur);
-            if let Some(c) = NonNull::new(cur.first_child.load(Ordering::Acquire)) {
-                // SAFETY: a linked child is live.
+            if f(cur)
+                && let Some(c) = NonNull::new(cur.first_child.load(Ordering::Acquire))
+            {
+                // SAFETY: a linked child is live (see above).
                 cur = unsafe { c.as_ref() };
                 continue;
             }
@@ -461,7 +508,7 @@ impl<R: RawMutex> Group<R> {
                     return;
                 }
                 if let Some(s) = NonNull::new(cur.next_sibling.load(Ordering::Acquire)) {
-                    // SAFETY: a linked sibling is live.
+                    // SAFETY: a linked sibling is live (see above).
                     cur = unsafe { s.as_ref() };
                     break;
                 }

@@ -14,7 +14,7 @@
 //! | --- | --- | --- | --- |
 //! | `usage` | charge/uncharge (`fetch_add`/`fetch_sub`) | `Relaxed`, then `fence(SeqCst)` in `try_charge` | the fence in `set_max`: a charger that read the old `max` has its add seen by `set_max`'s re-read of `usage`, which then retries (Dekker) |
 //! | `max` | `set_max` (`swap`) | `Relaxed`, then `fence(SeqCst)` | the fence in `try_charge` |
-//! | `high`, `soft`, `low` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
+//! | `high`, `soft`, `low`, `min` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
 //! | `setting` | limit setters (a spin lock: `Acquire` CAS, `Release` store) | `Acquire`/`Release` | the previous setter's writes to `max` (and its rollback) |
 //! | `watermark` | charges (`fetch_max`) | `Relaxed` | statistic; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
 //! | `failcnt` | failed charges | `Relaxed` | statistic |
@@ -64,6 +64,7 @@ pub struct PageCounter {
     high: AtomicUsize,
     soft: AtomicUsize,
     low: AtomicUsize,
+    min: AtomicUsize,
     /// Charges refused at this level.
     failcnt: AtomicUsize,
     /// Set while a limit setter runs: setters take turns (Linux requires
@@ -142,6 +143,7 @@ impl PageCounter {
                 high: atomic_usize(usize::MAX),
                 soft: atomic_usize(usize::MAX),
                 low: atomic_usize(0),
+                min: atomic_usize(0),
                 failcnt: atomic_usize(0),
                 setting: atomic_bool(false),
                 parent,
@@ -170,8 +172,10 @@ impl PageCounter {
         high,
         /// The soft limit, in pages.
         soft,
-        /// The protection, in pages.
+        /// The soft protection, in pages.
         low,
+        /// The hard protection, in pages.
+        min,
         /// The largest usage since creation or the last reset.
         watermark,
         /// Charges refused at this level.
@@ -197,6 +201,19 @@ impl PageCounter {
     pub fn set_low(&self, pages: usize) {
         let _turn = self.setter_turn();
         self.low.store(pages, Ordering::Relaxed);
+    }
+    /// Sets `min` (pages).
+    pub fn set_min(&self, pages: usize) {
+        let _turn = self.setter_turn();
+        self.min.store(pages, Ordering::Relaxed);
+    }
+
+    /// What this counter protects of its usage, `(min, low)` in pages:
+    /// its usage up to each setting (Linux's `min_usage` and `low_usage`,
+    /// computed when asked instead of kept up to date on every charge).
+    pub fn protected(&self) -> (usize, usize) {
+        let u = self.usage();
+        (u.min(self.min()), u.min(self.low()))
     }
 
     /// Waits for the other limit setters of this counter to finish; the
@@ -354,6 +371,25 @@ impl PageCounter {
     pub fn stocked(&self) -> usize {
         self.stock.iter().map(|s| s.load(Ordering::Relaxed) as usize).sum()
     }
+}
+
+/// A child's effective protection (Linux `effective_protection`, without
+/// `memory_recursiveprot`): `protected` is what it claims of its usage
+/// (its usage up to its `min` or `low`), `parent` its parent's effective
+/// protection, and `siblings` what the parent's children claim together
+/// (itself included). While the children's claims fit the parent's
+/// protection each keeps its claim; when they overcommit it, the parent's
+/// protection is shared out in proportion to the claims. Either way the
+/// result is at most `parent`.
+pub(crate) fn effective_protection(protected: usize, parent: usize, siblings: usize) -> usize {
+    let e = if siblings > parent {
+        // At most `parent` (as `protected <= siblings`), so it fits.
+        (protected as u128 * parent as u128 / siblings as u128) as usize
+    } else {
+        protected
+    };
+    // Claims read at different times may disagree; the bound holds anyway.
+    e.min(parent)
 }
 
 /// A limit setter's turn on a counter; see `PageCounter::setting`.

@@ -32,6 +32,7 @@ use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
 };
 
+mod protection;
 mod reclaim;
 mod registry;
 
@@ -447,7 +448,11 @@ impl<R: RawMutex> Tree<R> {
             // SAFETY: siblings are live, and we hold the tree lock.
             unsafe { unlink(&parent.first_child, g, |x| &x.next_sibling) };
         }
-        g.state.store(OFFLINE, Ordering::Release);
+        g.head.state.store(OFFLINE, Ordering::Release);
+        // A removed group protects nothing (Linux resets both at offline):
+        // what its objects hold is reclaimed with its parent's.
+        g.counter.set_min(0);
+        g.counter.set_low(0);
         // Pairs with the fence after a child cache is published (see
         // `make_child_cache`).
         fence(Ordering::SeqCst);
@@ -598,7 +603,7 @@ impl<R: RawMutex> Tree<R> {
             }
         }
         let parent = gr.parent().map(NonNull::from);
-        gr.state.store(FREED, Ordering::Release);
+        gr.head.state.store(FREED, Ordering::Release);
         // SAFETY: per the contract; the group is an object of `groups`.
         unsafe { Self::free_object(env, g, &self.groups) };
         if let Some(p) = parent {

@@ -47,4 +47,6 @@ mod loom_tree;
 #[cfg(not(loom))]
 mod pressure;
 #[cfg(not(loom))]
+mod protection;
+#[cfg(not(loom))]
 mod reclaim;
