@@ -13,9 +13,11 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree; current-group tokens |
+//! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree, event counts; current-group tokens |
 //! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the tree lock, readers, zombies and limbo, the metadata caches; creating, removing, reclaiming groups; child caches |
 //! | `registry` | the typed caches' descriptors, their accounting indices, destroying a cache |
+//! | `protection` | effective `min` and `low`; what a reclaim pass may take from a subtree |
+//! | `events` | counting events up the tree, the event hook |
 //! | `reclaim` | charging with reclaim, reclaim passes, `high` throttling, contention steps, shrinkers; the one drain-and-shrink every reclaim, `shrink` and `reap` use |
 //! | `pressure` | the named pressure resources of a group |
 //!
@@ -47,7 +49,7 @@ mod tree;
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name};
-pub use tree::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
+pub use tree::{EventHook, GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 
 /// `Group::state` of a live group.
 const ONLINE: u8 = 0;
@@ -125,25 +127,34 @@ static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::G
 static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
 
 /// The low bit of a current-group token: set while its context runs
-/// shrinkers, so an allocation a shrinker makes skips reclaim instead of
-/// re-entering it. A tagged token names the same group, with the same
-/// reference, as the untagged one (groups are aligned to at least 8).
+/// shrinkers (or an event hook, or an atomic scope), so an allocation it
+/// makes skips reclaim instead of re-entering it. A tagged token names the
+/// same group, with the same reference, as the untagged one (groups are
+/// aligned to at least 8).
 const RECLAIMING: usize = 1;
 
-/// `token` without the [`RECLAIMING`] tag.
+/// The next bit: set while its context runs the event hook, so events the
+/// hook's own allocations raise are counted but not reported to it again.
+const IN_HOOK: usize = 2;
+
+/// The tags of a token.
+const TAGS: usize = RECLAIMING | IN_HOOK;
+
+/// `token` without its tags.
 #[inline(always)]
 fn untag(token: *const ()) -> *const () {
-    token.map_addr(|a| a & !RECLAIMING)
+    token.map_addr(|a| a & !TAGS)
 }
 
 /// Makes `token` (untagged) the calling context's current group and
 /// returns the token it replaces, with its reference. The context's
-/// [`RECLAIMING`] mark stays as it is: it belongs to the running context
-/// (a shrinker that enters or leaves a group stays marked), not to the
-/// token. The caller hands over the reference `token` carries.
+/// marks ([`RECLAIMING`], [`IN_HOOK`]) stay as they are: they belong to
+/// the running context (a shrinker that enters or leaves a group stays
+/// marked), not to the token. The caller hands over the reference `token`
+/// carries.
 pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const () {
-    let mark = platform.current_group().addr() & RECLAIMING;
-    platform.set_current_group(untag(token).map_addr(|a| a | mark))
+    let marks = platform.current_group().addr() & TAGS;
+    platform.set_current_group(untag(token).map_addr(|a| a | marks))
 }
 
 /// Sets (`on`) or clears the calling context's no-reclaim mark (the
@@ -174,46 +185,83 @@ pub(crate) unsafe fn release_token(token: *const ()) {
     }
 }
 
-/// What a group counts (Linux `memory.events` and friends): an index
-/// into its [`Events`].
-#[derive(Clone, Copy)]
-pub(crate) enum Event {
-    /// Charges that would have gone over `max`.
+/// A memory event of a group (Linux `memory.events`): counted in the
+/// group's [`GroupStat`](crate::GroupStat), locally and in each ancestor
+/// (hierarchically), and reported to the allocator's event hook
+/// ([`Kmem::set_event_hook`](crate::Kmem::set_event_hook)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Event {
+    /// A charge would have taken the group over its `max`; reclaim runs.
     Max,
-    /// Charges that failed even after reclaim.
+    /// A charge failed at the group's `max` even after reclaim (the
+    /// allocation returned null or an error).
     Oom,
-    /// Times an allocating task reclaimed because usage was above `high`.
+    /// An allocating task reclaimed from the group because its usage was
+    /// above its `high`.
     High,
-    /// Soft-limit reclaim passes run on this group, and pages they freed.
-    Soft,
-    SoftPages,
-    /// Times the group was reclaimed while its usage was within its
-    /// effective `low`: by a pass that found nothing unprotected left
-    /// (Linux's `low` event).
+    /// The group was reclaimed while its usage was within its effective
+    /// `low`: a pass that found nothing unprotected left (Linux's `low`).
     Low,
-    /// Times the group was reclaimed while its usage was within its own
-    /// `min`: only reclaim for its own limits (`max`, `high`) or
+    /// The group was reclaimed while its usage was within its own `min`:
+    /// only reclaim for its own limits (`max`, `high`) or
     /// [`Cgroup::reclaim`](crate::Cgroup::reclaim) on it does that, as a
     /// group's protection shields it from reclaim on behalf of others, not
     /// from its own limits.
     Min,
 }
 
-/// Event kinds.
-const NEVENTS: usize = 7;
+impl Event {
+    /// Every event, in the order of their counters.
+    pub const ALL: [Event; NEVENTS] = [Event::Max, Event::Oom, Event::High, Event::Low, Event::Min];
 
-/// A group's event counters, by [`Event`].
-pub(crate) struct Events([Stat; NEVENTS]);
+    /// The event's name, as in Linux `memory.events`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::Max => "max",
+            Event::Oom => "oom",
+            Event::High => "high",
+            Event::Low => "low",
+            Event::Min => "min",
+        }
+    }
+}
+
+/// Event kinds.
+pub(crate) const NEVENTS: usize = 5;
+
+/// A group's event counters, by [`Event`], and its soft-limit reclaim.
+pub(crate) struct Events {
+    /// Events of the group itself (Linux `memory.events.local`).
+    local: [Stat; NEVENTS],
+    /// Events of the group and its descendants, removed ones included
+    /// (Linux `memory.events`).
+    all: [Stat; NEVENTS],
+    /// Soft-limit reclaim passes run on this group, and pages they freed.
+    pub(crate) soft: Stat,
+    pub(crate) soft_pages: Stat,
+}
 
 impl Events {
-    /// Adds `n` to `e`.
-    pub(crate) fn add(&self, e: Event, n: usize) {
-        self.0[e as usize].add(n);
+    loom_const_fn! {
+        fn new() -> Events {
+            Events {
+                local: repeat!(Stat::new(); NEVENTS),
+                all: repeat!(Stat::new(); NEVENTS),
+                soft: Stat::new(),
+                soft_pages: Stat::new(),
+            }
+        }
     }
 
-    /// The count of `e`.
-    pub(crate) fn get(&self, e: Event) -> usize {
-        self.0[e as usize].get()
+    /// The count of `e` in the group itself.
+    pub(crate) fn local(&self, e: Event) -> usize {
+        self.local[e as usize].get()
+    }
+
+    /// The count of `e` in the group and its descendants.
+    pub(crate) fn hierarchical(&self, e: Event) -> usize {
+        self.all[e as usize].get()
     }
 }
 
@@ -304,7 +352,7 @@ impl<R: RawMutex> Group<R> {
                 next_zombie: atomic_null(),
                 caches: repeat!(atomic_null(); MAX_ACCOUNTED),
                 large_pages: Stat::new(),
-                events: Events(repeat!(Stat::new(); NEVENTS)),
+                events: Events::new(),
                 pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
             }
         }
@@ -390,6 +438,17 @@ impl<R: RawMutex> Group<R> {
     /// The group's event counters.
     pub(crate) fn events(&self) -> &Events {
         &self.events
+    }
+
+    /// Counts `e` here, locally, and hierarchically here and in every
+    /// ancestor (the tree reports it to the event hook).
+    fn count(&self, e: Event) {
+        self.events.local[e as usize].add(1);
+        let mut g = Some(self);
+        while let Some(x) = g {
+            x.events.all[e as usize].add(1);
+            g = x.parent();
+        }
     }
 
     /// Whether the group's memory was freed (read through a stale

@@ -75,6 +75,11 @@
 //!   `low`); deeper, a child's protection is bounded by its parent's, and
 //!   children whose claims overcommit their parent's share it in
 //!   proportion to their claims. A child that claims nothing gets nothing.
+//! * **event**: `max`, `oom`, `high`, `low` or `min` happening to a group
+//!   ([`Event`]): counted in the group alone (`events_local`) and in it
+//!   and each ancestor (`events`), as Linux's `memory.events.local` and
+//!   `memory.events`, and passed to the allocator's event hook
+//!   ([`Kmem::set_event_hook`]), called outside every lock.
 //! * **reclaim**: giving back what a group subtree holds unused: its
 //!   magazines, empty slabs and stocks, then what its shrinkers free.
 //! * **dead cache**: a removed group's cache: no magazines, empty slabs go
@@ -96,7 +101,7 @@
 //! | page | `page` | exact page runs, pointer → slab lookup |
 //! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`); the size classes (`classes`) |
 //! | magazine | `magazine` | per-CPU loaded/previous magazines and the fast paths (`magazine.rs`), the slot handshake (`slots`), per-node depots (`depot`), draining (`drain`) |
-//! | cgroup | `cgroup` | groups: counters, references, tokens, walks (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); effective `min`/`low` and what a reclaim pass may take (`tree::protection`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
+//! | cgroup | `cgroup` | groups: counters, references, tokens, walks, event counts (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); effective `min`/`low` and what a reclaim pass may take (`tree::protection`); the event hook (`tree::events`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
 //! | heap | `heap` | [`Kmem`]: alloc/free/realloc over the tree's caches (`heap.rs`), the page path (`large`), reports (`report`), invariant checks (`check`); [`Heap`], the one type parameter of the handles |
 //! | handle | `handle` | the public handles: [`Cgroup`], [`CgroupGuard`], [`CgroupAllocator`] (`cgroup`), [`Pressure`] (`pressure`), [`KmemCache`], [`CacheBox`] (`typed`) |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] and [`CgroupAllocator`] |
@@ -155,6 +160,7 @@
 //! | `Group::refs` | handles, guards, a thread's current-group slot, children, child caches, large objects | `Relaxed` inc (`try_get` by CAS for walks), `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
 //! | `Group::next_zombie`, `MagCache::retired_next`, `CacheDesc::retired_next` | the zombie push (before its `Release` CAS), the tree lock's limbo lists | `Relaxed` | the push's `Release` / the swap's `Acquire`, or the tree lock |
 //! | `Tree::contention_mark` | `set_contention_mark` | `Relaxed` | nothing: a stale mark delays or adds one contention check |
+//! | `Tree::event_hook` | `set_event_hook` | `Release` | `Acquire` before each call: the hook sees what its setter wrote |
 //! | `Tree::readers` | read guards (iterations of groups, caches and descriptors; slow frees): `fetch_add`, then `fence(SeqCst)`; `Release` dec | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
 //! | `Group::visited`, `Tree::episodes` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound; episode ids need only be unique (an RMW) |
 //! | `PageCounter::setting` | limit setters (a spin flag) | `Acquire` CAS, `Release` store | the previous setter's writes to the limits |
@@ -247,11 +253,14 @@ pub use allocator_api2;
 #[cfg(feature = "allocator-api2-04")]
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
-pub use cgroup::{GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker};
+pub use cgroup::{
+    Event, EventHook, GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker,
+};
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
 pub use handle::{
-    AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure,
+    AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat, KmemCache,
+    Pressure,
 };
 pub use heap::{Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};

@@ -32,10 +32,12 @@ use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
 };
 
+mod events;
 mod protection;
 mod reclaim;
 mod registry;
 
+pub use events::EventHook;
 pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 use registry::AcctIndices;
 pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
@@ -88,6 +90,8 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(super) contention_mark: AtomicUsize,
     /// Contention-reclaim episodes started (see `reclaim::Episode`).
     pub(super) episodes: AtomicU32,
+    /// The event hook: null, or a [`EventHook`] (see `events`).
+    pub(super) event_hook: AtomicPtr<()>,
 }
 
 /// What waits for no iteration to be in progress before it is freed:
@@ -225,6 +229,7 @@ impl<R: RawMutex> Tree<R> {
                 shrinkers: Mutex::const_new(R::INIT, [None; MAX_SHRINKERS]),
                 contention_mark: atomic_usize(usize::MAX),
                 episodes: atomic_u32(0),
+                event_hook: atomic_null(),
             }
         }
     }

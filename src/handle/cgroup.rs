@@ -307,13 +307,10 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             low: to_bytes(c.low()),
             min: to_bytes(c.min()),
             failcnt: c.failcnt(),
-            events_max: ev.get(Event::Max),
-            events_oom: ev.get(Event::Oom),
-            events_high: ev.get(Event::High),
-            events_low: ev.get(Event::Low),
-            events_min: ev.get(Event::Min),
-            soft_reclaim_passes: ev.get(Event::Soft),
-            soft_reclaim_bytes: to_bytes(ev.get(Event::SoftPages)),
+            events: EventCounts::of(|e| ev.hierarchical(e)),
+            events_local: EventCounts::of(|e| ev.local(e)),
+            soft_reclaim_passes: ev.soft.get(),
+            soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
             stocked: to_bytes(c.stocked()),
             large: to_bytes(g.large_pages().get()),
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
@@ -459,6 +456,50 @@ impl<'k, K: Heap> CgroupAllocator<'k, K> {
     }
 }
 
+/// How many times each [`Event`] happened, in a group alone or in its
+/// subtree (see [`GroupStat::events`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    /// A charge would have gone over `max` (reclaim ran).
+    pub max: usize,
+    /// A charge failed at `max` even after reclaim.
+    pub oom: usize,
+    /// An allocating task reclaimed because usage was above `high`.
+    pub high: usize,
+    /// Reclaimed while within the effective `low`, because nothing
+    /// unprotected was left (its `low` is overcommitted, or memory too
+    /// tight for it).
+    pub low: usize,
+    /// Reclaimed while within its own `min`: by reclaim for its own `max`
+    /// or `high`, or [`Cgroup::reclaim`] on it (reclaim for others never
+    /// does).
+    pub min: usize,
+}
+
+impl EventCounts {
+    /// The counts `count` gives for each event.
+    fn of(count: impl Fn(Event) -> usize) -> EventCounts {
+        EventCounts {
+            max: count(Event::Max),
+            oom: count(Event::Oom),
+            high: count(Event::High),
+            low: count(Event::Low),
+            min: count(Event::Min),
+        }
+    }
+
+    /// The count of `e`.
+    pub fn get(&self, e: Event) -> usize {
+        match e {
+            Event::Max => self.max,
+            Event::Oom => self.oom,
+            Event::High => self.high,
+            Event::Low => self.low,
+            Event::Min => self.min,
+        }
+    }
+}
+
 /// One accounted cache's line in a [`GroupStat`].
 #[derive(Clone, Copy)]
 struct CacheRow {
@@ -472,8 +513,9 @@ impl CacheRow {
 }
 
 /// A `memory.stat`-like snapshot of a group; `Display` writes one
-/// `key value` pair per line (sizes in bytes, `max` for no limit), then
-/// one `slab <cache> <objects> <pages>` line per cache.
+/// `key value` pair per line (sizes in bytes, `max` for no limit; events
+/// as `events_<name>` and `events_local_<name>`), then one
+/// `slab <cache> <objects> <pages>` line per cache.
 #[derive(Clone, Copy)]
 pub struct GroupStat {
     /// The group's name.
@@ -494,21 +536,11 @@ pub struct GroupStat {
     pub min: usize,
     /// Charges refused at this group.
     pub failcnt: usize,
-    /// Charges that hit `max` (before reclaim).
-    pub events_max: usize,
-    /// Charges that failed after reclaim.
-    pub events_oom: usize,
-    /// Times an allocating task reclaimed because usage was above `high`.
-    pub events_high: usize,
-    /// Times the group was reclaimed while its usage was within its
-    /// effective `low`, because nothing unprotected was left to reclaim
-    /// (Linux's `low` event: its `low` is overcommitted, or the memory is
-    /// too tight for it).
-    pub events_low: usize,
-    /// Times the group was reclaimed while its usage was within its `min`:
-    /// by reclaim for its own `max` or `high`, or [`Cgroup::reclaim`] on it
-    /// (reclaim for others never does).
-    pub events_min: usize,
+    /// Events of the group and its descendants, removed ones included
+    /// (Linux `memory.events`).
+    pub events: EventCounts,
+    /// Events of the group itself (Linux `memory.events.local`).
+    pub events_local: EventCounts,
     /// Soft-limit reclaim passes run on this group.
     pub soft_reclaim_passes: usize,
     /// Bytes those passes freed.
@@ -545,11 +577,12 @@ impl fmt::Display for GroupStat {
         writeln!(f, "low {}", self.low)?;
         writeln!(f, "min {}", self.min)?;
         writeln!(f, "failcnt {}", self.failcnt)?;
-        writeln!(f, "events_max {}", self.events_max)?;
-        writeln!(f, "events_oom {}", self.events_oom)?;
-        writeln!(f, "events_high {}", self.events_high)?;
-        writeln!(f, "events_low {}", self.events_low)?;
-        writeln!(f, "events_min {}", self.events_min)?;
+        for e in Event::ALL {
+            writeln!(f, "events_{} {}", e.name(), self.events.get(e))?;
+        }
+        for e in Event::ALL {
+            writeln!(f, "events_local_{} {}", e.name(), self.events_local.get(e))?;
+        }
         writeln!(f, "soft_reclaim_passes {}", self.soft_reclaim_passes)?;
         writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
         writeln!(f, "stocked {}", self.stocked)?;

@@ -35,6 +35,8 @@ macro_rules! model_env {
 }
 
 #[cfg(not(loom))]
+mod events;
+#[cfg(not(loom))]
 mod groups;
 #[cfg(not(loom))]
 mod heap;

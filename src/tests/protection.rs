@@ -165,8 +165,8 @@ fn siblings_with_min_and_low_under_a_parents_max() {
     assert_eq!(lru.add_in(&c, 60), 60, "c's own objects make room for c");
     assert_eq!((a.usage(), held(lru, &a)), (10 * OBJ, 10));
     assert_eq!((b.usage(), held(lru, &b)), (10 * OBJ, 10));
-    assert!(parent.stat().events_max > 0);
-    assert_eq!((b.stat().events_low, a.stat().events_min), (0, 0));
+    assert!(parent.stat().events.max > 0);
+    assert_eq!((b.stat().events.low, a.stat().events.min), (0, 0));
     // Nothing unprotected is left: c's objects are pinned, and what the
     // max leaves is filled with pinned objects too.
     let mut pins = pin(lru, &c);
@@ -182,13 +182,13 @@ fn siblings_with_min_and_low_under_a_parents_max() {
     assert_eq!(d_pins.len(), 10);
     assert_eq!((a.usage(), held(lru, &a)), (10 * OBJ, 10), "a is within its min");
     assert_eq!(b.usage(), 0);
-    assert_eq!(b.stat().events_low, 4, "one low event per breaching reclaim");
+    assert_eq!(b.stat().events.low, 4, "one low event per breaching reclaim");
     // Only a's `min` is left: the next charge fails, and a keeps all.
-    let oom = parent.stat().events_oom;
+    let oom = parent.stat().events.oom;
     assert!(pinned(k, &d, 1).is_empty(), "allocated through a's min");
-    assert_eq!(parent.stat().events_oom, oom + 1);
+    assert_eq!(parent.stat().events.oom, oom + 1);
     assert_eq!((a.usage(), held(lru, &a)), (10 * OBJ, 10));
-    assert_eq!(a.stat().events_min, 0, "reclaim for others never breaches min");
+    assert_eq!(a.stat().events.min, 0, "reclaim for others never breaches min");
     unpin(k, pins);
     unpin(k, d_pins);
     lru.retire();
@@ -219,15 +219,15 @@ fn contention_takes_unprotected_memory_first_and_never_breaches_min() {
     assert_eq!((b.usage(), held(lru, &b)), (MB, MB / OBJ));
     assert!(c.stat().soft_reclaim_passes > 0);
     assert_eq!(a.stat().soft_reclaim_passes + b.stat().soft_reclaim_passes, 0, "soft reclaim honours protection");
-    assert_eq!(b.stat().events_low, 0);
+    assert_eq!(b.stat().events.low, 0);
     // With c pinned, c's allocations breach b's `low` until b is empty,
     // then fail; a keeps every object.
     let mut pins = pin(lru, &c);
     pins.extend(pinned(k, &c, 8 * MB / OBJ));
     assert_eq!(b.usage(), 0, "b's low gave way to the contention");
-    assert!(b.stat().events_low > 0);
+    assert!(b.stat().events.low > 0);
     assert_eq!((a.usage(), held(lru, &a)), (MB, MB / OBJ), "a's min held");
-    assert_eq!(a.stat().events_min, 0);
+    assert_eq!(a.stat().events.min, 0);
     unpin(k, pins);
     lru.retire();
 }
@@ -287,7 +287,7 @@ fn low_protects_and_hierarchy_soft_limit_covers_the_subtree() {
     assert_eq!(guarded.usage(), kept);
     assert_eq!(held(lru, &guarded), 4000);
     let st = guarded.stat();
-    assert_eq!((st.soft_reclaim_passes, st.events_low), (0, 0));
+    assert_eq!((st.soft_reclaim_passes, st.events.low), (0, 0));
     lru.retire();
 }
 
@@ -302,11 +302,11 @@ fn a_groups_own_max_reclaims_through_its_min_and_counts_it() {
     assert_eq!(lru.add_in(&g, MB / OBJ), MB / OBJ);
     g.set_max(MB / 2).unwrap();
     assert!(g.usage() <= MB / 2);
-    assert_eq!(g.stat().events_min, 1);
+    assert_eq!(g.stat().events.min, 1);
     // Above its min, its own reclaim counts nothing.
     g.set_min(MB / 4).unwrap();
     g.set_max(MB / 4 + OBJ).unwrap();
-    assert_eq!(g.stat().events_min, 1);
+    assert_eq!(g.stat().events.min, 1);
     lru.retire();
 }
 
@@ -376,13 +376,13 @@ fn reclaim_honours_the_protection_below_the_group() {
     // the last 5.
     assert_eq!(p.reclaim(25 * OBJ), 25 * OBJ);
     assert_eq!((a.usage(), b.usage(), c.usage()), (5 * OBJ, 0, 0));
-    assert_eq!((b.stat().events_low, a.stat().events_low, a.stat().events_min), (1, 0, 0));
+    assert_eq!((b.stat().events.low, a.stat().events.low, a.stat().events.min), (1, 0, 0));
     // Only a's min is left.
     assert_eq!(p.reclaim(10 * OBJ), 0);
     assert_eq!((a.usage(), held(lru, &a)), (5 * OBJ, 5));
     // Reclaim on a itself goes through its own min, and counts it.
     assert_eq!(a.reclaim(OBJ), OBJ);
-    assert_eq!(a.stat().events_min, 1);
+    assert_eq!(a.stat().events.min, 1);
     // Atomic context reclaims nothing.
     {
         let _atomic = k.atomic_scope();

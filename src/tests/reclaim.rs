@@ -146,7 +146,7 @@ fn atomic_scope_never_reclaims_and_fails_at_the_max_at_once() {
         let nested = k.atomic_scope();
         drop(nested); // an inner scope leaves the outer one atomic
         let scanned = lru.scanned.load(O::Relaxed);
-        let failures = g.stat().events_oom;
+        let failures = g.stat().events.oom;
         let mut held = Vec::new();
         let mut refused = 0;
         for _ in 0..256 {
@@ -164,7 +164,7 @@ fn atomic_scope_never_reclaims_and_fails_at_the_max_at_once() {
         }
         assert!(refused > 0, "the group at its max took every atomic allocation");
         assert_eq!(lru.scanned.load(O::Relaxed), scanned, "an atomic allocation ran the shrinker");
-        assert_eq!(g.stat().events_oom - failures, refused, "each refused atomic charge is an oom event");
+        assert_eq!(g.stat().events.oom - failures, refused, "each refused atomic charge is an oom event");
         // The tree lock is free (nothing atomic took it): a group can be
         // made from here.
         drop(k.root().create_child("made-while-atomic").unwrap());
@@ -257,10 +257,10 @@ fn high_throttles_and_never_fails() {
     g.set_high(2 * MB).unwrap();
     assert_eq!(lru.add_in(&g, 10_000), 10_000, "high must never fail an allocation");
     let st = g.stat();
-    assert!(st.events_high > 0, "no throttling happened");
+    assert!(st.events.high > 0, "no throttling happened");
     assert!(lru.scanned.load(O::Relaxed) > 0, "throttling reclaimed nothing");
     assert!(g.usage() < 4 * MB, "usage {} stays near high", g.usage());
-    assert_eq!(st.events_oom, 0);
+    assert_eq!(st.events.oom, 0);
     lru.retire();
 }
 
@@ -327,11 +327,11 @@ fn hard_limit_reclaim_takes_about_what_the_charge_needs() {
     for _ in 0..held_at_limit {
         assert!(lru.add());
     }
-    let (events, scanned) = (g.stat().events_max, lru.scanned.load(O::Relaxed));
+    let (events, scanned) = (g.stat().events.max, lru.scanned.load(O::Relaxed));
     for _ in 0..3 * held_at_limit {
         assert!(lru.add(), "allocation failed with reclaimable memory left");
     }
-    let refused = g.stat().events_max - events;
+    let refused = g.stat().events.max - events;
     let evicted = lru.scanned.load(O::Relaxed) - scanned;
     assert!(refused > 0);
     let per_charge = evicted / refused;

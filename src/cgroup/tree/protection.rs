@@ -37,7 +37,7 @@ use core::ptr;
 use lock_api::RawMutex;
 
 use super::Tree;
-use crate::cgroup::{Event, Group};
+use crate::cgroup::Group;
 use crate::counter::effective_protection;
 
 /// A group's effective protection for one reclaim, in pages.
@@ -60,22 +60,32 @@ pub(super) struct Pass {
     /// Set when a group was passed over for its `low`: then a second pass
     /// may take from it.
     pub(super) low_skipped: bool,
-    /// Whether the next walk counts a `low` event for each group it takes
-    /// from within its `low` (the first walk of a second pass).
-    pub(super) count_low: bool,
 }
 
 impl Pass {
     /// The first pass of a reclaim: honours `min` and `low`.
     pub(super) fn first() -> Pass {
-        Pass { honour_low: true, low_skipped: false, count_low: false }
+        Pass { honour_low: true, low_skipped: false }
     }
 
-    /// The second pass: takes from groups within their `low` (counting an
-    /// event for each on its first walk), never within their `min`.
+    /// The second pass: takes from groups within their `low`, never from
+    /// one within its `min`.
     pub(super) fn breaching_low() -> Pass {
-        Pass { honour_low: false, low_skipped: false, count_low: true }
+        Pass { honour_low: false, low_skipped: false }
     }
+}
+
+/// What a walk of a pass does at one group.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Visit {
+    /// What it takes.
+    pub(super) take: Take,
+    /// Pages of the group's usage it leaves alone: the protection it
+    /// honours there.
+    pub(super) floor: usize,
+    /// Whether the group's usage is within its effective `low` (taking
+    /// from it then breaches its `low`).
+    pub(super) within_low: bool,
 }
 
 /// What a walk takes from a group it reaches.
@@ -170,12 +180,11 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Walks `target`'s subtree for a pass of a reclaim rooted at `root`
-    /// and calls `f` with each group reached, what the pass takes from it,
-    /// and the protection it honours there (pages of the group's usage
-    /// not to reclaim). Below a group it takes whole, it goes no further.
-    /// Counts the pass's `low` events (see [`Pass`]). The caller holds the
-    /// tree lock, or a read guard and a reference on `target`.
-    pub(super) fn plan(root: &Group<R>, target: &Group<R>, pass: &mut Pass, mut f: impl FnMut(&Group<R>, Take, usize)) {
+    /// and calls `f` with each group reached and what the pass does there
+    /// ([`Visit`]). Below a group it takes whole, it goes no further. The
+    /// caller holds the tree lock, or a read guard and a reference on
+    /// `target`.
+    pub(super) fn plan(root: &Group<R>, target: &Group<R>, pass: &mut Pass, mut f: impl FnMut(&Group<R>, Visit)) {
         target.walk_pruned(|v| {
             let e = Self::protection(root, v);
             let u = v.counter.usage();
@@ -190,16 +199,14 @@ impl<R: RawMutex> Tree<R> {
             } else if within_low && pass.honour_low {
                 pass.low_skipped = true;
                 Take::Nothing
+            } else if deeper {
+                Take::Own
             } else {
-                if within_low && pass.count_low {
-                    v.events.add(Event::Low, 1);
-                }
-                if deeper { Take::Own } else { Take::Subtree }
+                Take::Subtree
             };
             let floor = if pass.honour_low { e.min.max(e.low) } else { e.min };
-            f(v, take, floor);
+            f(v, Visit { take, floor, within_low });
             take != Take::Subtree
         });
-        pass.count_low = false;
     }
 }

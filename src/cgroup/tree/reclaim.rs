@@ -38,8 +38,8 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Tree;
-use super::protection::{Pass, Take};
-use crate::cgroup::{Event, Group, RECLAIMING, TokenHead, untag};
+use super::protection::{Pass, Take, Visit};
+use crate::cgroup::{Event, Group, RECLAIMING, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
 use crate::magazine::{Acct, Env, MagCache, drain_many};
@@ -320,7 +320,7 @@ impl<R: RawMutex> Tree<R> {
         let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
         let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
         self.reclaim_refuser(env, k, pages);
-        counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(GrowError::Limit(k)))
+        counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
     }
 
     /// A cache could not grow: for a refused charge, reclaim the refusing
@@ -344,26 +344,26 @@ impl<R: RawMutex> Tree<R> {
                 }
             }
         }
-        cache.alloc(env).map_err(|e| self.refused(e))
+        cache.alloc(env).map_err(|e| self.refused(env, e))
     }
 
     /// Reclaims for a charge of `pages` that counter `k` refused.
     fn reclaim_refuser<E: Env<R>>(&self, env: &E, k: *const PageCounter, pages: usize) {
         // SAFETY: every counter that refuses a charge is a group's.
         let g = unsafe { self.group_of_counter(k) };
-        g.events.add(Event::Max, 1);
+        self.event(env, g, Event::Max);
         self.reclaim(env, g, Self::reclaim_goal(g, pages));
     }
 
     /// The error for a charge that failed after reclaim, counted as an
     /// `oom` event of the group that refused it.
-    fn refused(&self, e: GrowError) -> Error {
+    fn refused<E: Env<R>>(&self, env: &E, e: GrowError) -> Error {
         match e {
             GrowError::OutOfMemory => Error::OutOfMemory,
             GrowError::Limit(k) => {
                 // SAFETY: every counter that refuses a charge is a group's.
                 let g = unsafe { self.group_of_counter(k) };
-                g.events.add(Event::Oom, 1);
+                self.event(env, g, Event::Oom);
                 Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
             }
         }
@@ -406,7 +406,7 @@ impl<R: RawMutex> Tree<R> {
         let start = g.counter.usage();
         if start > 0 && start <= g.counter.min() {
             // Its own limits breach a group's `min`.
-            g.events.add(Event::Min, 1);
+            self.event(env, g, Event::Min);
         }
         let mut goal = Goal { counter: &g.counter, start, want, objects: 0, bounded: true };
         let mut pass = Pass::first();
@@ -425,7 +425,20 @@ impl<R: RawMutex> Tree<R> {
                 return goal.freed();
             }
             pass = Pass::breaching_low();
+            self.breaching_low(env, g, g);
         }
+    }
+
+    /// Counts a `low` event for each group of `target`'s subtree that a
+    /// pass breaching `low`, in a reclaim rooted at `root`, takes from
+    /// within its effective `low` (once per reclaim, before it takes).
+    fn breaching_low<E: Env<R>>(&self, env: &E, root: &Group<R>, target: &Group<R>) {
+        let _read = self.read_guard();
+        Self::plan(root, target, &mut Pass::breaching_low(), |v, visit| {
+            if visit.take != Take::Nothing && visit.within_low {
+                self.event(env, v, Event::Low);
+            }
+        });
     }
 
     /// The goal of a reclaim after `g` refused a charge of `pages`: the
@@ -466,7 +479,7 @@ impl<R: RawMutex> Tree<R> {
         platform.set_current_group(token.map_addr(|a| a | RECLAIMING));
         {
             let _read = self.read_guard();
-            Self::plan(root, target, pass, |v, take, floor| {
+            Self::plan(root, target, pass, |v, Visit { take, floor, .. }| {
                 if take == Take::Nothing {
                     return;
                 }
@@ -496,7 +509,7 @@ impl<R: RawMutex> Tree<R> {
         // current, which keeps its reference either way.
         let now = platform.current_group();
         if now.addr() & RECLAIMING != 0 {
-            platform.set_current_group(untag(now));
+            platform.set_current_group(now.map_addr(|a| a & !RECLAIMING));
         }
         (freed, held)
     }
@@ -511,7 +524,7 @@ impl<R: RawMutex> Tree<R> {
         let mut level = Some(unsafe { self.group_of_counter(counter) });
         while let Some(l) = level {
             if l.counter.usage() > l.counter.high() {
-                l.events.add(Event::High, 1);
+                self.event(env, l, Event::High);
                 let excess = l.counter.usage().saturating_sub(l.counter.high());
                 self.reclaim(env, l, Self::reclaim_goal(l, excess));
             }
@@ -572,6 +585,9 @@ impl<R: RawMutex> Tree<R> {
             // the shrinkers hold, one round) and lets the caller retry, so
             // groups settle near their soft limits instead of swinging.
             let mut pass = if mode == Mode::BreachLow { Pass::breaching_low() } else { Pass::first() };
+            if mode == Mode::BreachLow {
+                self.breaching_low(env, &self.root, b);
+            }
             let mut pages = self.reclaim_caches(env, &self.root, b, &mut pass);
             let before = b.counter.usage();
             if self.run_shrinkers(env, &self.root, b, &mut pass, 16, None).0 != 0 {
@@ -579,8 +595,8 @@ impl<R: RawMutex> Tree<R> {
             }
             episode.low_skipped |= pass.low_skipped;
             if mode == Mode::Soft {
-                b.events.add(Event::Soft, 1);
-                b.events.add(Event::SoftPages, pages);
+                b.events.soft.add(1);
+                b.events.soft_pages.add(pages);
             }
             // Mark it, unless a later episode already did (its mark covers
             // this one too). A race here costs a visit at most.
@@ -667,7 +683,7 @@ impl<R: RawMutex> Tree<R> {
         // below walks the caches several times, and what it frees changes
         // the usages the decision reads); the tree lock keeps the plan
         // ours and the tree as planned.
-        Self::plan(root, target, pass, |v, take, _| v.plan.store(take as u8, Ordering::Relaxed));
+        Self::plan(root, target, pass, |v, visit| v.plan.store(visit.take as u8, Ordering::Relaxed));
         let mut pages = Self::drain_and_shrink(env, |f| self.planned_caches(target, f));
         Self::planned(target, |v, take| match take {
             Take::Nothing => {}
