@@ -19,6 +19,7 @@
 //! | `watermark` | charges (`fetch_max`) | `Relaxed` | statistic; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
 //! | `failcnt` | failed charges | `Relaxed` | statistic |
 //! | `stock[slot]` | stock take/refill/drain (`compare_exchange`/`swap`) | `Relaxed` | nothing: the pages are charged either way; RMWs make every page counted exactly once |
+//! | `node_pages[node]` | slab grows and frees, large objects (RMWs) | `Relaxed` | statistic |
 //!
 //! # The charge stock
 //!
@@ -36,7 +37,7 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::platform::MAX_CPUS;
+use crate::platform::{MAX_CPUS, MAX_NODES};
 use crate::sync::{
     AtomicBool, AtomicU32, AtomicUsize, Ordering, atomic_bool, atomic_u32, atomic_usize, fence, loom_const_fn, repeat,
     spin_hint,
@@ -86,6 +87,11 @@ pub struct PageCounter {
     /// keep the counter (and so a group) small enough for two groups to
     /// fit a page.
     stock: [AtomicU32; MAX_CPUS],
+    /// Pages charged to this counter itself (not its descendants) that
+    /// back something on each NUMA node: slabs and large objects; stocked
+    /// pages are on none. Noted by the callers that know the node, after
+    /// the charge; a statistic.
+    node_pages: [AtomicUsize; MAX_NODES],
 }
 
 impl core::fmt::Debug for PageCounter {
@@ -149,6 +155,7 @@ impl PageCounter {
                 parent,
                 owner: core::ptr::null(),
                 stock: repeat!(atomic_u32(0); MAX_CPUS),
+                node_pages: repeat!(atomic_usize(0); MAX_NODES),
             }
         }
     }
@@ -365,6 +372,24 @@ impl PageCounter {
             self.uncharge(n);
         }
         n
+    }
+
+    /// Notes that `n` pages charged here back something on `node` (slabs,
+    /// a large object); `node` is clamped below [`MAX_NODES`].
+    pub fn add_node_pages(&self, node: usize, n: usize) {
+        self.node_pages[node.min(MAX_NODES - 1)].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Notes that `n` pages noted with [`PageCounter::add_node_pages`] for
+    /// `node` went back.
+    pub fn sub_node_pages(&self, node: usize, n: usize) {
+        self.node_pages[node.min(MAX_NODES - 1)].fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Pages charged to this counter itself (not its descendants) backing
+    /// something on `node` (0 for a node out of range).
+    pub fn node_pages(&self, node: usize) -> usize {
+        self.node_pages.get(node).map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// Pages held in stocks (charged, backing nothing).

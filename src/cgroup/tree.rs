@@ -26,6 +26,7 @@ use super::{FREED, Group, OFFLINE, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
+use crate::platform::MAX_NODES;
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::slab::{Cache, Pages};
 use crate::sync::{
@@ -666,6 +667,31 @@ impl<R: RawMutex> Tree<R> {
         drop(self.lock.lock());
         drop(self.registry_lock.lock());
         drop(self.shrinkers.lock());
+    }
+
+    /// Pages charged to `g` and its descendants (removed ones included)
+    /// that back slabs and large objects on each NUMA node: each group
+    /// notes its own, and this sums them over the subtree (a walk of every
+    /// group, as reports are not on an allocation path).
+    pub(crate) fn node_pages(&self, g: &Group<R>) -> [usize; MAX_NODES] {
+        let mut out = [0usize; MAX_NODES];
+        let mut add = |x: &Group<R>| {
+            for (node, o) in out.iter_mut().enumerate() {
+                *o = o.saturating_add(x.counter.node_pages(node));
+            }
+        };
+        add(g);
+        self.for_each_group(|x| {
+            let mut up = x.parent();
+            while let Some(p) = up {
+                if core::ptr::eq(p, g) {
+                    add(x);
+                    break;
+                }
+                up = p.parent();
+            }
+        });
+        out
     }
 
     /// Calls `f` on every group, the root first.

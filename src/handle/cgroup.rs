@@ -14,7 +14,7 @@ use crate::cgroup::{
 use crate::error::{Error, GroupName, Name};
 use crate::heap::{Heap, Kmem, KmemOf};
 use crate::magazine::MagCache;
-use crate::platform::{PAGE_SIZE, PageSource, Platform};
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource, Platform};
 
 /// Bytes to pages, rounding down; `usize::MAX` stays "no limit".
 fn to_pages(bytes: usize) -> usize {
@@ -312,6 +312,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             soft_reclaim_passes: ev.soft.get(),
             soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
             stocked: to_bytes(c.stocked()),
+            nodes: t.node_pages(g).map(to_bytes),
             large: to_bytes(g.large_pages().get()),
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
             ncaches: 0,
@@ -547,6 +548,11 @@ pub struct GroupStat {
     pub soft_reclaim_bytes: usize,
     /// Bytes pre-charged in CPU stocks.
     pub stocked: usize,
+    /// Bytes charged to the group and its descendants that back slabs and
+    /// large objects on each NUMA node (Linux `memory.numa_stat`). Stocked
+    /// bytes back nothing, so the nodes sum to `usage` less what the
+    /// subtree's stocks hold.
+    pub nodes: [usize; MAX_NODES],
     /// Bytes of large objects (with their header pages) charged here.
     pub large: usize,
     caches: [CacheRow; MAX_ACCOUNTED],
@@ -586,6 +592,11 @@ impl fmt::Display for GroupStat {
         writeln!(f, "soft_reclaim_passes {}", self.soft_reclaim_passes)?;
         writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
         writeln!(f, "stocked {}", self.stocked)?;
+        write!(f, "usage_nodes")?;
+        for (node, bytes) in self.nodes.iter().enumerate() {
+            write!(f, " N{node}={bytes}")?;
+        }
+        writeln!(f)?;
         writeln!(f, "large {}", self.large)?;
         for (name, objects, pages) in self.caches() {
             writeln!(f, "slab {name} {objects} {pages}")?;

@@ -184,3 +184,57 @@ fn a_hook_that_allocates_gets_atomic_allocations() {
     k.set_event_hook(None);
     unpin(k, pins);
 }
+
+/// Per-node usage in `stat` (issue 18, item 3): what a group's slabs and
+/// large objects hold on each NUMA node, summed over its subtree.
+#[test]
+fn stat_shows_usage_per_node() {
+    use crate::Kmem;
+    use crate::platform::{DefaultRawMutex, Region};
+    use crate::testutil::arena;
+    let k: &'static K = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new(Region::<DefaultRawMutex, 8>::new())));
+    k.source().add(arena(MB), 0).unwrap();
+    k.source().add(arena(8 * MB), 1).unwrap();
+    let root = k.root();
+    let p = root.create_child("p").unwrap();
+    let a = p.create_child("a").unwrap();
+    let b = p.create_child("b").unwrap();
+    // a: 40 large objects (1280 KiB) prefer node 0 and spill to node 1.
+    let big = pinned(k, &a, 40);
+    assert_eq!(big.len(), 40);
+    let sa = a.stat();
+    assert_eq!(sa.nodes.iter().sum::<usize>(), 40 * OBJ);
+    assert!(sa.nodes[0] > 0 && sa.nodes[1] > 0, "{:?}", sa.nodes);
+    assert!(sa.nodes[2..].iter().all(|&n| n == 0));
+    // b: small objects in slabs (and a stock, on no node).
+    let small = Layout::from_size_align(100, 8).unwrap();
+    let objs: Vec<usize> = {
+        let _in = b.enter();
+        // SAFETY: a valid layout.
+        (0..2000).map(|_| unsafe { k.alloc(small) } as usize).collect()
+    };
+    assert!(objs.iter().all(|&o| o != 0));
+    let sb = b.stat();
+    assert_eq!(sb.nodes.iter().sum::<usize>() + sb.stocked, sb.usage);
+    assert!(sb.nodes.iter().sum::<usize>() > 0);
+    // The parent sums its children (and holds nothing itself).
+    let sp = p.stat();
+    for n in 0..sp.nodes.len() {
+        assert_eq!(sp.nodes[n], sa.nodes[n] + sb.nodes[n]);
+    }
+    assert_eq!(sp.nodes.iter().sum::<usize>() + sb.stocked + sp.stocked, sp.usage);
+    let shown = sp.to_string();
+    let line = std::format!("usage_nodes N0={} N1={} N2=0 N3=0", sp.nodes[0], sp.nodes[1]);
+    assert!(shown.lines().any(|l| l == line), "{line} not in\n{shown}");
+    // A removed child's pages count in its parent until they are freed.
+    a.remove().unwrap();
+    assert_eq!(p.stat().nodes, sp.nodes);
+    unpin(k, big);
+    for o in objs {
+        // SAFETY: allocated above with `small`, freed once.
+        unsafe { k.dealloc(o as *mut u8, small) };
+    }
+    k.shrink();
+    assert_eq!(p.stat().nodes, [0; crate::MAX_NODES]);
+    assert_eq!(root.stat().nodes, [0; crate::MAX_NODES]);
+}
