@@ -613,7 +613,7 @@ struct Plan {
 
 /// One timed pass: the walks, then the dcache emptied (untimed).
 fn pass(label: String, cache: &'static Cache, group: Option<&Cgroup<'static, Kmem<OsPages>>>, plan: &Plan) -> Row {
-    let ev0 = group.map_or(0, |g| g.stat().events_max);
+    let ev0 = group.map_or(0, |g| g.stat().events.max);
     if let Some(g) = group {
         g.reset_peak();
     }
@@ -636,7 +636,7 @@ fn pass(label: String, cache: &'static Cache, group: Option<&Cgroup<'static, Kme
         // Nothing is freed in an unlimited pass: what the cache holds now.
         None => cache.stats().pages * PAGE_SIZE,
     };
-    let events_max = group.map_or(0, |g| g.stat().events_max - ev0);
+    let events_max = group.map_or(0, |g| g.stat().events.max - ev0);
     let max = group.map_or(usize::MAX, |g| g.max());
     teardown(cache);
     Row {

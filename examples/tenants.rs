@@ -154,8 +154,8 @@ fn table(tenants: &[Arc<Tenant>], elapsed: Duration) -> String {
             fmt_limit(st.max),
             fmt_limit(st.high),
             fmt_limit(st.soft_limit),
-            st.events_max,
-            st.events_high,
+            st.events.max,
+            st.events.high,
             st.soft_reclaim_passes,
             t.ops.load(Ordering::Relaxed),
             t.failures.load(Ordering::Relaxed)
@@ -235,7 +235,7 @@ fn main() {
         gs.peak / MB,
         gs.max / MB,
         g.failures.load(Ordering::Relaxed),
-        gs.events_max
+        gs.events.max
     );
     let others: usize = [&c, &b, &s].iter().map(|t| t.failures.load(Ordering::Relaxed)).sum();
     println!("  failures in the other tenants: {others}");
@@ -246,7 +246,7 @@ fn main() {
     );
     println!(
         "  bursty (high 24 MiB): throttled {} times, peak {} MiB, no failures from high",
-        b.group.stat().events_high,
+        b.group.stat().events.high,
         b.group.peak() / MB
     );
     KMEM.unregister_shrinker(cache_lru);

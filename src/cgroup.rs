@@ -13,9 +13,11 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree; current-group tokens |
+//! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree, event counts; current-group tokens |
 //! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the tree lock, readers, zombies and limbo, the metadata caches; creating, removing, reclaiming groups; child caches |
 //! | `registry` | the typed caches' descriptors, their accounting indices, destroying a cache |
+//! | `protection` | effective `min` and `low`; what a reclaim pass may take from a subtree |
+//! | `events` | counting events up the tree, the event hook |
 //! | `reclaim` | charging with reclaim, reclaim passes, `high` throttling, contention steps, shrinkers; the one drain-and-shrink every reclaim, `shrink` and `reap` use |
 //! | `pressure` | the named pressure resources of a group |
 //!
@@ -49,7 +51,7 @@ pub use inject::{FailRule, FaultInjection, MAX_INJECTIONS};
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
-pub use tree::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
+pub use tree::{EventHook, GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 
 /// `Group::state` of a live group.
 const ONLINE: u8 = 0;
@@ -99,6 +101,18 @@ pub(crate) struct TokenHead {
     /// the parent outlives us. Here rather than in `Group<R>`, so a walk
     /// up the tree needs no lock type (`ShrinkControl::contains`).
     parent: *const TokenHead,
+    /// `ONLINE` until `remove`, then `OFFLINE` (`FREED` just before the
+    /// memory goes). Here for the same reason: `ShrinkControl::contains`
+    /// leads objects of removed groups to their nearest online ancestor.
+    state: AtomicU8,
+}
+
+impl TokenHead {
+    /// Whether `remove` has run on the group this head starts.
+    #[inline]
+    fn is_offline(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OFFLINE
+    }
 }
 
 /// Where the token head sits in every `Group<R>`: after the counter, so
@@ -107,36 +121,42 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 
 // Two groups and a slab header fit one page, so the group cache needs no
 // larger runs (an order-3 slab for groups made `create_child` fail in a
-// fragmented region).
-// (Under Miri and loom, with 2 CPU slots, and on targets with smaller
-// cache-line padding or 32 CPU slots, groups are smaller and the geometry
-// picks larger slabs for less waste; the bound is for the 64-slot builds
-// of x86_64 and aarch64.)
-#[cfg(all(not(any(miri, loom)), any(target_arch = "x86_64", target_arch = "aarch64")))]
+// fragmented region); `GEOMETRY` keeps them in single pages whatever the
+// waste. On every target: the 64-slot builds of x86_64 and aarch64 have
+// the largest groups.
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
 static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
 
 /// The low bit of a current-group token: set while its context runs
-/// shrinkers, so an allocation a shrinker makes skips reclaim instead of
-/// re-entering it. A tagged token names the same group, with the same
-/// reference, as the untagged one (groups are aligned to at least 8).
+/// shrinkers (or an event hook, or an atomic scope), so an allocation it
+/// makes skips reclaim instead of re-entering it. A tagged token names the
+/// same group, with the same reference, as the untagged one (groups are
+/// aligned to at least 8).
 const RECLAIMING: usize = 1;
 
-/// `token` without the [`RECLAIMING`] tag.
+/// The next bit: set while its context runs the event hook, so events the
+/// hook's own allocations raise are counted but not reported to it again.
+const IN_HOOK: usize = 2;
+
+/// The tags of a token.
+const TAGS: usize = RECLAIMING | IN_HOOK;
+
+/// `token` without its tags.
 #[inline(always)]
 fn untag(token: *const ()) -> *const () {
-    token.map_addr(|a| a & !RECLAIMING)
+    token.map_addr(|a| a & !TAGS)
 }
 
 /// Makes `token` (untagged) the calling context's current group and
 /// returns the token it replaces, with its reference. The context's
-/// [`RECLAIMING`] mark stays as it is: it belongs to the running context
-/// (a shrinker that enters or leaves a group stays marked), not to the
-/// token. The caller hands over the reference `token` carries.
+/// marks ([`RECLAIMING`], [`IN_HOOK`]) stay as they are: they belong to
+/// the running context (a shrinker that enters or leaves a group stays
+/// marked), not to the token. The caller hands over the reference `token`
+/// carries.
 pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const () {
-    let mark = platform.current_group().addr() & RECLAIMING;
-    platform.set_current_group(untag(token).map_addr(|a| a | mark))
+    let marks = platform.current_group().addr() & TAGS;
+    platform.set_current_group(untag(token).map_addr(|a| a | marks))
 }
 
 /// Sets (`on`) or clears the calling context's no-reclaim mark (the
@@ -167,35 +187,83 @@ pub(crate) unsafe fn release_token(token: *const ()) {
     }
 }
 
-/// What a group counts (Linux `memory.events` and friends): an index
-/// into its [`Events`].
-#[derive(Clone, Copy)]
-pub(crate) enum Event {
-    /// Charges that would have gone over `max`.
+/// A memory event of a group (Linux `memory.events`): counted in the
+/// group's [`GroupStat`](crate::GroupStat), locally and in each ancestor
+/// (hierarchically), and reported to the allocator's event hook
+/// ([`Kmem::set_event_hook`](crate::Kmem::set_event_hook)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Event {
+    /// A charge would have taken the group over its `max`; reclaim runs.
     Max,
-    /// Charges that failed even after reclaim.
+    /// A charge failed at the group's `max` even after reclaim (the
+    /// allocation returned null or an error).
     Oom,
-    /// Times an allocating task reclaimed because usage was above `high`.
+    /// An allocating task reclaimed from the group because its usage was
+    /// above its `high`.
     High,
-    /// Soft-limit reclaim passes run on this group, and pages they freed.
-    Soft,
-    SoftPages,
-    /// Times contention reclaim skipped this group as protected by `low`.
+    /// The group was reclaimed while its usage was within its effective
+    /// `low`: a pass that found nothing unprotected left (Linux's `low`).
     Low,
+    /// The group was reclaimed while its usage was within its own `min`:
+    /// only reclaim for its own limits (`max`, `high`) or
+    /// [`Cgroup::reclaim`](crate::Cgroup::reclaim) on it does that, as a
+    /// group's protection shields it from reclaim on behalf of others, not
+    /// from its own limits.
+    Min,
 }
 
-/// A group's event counters, by [`Event`].
-pub(crate) struct Events([Stat; 6]);
+impl Event {
+    /// Every event, in the order of their counters.
+    pub const ALL: [Event; NEVENTS] = [Event::Max, Event::Oom, Event::High, Event::Low, Event::Min];
+
+    /// The event's name, as in Linux `memory.events`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::Max => "max",
+            Event::Oom => "oom",
+            Event::High => "high",
+            Event::Low => "low",
+            Event::Min => "min",
+        }
+    }
+}
+
+/// Event kinds.
+pub(crate) const NEVENTS: usize = 5;
+
+/// A group's event counters, by [`Event`], and its soft-limit reclaim.
+pub(crate) struct Events {
+    /// Events of the group itself (Linux `memory.events.local`).
+    local: [Stat; NEVENTS],
+    /// Events of the group and its descendants, removed ones included
+    /// (Linux `memory.events`).
+    all: [Stat; NEVENTS],
+    /// Soft-limit reclaim passes run on this group, and pages they freed.
+    pub(crate) soft: Stat,
+    pub(crate) soft_pages: Stat,
+}
 
 impl Events {
-    /// Adds `n` to `e`.
-    pub(crate) fn add(&self, e: Event, n: usize) {
-        self.0[e as usize].add(n);
+    loom_const_fn! {
+        fn new() -> Events {
+            Events {
+                local: repeat!(Stat::new(); NEVENTS),
+                all: repeat!(Stat::new(); NEVENTS),
+                soft: Stat::new(),
+                soft_pages: Stat::new(),
+            }
+        }
     }
 
-    /// The count of `e`.
-    pub(crate) fn get(&self, e: Event) -> usize {
-        self.0[e as usize].get()
+    /// The count of `e` in the group itself.
+    pub(crate) fn local(&self, e: Event) -> usize {
+        self.local[e as usize].get()
+    }
+
+    /// The count of `e` in the group and its descendants.
+    pub(crate) fn hierarchical(&self, e: Event) -> usize {
+        self.all[e as usize].get()
     }
 }
 
@@ -216,9 +284,11 @@ pub(crate) struct Group<R: RawMutex> {
     /// Which tree made this group, and how a token drops a reference on it.
     head: TokenHead,
     name: Name,
-    /// (`state` and `visited` sit in the padding after the name.)
-    /// `ONLINE` until `remove`, then `OFFLINE`.
-    state: AtomicU8,
+    /// (`plan` and `visited` sit in the padding after the name.)
+    /// What the reclaim pass being planned takes from this group (see
+    /// `tree::protection`): written and read under the tree lock only, so
+    /// `Relaxed`.
+    plan: AtomicU8,
     /// The last contention-reclaim episode that reclaimed this group (0:
     /// none): how an episode reaches every group once, however many there
     /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
@@ -259,9 +329,10 @@ unsafe impl<R: RawMutex + Sync> Sync for Group<R> {}
 unsafe impl<R: RawMutex + Send> Send for Group<R> {}
 
 impl<R: RawMutex> Group<R> {
-    /// Slab geometry of the internal cache groups live in.
+    /// Slab geometry of the internal cache groups live in: single pages
+    /// whenever two groups fit one, whatever the waste.
     pub(crate) const GEOMETRY: crate::slab::Geometry =
-        match crate::slab::Geometry::new(core::mem::size_of::<Self>(), core::mem::align_of::<Self>()) {
+        match crate::slab::Geometry::in_order(core::mem::size_of::<Self>(), core::mem::align_of::<Self>(), 0, 2) {
             Some(g) => g,
             None => panic!("Group does not fit a slab"),
         };
@@ -274,7 +345,7 @@ impl<R: RawMutex> Group<R> {
                 counter,
                 head,
                 name,
-                state: atomic_u8(ONLINE),
+                plan: atomic_u8(0),
                 visited: atomic_u32(0),
                 refs: atomic_usize(1),
                 first_child: atomic_null(),
@@ -283,7 +354,7 @@ impl<R: RawMutex> Group<R> {
                 next_zombie: atomic_null(),
                 caches: repeat!(atomic_null(); MAX_ACCOUNTED),
                 large_pages: Stat::new(),
-                events: Events(repeat!(Stat::new(); 6)),
+                events: Events::new(),
                 pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
             }
         }
@@ -292,7 +363,8 @@ impl<R: RawMutex> Group<R> {
     loom_const_fn! {
         /// The root group of a tree.
         fn new_root(name: Name) -> Self {
-            let head = TokenHead { owner: ptr::null(), release: release_root, parent: ptr::null() };
+            let head =
+                TokenHead { owner: ptr::null(), release: release_root, parent: ptr::null(), state: atomic_u8(ONLINE) };
             Self::with(PageCounter::new_root(), head, name)
         }
     }
@@ -309,7 +381,7 @@ impl<R: RawMutex> Group<R> {
         name: Name,
     ) -> Self {
         let parent_head = ptr::from_ref(parent).cast::<u8>().wrapping_add(HEAD_OFFSET).cast::<TokenHead>();
-        let head = TokenHead { owner, release, parent: parent_head };
+        let head = TokenHead { owner, release, parent: parent_head, state: atomic_u8(ONLINE) };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
     }
@@ -370,17 +442,28 @@ impl<R: RawMutex> Group<R> {
         &self.events
     }
 
+    /// Counts `e` here, locally, and hierarchically here and in every
+    /// ancestor (the tree reports it to the event hook).
+    fn count(&self, e: Event) {
+        self.events.local[e as usize].add(1);
+        let mut g = Some(self);
+        while let Some(x) = g {
+            x.events.all[e as usize].add(1);
+            g = x.parent();
+        }
+    }
+
     /// Whether the group's memory was freed (read through a stale
     /// pointer, by the loom models).
     #[cfg(loom)]
     pub(crate) fn is_freed(&self) -> bool {
-        self.state.load(Ordering::Acquire) == FREED
+        self.head.state.load(Ordering::Acquire) == FREED
     }
 
     /// Whether `remove` has run.
     #[inline]
     pub(crate) fn is_offline(&self) -> bool {
-        self.state.load(Ordering::Acquire) == OFFLINE
+        self.head.is_offline()
     }
 
     /// The nearest group from this one up that is online.
@@ -449,14 +532,35 @@ impl<R: RawMutex> Group<R> {
     }
 
     /// Calls `f` on this group and every descendant (pre-order), without
-    /// recursion or allocation. The caller holds the tree lock.
+    /// recursion or allocation. The caller holds the tree lock, or a read
+    /// guard taken while this group was referenced (see
+    /// [`Group::walk_pruned`]).
     fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
+        self.walk_pruned(|g| {
+            f(g);
+            true
+        })
+    }
+
+    /// Calls `f` on this group and its descendants, pre-order, without
+    /// recursion or allocation; below a group for which `f` returns
+    /// `false`, on none.
+    ///
+    /// The caller holds the tree lock, or a read guard taken while this
+    /// group was referenced. Under a read guard alone the walk is sound:
+    /// every group it reaches was linked below this one when its link was
+    /// read, after the guard was taken, so nothing it reaches is freed
+    /// before the guard drops (a group removed meanwhile keeps the
+    /// sibling link it had, to a group that was linked then); it may miss
+    /// groups created or removed meanwhile.
+    fn walk_pruned(&self, mut f: impl FnMut(&Group<R>) -> bool) {
         let top: *const Group<R> = self;
         let mut cur: &Group<R> = self;
         loop {
-            f(cur);
-            if let Some(c) = NonNull::new(cur.first_child.load(Ordering::Acquire)) {
-                // SAFETY: a linked child is live.
+            if f(cur)
+                && let Some(c) = NonNull::new(cur.first_child.load(Ordering::Acquire))
+            {
+                // SAFETY: a linked child is live (see above).
                 cur = unsafe { c.as_ref() };
                 continue;
             }
@@ -465,7 +569,7 @@ impl<R: RawMutex> Group<R> {
                     return;
                 }
                 if let Some(s) = NonNull::new(cur.next_sibling.load(Ordering::Acquire)) {
-                    // SAFETY: a linked sibling is live.
+                    // SAFETY: a linked sibling is live (see above).
                     cur = unsafe { s.as_ref() };
                     break;
                 }

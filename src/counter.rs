@@ -14,11 +14,12 @@
 //! | --- | --- | --- | --- |
 //! | `usage` | charge/uncharge (`fetch_add`/`fetch_sub`) | `Relaxed`, then `fence(SeqCst)` in `try_charge` | the fence in `set_max`: a charger that read the old `max` has its add seen by `set_max`'s re-read of `usage`, which then retries (Dekker) |
 //! | `max` | `set_max` (`swap`) | `Relaxed`, then `fence(SeqCst)` | the fence in `try_charge` |
-//! | `high`, `soft`, `low` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
+//! | `high`, `soft`, `low`, `min` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
 //! | `setting` | limit setters (a spin lock: `Acquire` CAS, `Release` store) | `Acquire`/`Release` | the previous setter's writes to `max` (and its rollback) |
 //! | `watermark` | charges (`fetch_max`) | `Relaxed` | statistic; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
 //! | `failcnt` | failed charges | `Relaxed` | statistic |
 //! | `stock[slot]` | stock take/refill/drain (`compare_exchange`/`swap`) | `Relaxed` | nothing: the pages are charged either way; RMWs make every page counted exactly once |
+//! | `node_pages[node]` | slab grows and frees, large objects (RMWs) | `Relaxed` | statistic |
 //!
 //! # The charge stock
 //!
@@ -36,15 +37,19 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::platform::MAX_CPUS;
+use crate::platform::{MAX_CPUS, MAX_NODES};
 use crate::sync::{
-    AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat, spin_hint,
+    AtomicBool, AtomicU32, AtomicUsize, Ordering, atomic_bool, atomic_u32, atomic_usize, fence, loom_const_fn, repeat,
+    spin_hint,
 };
 
 /// Pages a stock refill charges beyond the request.
 pub const STOCK_BATCH: usize = 8;
 /// The most pages one CPU slot may hold in a counter's stock.
 pub const STOCK_MAX: usize = 2 * STOCK_BATCH;
+
+// A stock is a `u32`.
+static_assertions::const_assert!(STOCK_MAX <= u32::MAX as usize);
 
 /// A hierarchical page counter.
 ///
@@ -60,6 +65,7 @@ pub struct PageCounter {
     high: AtomicUsize,
     soft: AtomicUsize,
     low: AtomicUsize,
+    min: AtomicUsize,
     /// Charges refused at this level.
     failcnt: AtomicUsize,
     /// Set while a limit setter runs: setters take turns (Linux requires
@@ -76,8 +82,16 @@ pub struct PageCounter {
     /// charge leads back to its group with the group's own provenance.
     /// Null unless set.
     pub(crate) owner: *const (),
-    /// Pre-charged pages per CPU slot.
-    stock: [AtomicUsize; MAX_CPUS],
+    /// Pre-charged pages per CPU slot, at most [`STOCK_MAX`] each: a `u32`
+    /// holds that with room to spare, and half the bytes of a `usize`
+    /// keep the counter (and so a group) small enough for two groups to
+    /// fit a page.
+    stock: [AtomicU32; MAX_CPUS],
+    /// Pages charged to this counter itself (not its descendants) that
+    /// back something on each NUMA node: slabs and large objects; stocked
+    /// pages are on none. Noted by the callers that know the node, after
+    /// the charge; a statistic.
+    node_pages: [AtomicUsize; MAX_NODES],
 }
 
 impl core::fmt::Debug for PageCounter {
@@ -135,11 +149,13 @@ impl PageCounter {
                 high: atomic_usize(usize::MAX),
                 soft: atomic_usize(usize::MAX),
                 low: atomic_usize(0),
+                min: atomic_usize(0),
                 failcnt: atomic_usize(0),
                 setting: atomic_bool(false),
                 parent,
                 owner: core::ptr::null(),
-                stock: repeat!(atomic_usize(0); MAX_CPUS),
+                stock: repeat!(atomic_u32(0); MAX_CPUS),
+                node_pages: repeat!(atomic_usize(0); MAX_NODES),
             }
         }
     }
@@ -163,8 +179,10 @@ impl PageCounter {
         high,
         /// The soft limit, in pages.
         soft,
-        /// The protection, in pages.
+        /// The soft protection, in pages.
         low,
+        /// The hard protection, in pages.
+        min,
         /// The largest usage since creation or the last reset.
         watermark,
         /// Charges refused at this level.
@@ -190,6 +208,19 @@ impl PageCounter {
     pub fn set_low(&self, pages: usize) {
         let _turn = self.setter_turn();
         self.low.store(pages, Ordering::Relaxed);
+    }
+    /// Sets `min` (pages).
+    pub fn set_min(&self, pages: usize) {
+        let _turn = self.setter_turn();
+        self.min.store(pages, Ordering::Relaxed);
+    }
+
+    /// What this counter protects of its usage, `(min, low)` in pages:
+    /// its usage up to each setting (Linux's `min_usage` and `low_usage`,
+    /// computed when asked instead of kept up to date on every charge).
+    pub fn protected(&self) -> (usize, usize) {
+        let u = self.usage();
+        (u.min(self.min()), u.min(self.low()))
     }
 
     /// Waits for the other limit setters of this counter to finish; the
@@ -287,8 +318,10 @@ impl PageCounter {
         };
         let st = &self.stock[slot];
         let mut have = st.load(Ordering::Relaxed);
-        while have >= n {
-            match st.compare_exchange_weak(have, have - n, Ordering::Relaxed, Ordering::Relaxed) {
+        // `have as usize`: a stock holds at most STOCK_MAX pages, so `n`
+        // fits a `u32` whenever the loop runs.
+        while have as usize >= n {
+            match st.compare_exchange_weak(have, have - n as u32, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(now) => have = now,
             }
@@ -315,8 +348,9 @@ impl PageCounter {
         let st = &self.stock[slot];
         let mut have = st.load(Ordering::Relaxed);
         loop {
-            let keep = (STOCK_MAX.saturating_sub(have)).min(n);
-            match st.compare_exchange_weak(have, have + keep, Ordering::Relaxed, Ordering::Relaxed) {
+            let keep = (STOCK_MAX.saturating_sub(have as usize)).min(n);
+            // `keep <= STOCK_MAX`, so the sum fits a `u32`.
+            match st.compare_exchange_weak(have, have + keep as u32, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
                     if n > keep {
                         self.uncharge(n - keep);
@@ -332,7 +366,7 @@ impl PageCounter {
     pub fn drain_stock(&self) -> usize {
         let mut n = 0;
         for st in &self.stock {
-            n += st.swap(0, Ordering::Relaxed);
+            n += st.swap(0, Ordering::Relaxed) as usize;
         }
         if n > 0 {
             self.uncharge(n);
@@ -340,10 +374,47 @@ impl PageCounter {
         n
     }
 
+    /// Notes that `n` pages charged here back something on `node` (slabs,
+    /// a large object); `node` is clamped below [`MAX_NODES`].
+    pub fn add_node_pages(&self, node: usize, n: usize) {
+        self.node_pages[node.min(MAX_NODES - 1)].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Notes that `n` pages noted with [`PageCounter::add_node_pages`] for
+    /// `node` went back.
+    pub fn sub_node_pages(&self, node: usize, n: usize) {
+        self.node_pages[node.min(MAX_NODES - 1)].fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Pages charged to this counter itself (not its descendants) backing
+    /// something on `node` (0 for a node out of range).
+    pub fn node_pages(&self, node: usize) -> usize {
+        self.node_pages.get(node).map_or(0, |n| n.load(Ordering::Relaxed))
+    }
+
     /// Pages held in stocks (charged, backing nothing).
     pub fn stocked(&self) -> usize {
-        self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+        self.stock.iter().map(|s| s.load(Ordering::Relaxed) as usize).sum()
     }
+}
+
+/// A child's effective protection (Linux `effective_protection`, without
+/// `memory_recursiveprot`): `protected` is what it claims of its usage
+/// (its usage up to its `min` or `low`), `parent` its parent's effective
+/// protection, and `siblings` what the parent's children claim together
+/// (itself included). While the children's claims fit the parent's
+/// protection each keeps its claim; when they overcommit it, the parent's
+/// protection is shared out in proportion to the claims. Either way the
+/// result is at most `parent`.
+pub(crate) fn effective_protection(protected: usize, parent: usize, siblings: usize) -> usize {
+    let e = if siblings > parent {
+        // At most `parent` (as `protected <= siblings`), so it fits.
+        (protected as u128 * parent as u128 / siblings as u128) as usize
+    } else {
+        protected
+    };
+    // Claims read at different times may disagree; the bound holds anyway.
+    e.min(parent)
 }
 
 /// A limit setter's turn on a counter; see `PageCounter::setting`.

@@ -41,7 +41,7 @@ pub enum Error {
     Busy,
     /// The group has been removed.
     Removed,
-    /// The root group cannot be removed.
+    /// The root group cannot be removed or protected (`min`, `low`).
     RootGroup,
     /// [`crate::MAX_SHRINKERS`] shrinkers are registered.
     TooManyShrinkers,
@@ -118,7 +118,7 @@ impl fmt::Display for Error {
             Error::TooManyAccountedCaches => f.write_str("no accounting index left for another accounted cache"),
             Error::Busy => f.write_str("the group still has children"),
             Error::Removed => f.write_str("the group has been removed"),
-            Error::RootGroup => f.write_str("the root group cannot be removed"),
+            Error::RootGroup => f.write_str("the root group cannot be removed or protected"),
             Error::TooManyShrinkers => f.write_str("every shrinker slot is taken"),
             Error::BadThresholds => f.write_str("pressure thresholds must satisfy min <= pressure <= max"),
             Error::AboveParentMax { parent_max } => {

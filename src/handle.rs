@@ -14,7 +14,7 @@ mod cgroup;
 mod pressure;
 mod typed;
 
-pub use cgroup::{AtomicScope, Cgroup, CgroupAllocator, CgroupGuard, GroupStat};
+pub use cgroup::{AtomicScope, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat};
 pub use pressure::Pressure;
 pub use typed::{CacheBox, CacheFlags, KmemCache};
 

@@ -18,7 +18,7 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use crate::cgroup::{Group, GroupId, Shrinker, Tree, mode};
+use crate::cgroup::{EventHook, Group, GroupId, Shrinker, Tree, mode};
 use crate::counter::PageCounter;
 use crate::error::Error;
 use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
@@ -251,6 +251,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// page source is exhausted.
     pub fn set_contention_mark(&self, bytes: usize) {
         self.tree.set_contention_mark(if bytes == usize::MAX { usize::MAX } else { bytes / PAGE_SIZE });
+    }
+
+    /// Sets the function called with every memory event of every group
+    /// (`max`, `oom`, `high`, `low`, `min`; see [`crate::Event`]), so a
+    /// program or kernel can react to a limit hit or an out-of-memory;
+    /// `None` removes it. One hook per allocator; setting one replaces the
+    /// last. The hook runs outside every allocator lock, where the event
+    /// happens (any thread, an atomic scope, interrupt context): it must
+    /// not block or allocate; see [`EventHook`] for the details.
+    pub fn set_event_hook(&self, hook: Option<EventHook>) {
+        self.tree.set_event_hook(hook);
     }
 
     /// Empties every magazine on every CPU and in every depot, gives every

@@ -55,11 +55,31 @@
 //!   when the slab or object is freed, always from the group that owns it.
 //! * **stock**: pages pre-charged per CPU slot, so most slab grows skip the
 //!   shared counters ([`STOCK_MAX`] per slot and counter).
-//! * **max / high / soft / low**: a group's hard limit (charges fail past
-//!   it after reclaim), throttling threshold (the allocating task reclaims
-//!   above it, nothing fails), contention target (reclaimed first, largest
-//!   excess first, when memory is contended), and protection from
-//!   contention reclaim.
+//! * **max**: a group's hard limit: a charge that would take it (or an
+//!   ancestor) past it reclaims the group's subtree, then fails.
+//! * **high**: a group's throttling threshold: an allocating task whose
+//!   group (or an ancestor) is above it reclaims from that group before
+//!   its allocation returns; nothing fails for it.
+//! * **soft**: a group's soft limit, its target under contention: groups
+//!   above theirs are reclaimed first, largest excess first.
+//! * **low**: soft protection: while a group's usage is within its
+//!   *effective* `low`, reclaim on behalf of others (contention, an
+//!   ancestor's `max` or `high`, [`Cgroup::reclaim`] of an ancestor) passes
+//!   it over as long as it finds unprotected memory; then it takes from it
+//!   too (a `low` event).
+//! * **min**: hard protection: within its effective `min`, a group is
+//!   never reclaimed for others; an allocation fails instead. Only its own
+//!   limits (and [`Cgroup::reclaim`] on it) go below it (a `min` event).
+//! * **effective protection**: as in Linux cgroup v2, a child of the
+//!   group reclaim serves keeps its claim (usage up to its `min` or
+//!   `low`); deeper, a child's protection is bounded by its parent's, and
+//!   children whose claims overcommit their parent's share it in
+//!   proportion to their claims. A child that claims nothing gets nothing.
+//! * **event**: `max`, `oom`, `high`, `low` or `min` happening to a group
+//!   ([`Event`]): counted in the group alone (`events_local`) and in it
+//!   and each ancestor (`events`), as Linux's `memory.events.local` and
+//!   `memory.events`, and passed to the allocator's event hook
+//!   ([`Kmem::set_event_hook`]), called outside every lock.
 //! * **reclaim**: giving back what a group subtree holds unused: its
 //!   magazines, empty slabs and stocks, then what its shrinkers free.
 //! * **dead cache**: a removed group's cache: no magazines, empty slabs go
@@ -81,7 +101,7 @@
 //! | page | `page` | exact page runs, pointer → slab lookup |
 //! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`); the size classes (`classes`) |
 //! | magazine | `magazine` | per-CPU loaded/previous magazines and the fast paths (`magazine.rs`), the slot handshake (`slots`), per-node depots (`depot`), draining (`drain`) |
-//! | cgroup | `cgroup` | groups: counters, references, tokens, walks (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
+//! | cgroup | `cgroup` | groups: counters, references, tokens, walks, event counts (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); effective `min`/`low` and what a reclaim pass may take (`tree::protection`); the event hook (`tree::events`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
 //! | heap | `heap` | [`Kmem`]: alloc/free/realloc over the tree's caches (`heap.rs`), the page path (`large`), reports (`report`), invariant checks (`check`); [`Heap`], the one type parameter of the handles |
 //! | handle | `handle` | the public handles: [`Cgroup`], [`CgroupGuard`], [`CgroupAllocator`] (`cgroup`), [`Pressure`] (`pressure`), [`KmemCache`], [`CacheBox`] (`typed`) |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] and [`CgroupAllocator`] |
@@ -93,8 +113,9 @@
 //! 1. `Tree::registry_lock` (cache creation and destruction only);
 //! 2. `Tree::lock`, the tree lock (group creation and removal, pressure
 //!    resources, subtree reclaim, group reclamation); shrinkers are called
-//!    with no lock held, and the shrinker list's own lock only while
-//!    copying it;
+//!    with no lock held (under a read guard, which is no lock: it only
+//!    defers freeing group metadata), and the shrinker list's own lock
+//!    only while copying it;
 //! 3. a slot's drainer flag (drains only; the slot *holder* takes no lock);
 //! 4. a depot lock (one magazine exchange per hold);
 //! 5. a cache's per-node list lock (one slab-list update, or one batch of
@@ -139,11 +160,13 @@
 //! | `Group::refs` | handles, guards, a thread's current-group slot, children, child caches, large objects | `Relaxed` inc (`try_get` by CAS for walks), `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
 //! | `Group::next_zombie`, `MagCache::retired_next`, `CacheDesc::retired_next` | the zombie push (before its `Release` CAS), the tree lock's limbo lists | `Relaxed` | the push's `Release` / the swap's `Acquire`, or the tree lock |
 //! | `Tree::contention_mark` | `set_contention_mark` | `Relaxed` | nothing: a stale mark delays or adds one contention check |
+//! | `Tree::event_hook` | `set_event_hook` | `Release` | `Acquire` before each call: the hook sees what its setter wrote |
 //! | `Tree::readers` | read guards (iterations of groups, caches and descriptors; slow frees): `fetch_add`, then `fence(SeqCst)`; `Release` dec | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
 //! | `Group::visited`, `Tree::episodes` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound; episode ids need only be unique (an RMW) |
 //! | `PageCounter::setting` | limit setters (a spin flag) | `Acquire` CAS, `Release` store | the previous setter's writes to the limits |
 //! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
-//! | `Group::state` | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path |
+//! | `TokenHead::state` (a group's) | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path and in `ShrinkControl::contains` |
+//! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
@@ -231,13 +254,14 @@ pub use allocator_api2;
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
 pub use cgroup::{
-    FailRule, FaultInjection, GroupId, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES, MAX_SHRINKERS,
-    ShrinkControl, Shrinker,
+    Event, EventHook, FailRule, FaultInjection, GroupId, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES,
+    MAX_SHRINKERS, ShrinkControl, Shrinker,
 };
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
 pub use handle::{
-    AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, GroupStat, KmemCache, Pressure,
+    AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat, KmemCache,
+    Pressure,
 };
 pub use heap::{Detection, GUARDED_MAX, Heap, Kmem, KmemStats, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};

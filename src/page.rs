@@ -31,8 +31,14 @@ fn run_order(pages: usize, align: usize) -> Option<u32> {
     order_for_pages(pages.max(align >> PAGE_SHIFT))
 }
 
-/// Allocates `pages` pages aligned to `align` (a power of two) on `node`.
-pub(crate) fn alloc_exact<S: PageSource>(src: &S, pages: usize, align: usize, node: usize) -> Option<NonNull<u8>> {
+/// Allocates `pages` pages aligned to `align` (a power of two), preferably
+/// on `node`; returns them and the node they are on.
+pub(crate) fn alloc_exact<S: PageSource>(
+    src: &S,
+    pages: usize,
+    align: usize,
+    node: usize,
+) -> Option<(NonNull<u8>, usize)> {
     let order = run_order(pages, align)?;
     let run = src.alloc_pages(order, node)?;
     let full = 1usize << order;
@@ -42,7 +48,7 @@ pub(crate) fn alloc_exact<S: PageSource>(src: &S, pages: usize, align: usize, no
         // into naturally aligned pieces as `free_pages` requires.
         for_each_block(tail, full - pages, |p, o| unsafe { src.free_pages(NonNull::new_unchecked(p), o) });
     }
-    Some(run.addr)
+    Some((run.addr, run.node))
 }
 
 /// Frees `pages` pages at `addr` (the first `pages` of an exact run, or its

@@ -108,7 +108,12 @@ impl<'a, S: PageSource> Pages<'a, S> {
             c.try_charge_stocked(self.slot, 1 << order).map_err(|k| GrowError::Limit(k))?;
         }
         match self.src.alloc_pages(order, node) {
-            Some(run) => Ok(run),
+            Some(run) => {
+                if let Some(c) = self.counter {
+                    c.add_node_pages(run.node, 1 << order);
+                }
+                Ok(run)
+            }
             None => {
                 if let Some(c) = self.counter {
                     c.uncharge_stocked(self.slot, 1 << order);
@@ -470,12 +475,19 @@ impl<R: RawMutex> Cache<R> {
     /// distinct.
     unsafe fn release_slabs<S: PageSource>(&self, pg: &Pages<'_, S>, slabs: &[*mut Slab]) {
         let mut runs = [NonNull::dangling(); 8];
+        let mut on_node = [0usize; MAX_NODES];
         for (run, &s) in runs.iter_mut().zip(slabs) {
             // SAFETY: per the contract the header is ours; clearing the
             // magic makes a stale free of one of its objects detectable.
             unsafe {
                 (*s).magic = 0;
+                on_node[usize::from((*s).node).min(MAX_NODES - 1)] += 1;
                 *run = NonNull::new_unchecked(s as *mut u8);
+            }
+        }
+        if let Some(c) = pg.counter {
+            for (node, &k) in on_node.iter().enumerate().filter(|(_, k)| **k > 0) {
+                c.sub_node_pages(node, k << self.geo.order);
             }
         }
         let n = slabs.len().min(runs.len());

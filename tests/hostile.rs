@@ -139,7 +139,7 @@ fn run_case() {
                 held.push(p);
                 assert!(held.len() < 64, "the max did not hold");
             }
-            assert!(g.stat().events_oom > 0);
+            assert!(g.stat().events.oom > 0);
             for p in held {
                 // SAFETY: allocated above with this layout.
                 unsafe { a.deallocate(p.cast(), OBJ) };

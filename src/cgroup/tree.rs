@@ -26,15 +26,19 @@ use super::{FREED, Group, OFFLINE, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
+use crate::platform::MAX_NODES;
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::slab::{Cache, Pages};
 use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
 };
 
+mod events;
+mod protection;
 mod reclaim;
 mod registry;
 
+pub use events::EventHook;
 pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
 use registry::AcctIndices;
 pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
@@ -94,6 +98,8 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(super) episodes: AtomicU32,
     /// Groups' fault-injection rules.
     injections: super::inject::Table,
+    /// The event hook: null, or a [`EventHook`] (see `events`).
+    pub(super) event_hook: AtomicPtr<()>,
 }
 
 /// The bits of [`Tree::mode`]. Zero: no group but the root exists and no
@@ -246,6 +252,7 @@ impl<R: RawMutex> Tree<R> {
                 contention_mark: atomic_usize(usize::MAX),
                 episodes: atomic_u32(0),
                 injections: super::inject::Table::new(),
+                event_hook: atomic_null(),
             }
         }
     }
@@ -518,7 +525,11 @@ impl<R: RawMutex> Tree<R> {
             // SAFETY: siblings are live, and we hold the tree lock.
             unsafe { unlink(&parent.first_child, g, |x| &x.next_sibling) };
         }
-        g.state.store(OFFLINE, Ordering::Release);
+        g.head.state.store(OFFLINE, Ordering::Release);
+        // A removed group protects nothing (Linux resets both at offline):
+        // what its objects hold is reclaimed with its parent's.
+        g.counter.set_min(0);
+        g.counter.set_low(0);
         // Pairs with the fence after a child cache is published (see
         // `make_child_cache`).
         fence(Ordering::SeqCst);
@@ -673,7 +684,7 @@ impl<R: RawMutex> Tree<R> {
             }
         }
         let parent = gr.parent().map(NonNull::from);
-        gr.state.store(FREED, Ordering::Release);
+        gr.head.state.store(FREED, Ordering::Release);
         // SAFETY: per the contract; the group is an object of `groups`.
         unsafe { Self::free_object(env, g, &self.groups) };
         if let Some(p) = parent {
@@ -731,6 +742,31 @@ impl<R: RawMutex> Tree<R> {
         drop(self.lock.lock());
         drop(self.registry_lock.lock());
         drop(self.shrinkers.lock());
+    }
+
+    /// Pages charged to `g` and its descendants (removed ones included)
+    /// that back slabs and large objects on each NUMA node: each group
+    /// notes its own, and this sums them over the subtree (a walk of every
+    /// group, as reports are not on an allocation path).
+    pub(crate) fn node_pages(&self, g: &Group<R>) -> [usize; MAX_NODES] {
+        let mut out = [0usize; MAX_NODES];
+        let mut add = |x: &Group<R>| {
+            for (node, o) in out.iter_mut().enumerate() {
+                *o = o.saturating_add(x.counter.node_pages(node));
+            }
+        };
+        add(g);
+        self.for_each_group(|x| {
+            let mut up = x.parent();
+            while let Some(p) = up {
+                if core::ptr::eq(p, g) {
+                    add(x);
+                    break;
+                }
+                up = p.parent();
+            }
+        });
+        out
     }
 
     /// Calls `f` on every group, the root first.

@@ -127,3 +127,31 @@ fn concurrent_charges_end_at_zero() {
     b.drain_stock();
     assert_eq!((root.usage(), a.usage(), b.usage()), (0, 0, 0));
 }
+
+#[test]
+fn effective_protection_keeps_claims_that_fit_and_shares_out_overcommitted_ones() {
+    use super::effective_protection;
+    // Claims of 64 and 32 pages under a parent protecting 72: 48 and 24.
+    assert_eq!(effective_protection(64, 72, 96), 48);
+    assert_eq!(effective_protection(32, 72, 96), 24);
+    // Claims that fit are kept.
+    assert_eq!(effective_protection(30, 72, 62), 30);
+    assert_eq!(effective_protection(72, 72, 72), 72);
+    // An unprotected parent passes nothing down.
+    assert_eq!(effective_protection(10, 0, 10), 0);
+    // Claims read at different times that disagree stay bounded by the
+    // parent's protection.
+    assert_eq!(effective_protection(100, 50, 40), 50);
+    assert_eq!(effective_protection(usize::MAX, usize::MAX - 1, usize::MAX), usize::MAX - 1);
+}
+
+#[test]
+fn protected_is_usage_up_to_each_setting() {
+    let root = PageCounter::new_root();
+    root.set_min(10);
+    root.set_low(30);
+    root.charge(20);
+    assert_eq!(root.protected(), (10, 20));
+    assert_eq!((root.min(), root.low()), (10, 30));
+    root.uncharge(20);
+}

@@ -15,7 +15,7 @@ use crate::cgroup::{
 use crate::error::{Error, GroupName, Name};
 use crate::heap::{Heap, Kmem, KmemOf};
 use crate::magazine::MagCache;
-use crate::platform::{PAGE_SIZE, PageSource, Platform};
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource, Platform};
 
 /// Bytes to pages, rounding down; `usize::MAX` stays "no limit".
 fn to_pages(bytes: usize) -> usize {
@@ -150,7 +150,8 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     ///
     /// The group goes offline: it takes no new charges (a thread still
     /// inside it, or its allocator handle, charges the nearest online
-    /// ancestor), its stock is drained, and each of its caches turns dead:
+    /// ancestor), its `min` and `low` go to 0 (what it still holds is
+    /// reclaimed as its parent's), its stock is drained, and each of its caches turns dead:
     /// its magazines are emptied on every CPU at once, later frees go
     /// straight to slabs, and empty slabs go back immediately. What its
     /// live objects hold stays charged to it and so to every ancestor, and
@@ -196,11 +197,68 @@ impl<'k, K: Heap> Cgroup<'k, K> {
         Ok(())
     }
 
-    /// Sets `low` in bytes: while its usage is at most `low`, contention
-    /// reclaim passes the group over.
+    /// Sets `low` in bytes, the soft protection: while the group's usage
+    /// is within its *effective* `low`, reclaim on behalf of others
+    /// (contention, an ancestor's `max` or `high`, [`Cgroup::reclaim`] on
+    /// an ancestor) takes nothing from it as long as it finds unprotected
+    /// memory elsewhere; only then does it reclaim the group, counting a
+    /// `low` event (see [`GroupStat::events_low`]).
+    ///
+    /// The effective protection is Linux cgroup v2's: a child of the
+    /// group being reclaimed for (the root, under contention) keeps what
+    /// it claims, its usage up to its `low`; deeper, a child's is bounded
+    /// by its parent's, and when the children's claims together exceed
+    /// their parent's effective protection, it is shared out in
+    /// proportion to the claims. A group's protection covers its own
+    /// objects and those of its children that claim protection too: a
+    /// child that sets none gets none. A group's own limits (`max`,
+    /// `high`) and [`Cgroup::reclaim`] on it are not held back by its own
+    /// protection.
+    ///
+    /// The root cannot be protected ([`Error::RootGroup`]); a removed
+    /// group protects nothing.
     pub fn set_low(&self, bytes: usize) -> Result<(), Error> {
-        self.live()?.counter().set_low(to_pages(bytes));
+        self.protectable()?.counter().set_low(to_pages(bytes));
         Ok(())
+    }
+
+    /// Sets `min` in bytes, the hard protection: while the group's usage is
+    /// within its effective `min` (computed as for [`Cgroup::set_low`]),
+    /// reclaim on behalf of others never takes from it, even when nothing
+    /// else is left (then an allocation fails instead). Only the group's
+    /// own limits and [`Cgroup::reclaim`] on it reclaim it below its
+    /// `min`, counting a `min` event (see [`GroupStat::events_min`]).
+    ///
+    /// The root cannot be protected ([`Error::RootGroup`]); a removed
+    /// group protects nothing.
+    pub fn set_min(&self, bytes: usize) -> Result<(), Error> {
+        self.protectable()?.counter().set_min(to_pages(bytes));
+        Ok(())
+    }
+
+    /// The group, for a protection setting: not removed, not the root.
+    fn protectable(&self) -> Result<&'k Group<K::Lock>, Error> {
+        let g = self.live()?;
+        if self.kmem.tree().is_root(g) { Err(Error::RootGroup) } else { Ok(g) }
+    }
+
+    /// Reclaims about `bytes` from the group's subtree now (Linux
+    /// `memory.reclaim`): its magazines, empty slabs and stocks, then what
+    /// its shrinkers free, asking them for no more objects than the rest
+    /// needs at the bytes per object freed so far. It honours the `min`
+    /// and `low` of the groups below it (`low` only while something
+    /// unprotected is left), not the group's own (counted as a `min` event
+    /// if it is within its `min`). Returns the bytes the group's usage fell
+    /// by while it ran: more than asked when whole objects and slabs make
+    /// it so, less when nothing more is reclaimable (or other threads
+    /// charged the group meanwhile). Returns 0 in atomic context (see
+    /// [`Kmem::atomic_scope`]) and inside a shrinker.
+    pub fn reclaim(&self, bytes: usize) -> usize {
+        let pages = bytes.div_ceil(PAGE_SIZE);
+        if pages == 0 {
+            return 0;
+        }
+        to_bytes(self.kmem.tree().reclaim(self.kmem, self.g(), pages))
     }
 
     /// Bytes charged to the group and its descendants (whole slabs, large
@@ -307,14 +365,14 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             high: to_bytes(c.high()),
             soft_limit: to_bytes(c.soft()),
             low: to_bytes(c.low()),
+            min: to_bytes(c.min()),
             failcnt: c.failcnt(),
-            events_max: ev.get(Event::Max),
-            events_oom: ev.get(Event::Oom),
-            events_high: ev.get(Event::High),
-            events_low: ev.get(Event::Low),
-            soft_reclaim_passes: ev.get(Event::Soft),
-            soft_reclaim_bytes: to_bytes(ev.get(Event::SoftPages)),
+            events: EventCounts::of(|e| ev.hierarchical(e)),
+            events_local: EventCounts::of(|e| ev.local(e)),
+            soft_reclaim_passes: ev.soft.get(),
+            soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
             stocked: to_bytes(c.stocked()),
+            nodes: t.node_pages(g).map(to_bytes),
             large: to_bytes(g.large_pages().get()),
             injected: t.injected(g),
             caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
@@ -460,6 +518,50 @@ impl<'k, K: Heap> CgroupAllocator<'k, K> {
     }
 }
 
+/// How many times each [`Event`] happened, in a group alone or in its
+/// subtree (see [`GroupStat::events`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    /// A charge would have gone over `max` (reclaim ran).
+    pub max: usize,
+    /// A charge failed at `max` even after reclaim.
+    pub oom: usize,
+    /// An allocating task reclaimed because usage was above `high`.
+    pub high: usize,
+    /// Reclaimed while within the effective `low`, because nothing
+    /// unprotected was left (its `low` is overcommitted, or memory too
+    /// tight for it).
+    pub low: usize,
+    /// Reclaimed while within its own `min`: by reclaim for its own `max`
+    /// or `high`, or [`Cgroup::reclaim`] on it (reclaim for others never
+    /// does).
+    pub min: usize,
+}
+
+impl EventCounts {
+    /// The counts `count` gives for each event.
+    fn of(count: impl Fn(Event) -> usize) -> EventCounts {
+        EventCounts {
+            max: count(Event::Max),
+            oom: count(Event::Oom),
+            high: count(Event::High),
+            low: count(Event::Low),
+            min: count(Event::Min),
+        }
+    }
+
+    /// The count of `e`.
+    pub fn get(&self, e: Event) -> usize {
+        match e {
+            Event::Max => self.max,
+            Event::Oom => self.oom,
+            Event::High => self.high,
+            Event::Low => self.low,
+            Event::Min => self.min,
+        }
+    }
+}
+
 /// One accounted cache's line in a [`GroupStat`].
 #[derive(Clone, Copy)]
 struct CacheRow {
@@ -473,8 +575,9 @@ impl CacheRow {
 }
 
 /// A `memory.stat`-like snapshot of a group; `Display` writes one
-/// `key value` pair per line (sizes in bytes, `max` for no limit), then
-/// one `slab <cache> <objects> <pages>` line per cache.
+/// `key value` pair per line (sizes in bytes, `max` for no limit; events
+/// as `events_<name>` and `events_local_<name>`), then one
+/// `slab <cache> <objects> <pages>` line per cache.
 #[derive(Clone, Copy)]
 pub struct GroupStat {
     /// The group's name.
@@ -489,24 +592,28 @@ pub struct GroupStat {
     pub high: usize,
     /// Soft limit.
     pub soft_limit: usize,
-    /// Protection.
+    /// Soft protection (see [`Cgroup::set_low`]).
     pub low: usize,
+    /// Hard protection (see [`Cgroup::set_min`]).
+    pub min: usize,
     /// Charges refused at this group.
     pub failcnt: usize,
-    /// Charges that hit `max` (before reclaim).
-    pub events_max: usize,
-    /// Charges that failed after reclaim.
-    pub events_oom: usize,
-    /// Times an allocating task reclaimed because usage was above `high`.
-    pub events_high: usize,
-    /// Times contention reclaim passed this group over, protected by `low`.
-    pub events_low: usize,
+    /// Events of the group and its descendants, removed ones included
+    /// (Linux `memory.events`).
+    pub events: EventCounts,
+    /// Events of the group itself (Linux `memory.events.local`).
+    pub events_local: EventCounts,
     /// Soft-limit reclaim passes run on this group.
     pub soft_reclaim_passes: usize,
     /// Bytes those passes freed.
     pub soft_reclaim_bytes: usize,
     /// Bytes pre-charged in CPU stocks.
     pub stocked: usize,
+    /// Bytes charged to the group and its descendants that back slabs and
+    /// large objects on each NUMA node (Linux `memory.numa_stat`). Stocked
+    /// bytes back nothing, so the nodes sum to `usage` less what the
+    /// subtree's stocks hold.
+    pub nodes: [usize; MAX_NODES],
     /// Bytes of large objects (with their header pages) charged here.
     pub large: usize,
     /// Allocations fault injection failed ([`Cgroup::inject_faults`]).
@@ -537,14 +644,22 @@ impl fmt::Display for GroupStat {
         limit(f, "high", self.high)?;
         limit(f, "soft_limit", self.soft_limit)?;
         writeln!(f, "low {}", self.low)?;
+        writeln!(f, "min {}", self.min)?;
         writeln!(f, "failcnt {}", self.failcnt)?;
-        writeln!(f, "events_max {}", self.events_max)?;
-        writeln!(f, "events_oom {}", self.events_oom)?;
-        writeln!(f, "events_high {}", self.events_high)?;
-        writeln!(f, "events_low {}", self.events_low)?;
+        for e in Event::ALL {
+            writeln!(f, "events_{} {}", e.name(), self.events.get(e))?;
+        }
+        for e in Event::ALL {
+            writeln!(f, "events_local_{} {}", e.name(), self.events_local.get(e))?;
+        }
         writeln!(f, "soft_reclaim_passes {}", self.soft_reclaim_passes)?;
         writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
         writeln!(f, "stocked {}", self.stocked)?;
+        write!(f, "usage_nodes")?;
+        for (node, bytes) in self.nodes.iter().enumerate() {
+            write!(f, " N{node}={bytes}")?;
+        }
+        writeln!(f)?;
         writeln!(f, "large {}", self.large)?;
         writeln!(f, "injected {}", self.injected)?;
         for (name, objects, pages) in self.caches() {

@@ -7,7 +7,7 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use crate::cgroup::Group;
-use crate::platform::{PageSource, Platform};
+use crate::platform::{MAX_NODES, PageSource, Platform};
 #[cfg(test)]
 use crate::slab::{Cache, classes::class_of};
 
@@ -31,7 +31,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// node; then, after emptying magazines and stocks (so it changes what
     /// is cached, never what is live), every group's usage equals the pages
     /// of the slabs it owns plus its large objects plus its children's
-    /// usage, and nothing has wrapped. For fuzzing and tests (feature
+    /// usage, its slabs and large objects are on nodes as noted, and
+    /// nothing has wrapped. For fuzzing and tests (feature
     /// `paranoid`); it takes locks and drains, so never call it from an
     /// allocation path.
     #[cfg(feature = "paranoid")]
@@ -72,6 +73,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             let name = g.name().as_str();
             assert!(usage < usize::MAX / 2, "usage of {name} wrapped: {usage}");
             assert_eq!(usage, own(g) + large + children, "accounting of group {name}");
+            // What the group's slabs and large objects hold, node by node.
+            let on_nodes: usize = (0..MAX_NODES).map(|n| g.counter().node_pages(n)).sum();
+            assert_eq!(on_nodes, own(g) - g.counter().stocked() + large, "pages on nodes of group {name}");
         });
     }
 }

@@ -28,6 +28,8 @@ struct LargeHeader {
     group: *const (),
     /// Pages of the object (the header page not included).
     pages: usize,
+    /// The NUMA node its pages are on.
+    node: usize,
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -45,10 +47,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let counter = self.tree.charge(self, g, pages + 1).ok()?;
         let alloc = || alloc_exact(&self.source, lead + pages, align, self.node());
         // An exhausted page source: contention reclaim, step by step.
-        let Some(run) = alloc().or_else(|| self.tree.under_contention(self, alloc)) else {
+        let Some((run, node)) = alloc().or_else(|| self.tree.under_contention(self, alloc)) else {
             counter.uncharge(pages + 1);
             return None;
         };
+        counter.add_node_pages(node, pages + 1);
         let obj = run.as_ptr().wrapping_add(align);
         let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
         if lead > 1 {
@@ -58,7 +61,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // SAFETY: the header page is ours and page aligned.
         unsafe {
-            header.write(LargeHeader { magic: LARGE_MAGIC, group: g.cast(), pages });
+            header.write(LargeHeader { magic: LARGE_MAGIC, group: g.cast(), pages, node });
         }
         if let Some(grp) = NonNull::new(g as *mut Group<R>) {
             // SAFETY: a live group of this allocator; the object holds a
@@ -113,9 +116,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: a live header; clearing the magic makes a second free of
         // the same pointer detectable while the page stays unused.
         let group = unsafe {
-            let LargeHeader { group, pages, .. } = h.read();
+            let LargeHeader { group, pages, node, .. } = h.read();
             (*h).magic = 0;
-            self.uncharge_large(group, pages + 1);
+            self.uncharge_large(group, node, pages + 1);
             free_exact(&self.source, NonNull::new_unchecked(h.cast()), pages + 1);
             group
         };
@@ -126,16 +129,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// Uncharges `pages` of large objects from `group` (null: root).
-    fn uncharge_large(&self, group: *const (), pages: usize) {
+    /// Uncharges `pages` of large objects on `node` from `group` (null:
+    /// root).
+    fn uncharge_large(&self, group: *const (), node: usize, pages: usize) {
         // SAFETY: a large object's group is a live `Group<R>` of ours.
-        match unsafe { group.cast::<Group<R>>().as_ref() } {
+        let counter = match unsafe { group.cast::<Group<R>>().as_ref() } {
             Some(g) => {
-                g.counter().uncharge(pages);
                 g.large_pages().sub(pages);
+                g.counter()
             }
-            None => self.tree().root().counter().uncharge(pages),
-        }
+            None => self.tree().root().counter(),
+        };
+        counter.sub_node_pages(node, pages);
+        counter.uncharge(pages);
         self.large_pages.sub(pages);
     }
 
@@ -164,7 +170,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             unsafe {
                 free_exact(&self.source, NonNull::new_unchecked(tail), pages - new_pages);
                 (*h).pages = new_pages;
-                self.uncharge_large((*h).group, pages - new_pages);
+                self.uncharge_large((*h).group, (*h).node, pages - new_pages);
             }
         }
         true
@@ -201,6 +207,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // SAFETY: a live header of ours.
         unsafe { (*h).pages = new_pages };
+        // The pages right after the object's, in the same span of the
+        // source: on its node.
+        // SAFETY: as above.
+        counter.add_node_pages(unsafe { (*h).node }, extra);
         if let Some(g) = group {
             g.large_pages().add(extra);
         }

@@ -16,10 +16,10 @@ fn pages_for_edges() {
 fn exact_runs_give_back_their_tail() {
     let r: &'static Region<DefaultRawMutex, 4> = std::boxed::Box::leak(std::boxed::Box::new(Region::new()));
     r.add(arena(4 << 20), 0).unwrap();
-    let p = alloc_exact(r, 5, PAGE_SIZE, 0).unwrap();
+    let p = alloc_exact(r, 5, PAGE_SIZE, 0).unwrap().0;
     assert_eq!(r.stats().pages_in_use, 5, "the 3 tail pages of the order-3 run went back");
     // Alignment above the size: 1 page aligned to 64 KiB.
-    let q = alloc_exact(r, 1, 16 * PAGE_SIZE, 0).unwrap();
+    let q = alloc_exact(r, 1, 16 * PAGE_SIZE, 0).unwrap().0;
     assert_eq!(q.as_ptr() as usize % (16 * PAGE_SIZE), 0);
     assert_eq!(r.stats().pages_in_use, 6);
     // SAFETY: both runs are live and freed once with their page counts.

@@ -52,14 +52,9 @@ impl Geometry {
         let mut best_waste_ppm = usize::MAX;
         let mut order = 0;
         while order <= MAX_SLAB_ORDER {
-            let bytes = PAGE_SIZE << order;
-            let meta = MAP_OFFSET + bitmap_bytes(bytes, size);
-            let meta = if meta < HEADER { HEADER } else { meta };
-            let first = (meta + align - 1) & !(align - 1);
-            if bytes >= first + size {
-                let capacity = (bytes - first) / size;
-                let waste = bytes - capacity * size;
-                let g = Geometry { size, align, order, capacity, first, recip: u64::MAX / size as u64 + 1 };
+            if let Some(g) = Self::at_order(size, align, order) {
+                let bytes = PAGE_SIZE << order;
+                let waste = bytes - g.capacity * g.size;
                 if waste * 8 < bytes {
                     return Some(g);
                 }
@@ -72,6 +67,38 @@ impl Geometry {
             order += 1;
         }
         best
+    }
+
+    /// The layout for objects of `size` bytes aligned to `align` in slabs
+    /// of `2^order` pages whatever the waste, if at least `min_objects`
+    /// fit; else [`Geometry::new`]'s. For internal caches that must stay
+    /// in small runs (a fragmented region may have no larger ones).
+    pub(crate) const fn in_order(size: usize, align: usize, order: u32, min_objects: usize) -> Option<Geometry> {
+        if align.is_power_of_two() && align <= PAGE_SIZE {
+            let min = core::mem::size_of::<usize>();
+            let size = if size < min { min } else { size };
+            if let Some(s) = size.checked_add(align - 1)
+                && let Some(g) = Self::at_order(s & !(align - 1), align, order)
+                && g.capacity >= min_objects
+            {
+                return Some(g);
+            }
+        }
+        Self::new(size, align)
+    }
+
+    /// The layout of `size`-byte objects (a multiple of `align`) in slabs
+    /// of `2^order` pages, if one fits.
+    const fn at_order(size: usize, align: usize, order: u32) -> Option<Geometry> {
+        let bytes = PAGE_SIZE << order;
+        let meta = MAP_OFFSET + bitmap_bytes(bytes, size);
+        let meta = if meta < HEADER { HEADER } else { meta };
+        let first = (meta + align - 1) & !(align - 1);
+        if bytes < first + size {
+            return None;
+        }
+        let capacity = (bytes - first) / size;
+        Some(Geometry { size, align, order, capacity, first, recip: u64::MAX / size as u64 + 1 })
     }
 
     /// Pages per slab.

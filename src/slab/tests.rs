@@ -51,6 +51,20 @@ fn geometry_waste_under_an_eighth() {
 }
 
 #[test]
+fn geometry_in_an_order_whatever_the_waste() {
+    // 13 cache lines (a group with 64 CPU slots): two per page waste 768
+    // bytes, over an eighth, so `new` picks order-2 slabs; `in_order`
+    // keeps single pages while two fit.
+    let g = Geometry::in_order(1664, 128, 0, 2).unwrap();
+    assert_eq!((g.order, g.capacity, g.first), (0, 2, 128));
+    assert_eq!(Geometry::new(1664, 128).unwrap().order, 2);
+    // Two no longer fit a page: `new`'s choice.
+    assert_eq!(Geometry::in_order(2048, 128, 0, 2), Geometry::new(2048, 128));
+    assert_eq!(Geometry::in_order(1664, 3, 0, 2), None, "alignment must be a power of two");
+    assert_eq!(Geometry::in_order(usize::MAX, 8, 0, 2), None);
+}
+
+#[test]
 fn alloc_free_reuse_and_reserve() {
     let (src, cache, objs) = full_slabs(4 << 20, 128, 128, 4);
     let cap = cache.geometry().capacity;

@@ -161,7 +161,7 @@ fn child_charge_fails_at_parent_max_with_typed_error() {
     }
     assert!(parent.usage() <= 64 << 10, "never beyond the limit");
     assert!(held.len() * 1000 > 32 << 10, "not long before it: {} objects", held.len());
-    assert!(parent.stat().events_max >= 1 && parent.stat().events_oom >= 1);
+    assert!(parent.stat().events.max >= 1 && parent.stat().events.oom >= 1);
     assert!(parent.failcnt() >= 1);
     // The typed cache's counters include its child caches' slabs.
     let st = cache.stats();
@@ -320,7 +320,9 @@ fn limits_and_names_bad_input() {
     }
     assert_eq!(k.current_group().name(), "/");
     let st = h.stat().to_string();
-    for key in ["usage", "peak", "max", "high", "soft_limit", "low", "failcnt", "events_max", "events_oom"] {
+    let keys = ["usage", "peak", "max", "high", "soft_limit", "low", "min", "failcnt", "events_max", "events_oom"];
+    let local = ["events_local_max", "events_local_oom", "events_local_high", "events_local_low", "events_local_min"];
+    for key in keys.into_iter().chain(local).chain(["events_high", "events_low", "events_min"]) {
         assert!(st.lines().any(|l| l.split_whitespace().next() == Some(key)), "{key} missing from\n{st}");
     }
 }

@@ -35,6 +35,8 @@ macro_rules! model_env {
 }
 
 #[cfg(not(loom))]
+mod events;
+#[cfg(not(loom))]
 mod groups;
 #[cfg(not(loom))]
 mod heap;
@@ -46,5 +48,7 @@ mod loom_magazine;
 mod loom_tree;
 #[cfg(not(loom))]
 mod pressure;
+#[cfg(not(loom))]
+mod protection;
 #[cfg(not(loom))]
 mod reclaim;

@@ -338,11 +338,11 @@ pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: u
             st.usage >> 10,
             st.peak >> 10,
             st.failcnt,
-            st.events_max
+            st.events.max
         );
         check(st.usage == 0, "a CPU group's usage is not back to zero")?;
         check(st.peak > 0, "a CPU group was never charged")?;
-        check(st.failcnt == 0 && st.events_max == 0 && st.events_oom == 0, "a CPU group saw failures")?;
+        check(st.failcnt == 0 && st.events.max == 0 && st.events.oom == 0, "a CPU group saw failures")?;
     }
     let st = sh.limited.stat();
     kprintln!(
@@ -351,12 +351,12 @@ pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: u
         st.peak >> 10,
         st.max >> 10,
         st.failcnt,
-        st.events_max,
-        st.events_oom
+        st.events.max,
+        st.events.oom
     );
     check(st.usage == 0, "the limited group's usage is not back to zero")?;
     check(st.peak <= LIMIT, "the limited group went past its max")?;
-    check(st.failcnt > 0 && st.events_max > 0, "the limited group never failed")?;
+    check(st.failcnt > 0 && st.events.max > 0, "the limited group never failed")?;
     let root = KMEM.root();
     let after = root.usage();
     kprintln!(

@@ -1,32 +1,45 @@
-//! Reclaim: shrinkers, subtree reclaim in passes, `high` throttling, and
-//! soft-limit reclaim under contention (with `low` protection).
+//! Reclaim: shrinkers, subtree reclaim in passes and rounds, `high`
+//! throttling, and soft-limit reclaim under contention, all honouring
+//! `min` and `low` protection.
 //!
 //! Reclaim of a group subtree has a goal (the pages a refused charge needs,
 //! plus a batch of 1/32 of the group's usage so the next charges do not
 //! all reclaim, as Linux reclaims at least `SWAP_CLUSTER_MAX` pages) and
-//! runs in passes: drain the subtree's magazines, free its empty slabs and
+//! runs in rounds: drain the subtree's magazines, free its empty slabs and
 //! stocks (under the tree lock), then call the shrinkers for the group on
 //! every node (with no allocator lock held), asking for a growing share of
 //! what they hold: 1/64, 1/16, 1/4, then all (Linux scans at rising
-//! priority). It stops as soon as the goal is met; a pass whose shrinkers
-//! freed nothing ends it, and there are at most [`RECLAIM_PASSES`]: with
-//! nothing reclaimable, reclaim terminates after one pass (seed 002's
-//! swapoff case).
+//! priority), but no more objects than the rest of the goal needs at the
+//! pages per object the round before freed; a last round asks for all
+//! without that bound. It stops as soon as the goal is met; a round whose
+//! shrinkers hold nothing in scope ends it, and there are at most
+//! [`ROUNDS`]: with nothing reclaimable, reclaim terminates after one
+//! round (seed 002's swapoff case).
+//!
+//! Every reclaim honours protection (see `protection`): its rounds form a
+//! first pass that takes nothing from groups within their effective `min`
+//! or `low`; only if that pass fell short and passed a group over for its
+//! `low` does a second pass run, taking from groups within their `low`
+//! (a `low` event each) but never from one within its `min`. A subtree
+//! with protected groups in it is reclaimed group by group (shrinkers see
+//! [`ShrinkControl::own_only`]); one without, in one call per shrinker.
 //!
 //! Under contention (the page source is exhausted, or root usage crosses
 //! the contention mark), the group with the largest excess over its soft
 //! limit is reclaimed first, then the next, until the contention is over
 //! or no group over its soft limit frees anything; then every group not
-//! protected by `low` is reclaimed. The candidates are found by a scan of
-//! the groups when contention strikes, not kept sorted on the fast path
-//! (seed 002's RB-tree): contention is rare and the scan takes no lock.
+//! protected; then, if a group was passed over for its `low`, every group
+//! not protected by `min`. The candidates are found by a scan of the
+//! groups when contention strikes, not kept sorted on the fast path (seed
+//! 002's RB-tree): contention is rare and the scan takes no lock.
 
 use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
 use super::Tree;
-use crate::cgroup::{Event, Group, RECLAIMING, TokenHead, untag};
+use super::protection::{Pass, Take, Visit};
+use crate::cgroup::{Event, Group, RECLAIMING, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
 use crate::magazine::{Acct, Env, MagCache, drain_many};
@@ -37,10 +50,24 @@ use crate::sync::Ordering;
 /// Shrinkers one allocator can hold at once; one more gives
 /// [`Error::TooManyShrinkers`]. Unregistering frees the slot.
 pub const MAX_SHRINKERS: usize = 64;
-/// The most passes one subtree reclaim runs.
-const RECLAIM_PASSES: usize = 4;
-/// The share of what they hold that shrinkers are asked for, pass by pass.
-const SHARES: [usize; RECLAIM_PASSES] = [64, 16, 4, 1];
+/// The most rounds one pass of a subtree reclaim runs.
+const ROUNDS: usize = 5;
+/// The share of what they hold that shrinkers are asked for, round by
+/// round; all rounds but the last also ask for no more than the goal
+/// needs.
+const SHARES: [usize; ROUNDS] = [64, 16, 4, 1, 1];
+
+/// Which groups a contention step picks from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Over their soft limit, largest excess first, not protected.
+    Soft,
+    /// Not protected by `min` or `low`, largest first.
+    Unprotected,
+    /// Not protected by `min`, largest first: Linux's second pass, once a
+    /// group was passed over for its `low`.
+    BreachLow,
+}
 /// One contention-reclaim episode: the groups it reclaimed carry its id
 /// in `Group::visited`, so each is reclaimed once per episode however many
 /// groups there are. Episodes of other threads may overwrite a mark; the
@@ -49,6 +76,11 @@ pub(crate) struct Episode {
     /// Where this episode started in the allocator's sequence (never 0;
     /// wraps after 2^32 episodes, when a stale mark costs one extra visit).
     id: u32,
+    /// Where its [`Mode::BreachLow`] steps started (0: not yet): a group
+    /// reclaimed earlier in the episode may be reclaimed once more there.
+    breach: u32,
+    /// Whether a group was passed over for its `low`.
+    low_skipped: bool,
     /// Groups reclaimed so far.
     steps: usize,
     /// The most online groups a scan of this episode found.
@@ -61,16 +93,24 @@ impl Episode {
     /// Whether a group marked `mark` was reclaimed by this episode or one
     /// that started after it (concurrent episodes share their work instead
     /// of reclaiming the same largest group in turn).
-    fn done(&self, mark: u32) -> bool {
-        mark != 0 && mark.wrapping_sub(self.id) < (1 << 31)
+    /// In [`Mode::BreachLow`], the marks from when its steps started count.
+    fn done(&self, mark: u32, mode: Mode) -> bool {
+        let since = if mode == Mode::BreachLow { self.breach } else { self.id };
+        mark != 0 && mark.wrapping_sub(since) < (1 << 31)
     }
 
-    /// Whether another group may be reclaimed: at most twice the most
-    /// groups a scan of this episode found, plus one (each group once, and
-    /// once more for each mark another episode overwrote), so an episode
-    /// ends however the tree changes under it.
+    /// The mark of a group reclaimed in `mode`.
+    fn mark(&self, mode: Mode) -> u32 {
+        if mode == Mode::BreachLow { self.breach } else { self.id }
+    }
+
+    /// Whether another group may be reclaimed: at most four times the
+    /// most groups a scan of this episode found, plus one (each group once
+    /// before and once after the episode breaches `low`, and once more
+    /// each time another episode overwrote its mark), so an episode ends
+    /// however the tree changes under it.
     fn may_step(&self) -> bool {
-        self.steps <= self.most_online.saturating_mul(2).saturating_add(1)
+        self.steps <= self.most_online.saturating_mul(4).saturating_add(1)
     }
 }
 
@@ -93,15 +133,19 @@ impl GroupId {
     pub const ROOT: GroupId = GroupId(core::ptr::null());
 }
 
-/// What a shrinker is asked to shrink: objects charged to `target` or to
-/// any of its descendants, on `node`.
+/// What a shrinker is asked to shrink: objects on `node` charged to
+/// `target` or to any of its descendants, or, when reclaim visits a
+/// subtree with protected groups in it one group at a time
+/// ([`ShrinkControl::own_only`]), to `target` alone. A shrinker finds
+/// what is in scope with [`ShrinkControl::contains`].
 pub struct ShrinkControl {
     target: GroupId,
     node: usize,
+    own: bool,
 }
 
 impl ShrinkControl {
-    /// The group whose subtree is being reclaimed.
+    /// The group being reclaimed.
     pub fn target(&self) -> GroupId {
         self.target
     }
@@ -111,11 +155,23 @@ impl ShrinkControl {
         self.node
     }
 
+    /// Whether only objects of the target itself are in scope (and those
+    /// of its removed descendants, which it inherits), not those of its
+    /// live descendants: some of them are protected, and reclaim visits
+    /// them on their own.
+    pub fn own_only(&self) -> bool {
+        self.own
+    }
+
     /// Whether objects charged to `g` are in scope: `g` is the target or
-    /// one of its descendants. `g` must be a group that still has charged
-    /// objects (or a live handle), as any group a shrinker's objects were
-    /// charged to is.
+    /// one of its descendants; with [`ShrinkControl::own_only`], `g` is the
+    /// target or a removed group whose nearest live ancestor is the
+    /// target. `g` must be a group that still has charged objects (or a
+    /// live handle), as any group a shrinker's objects were charged to is.
     pub fn contains(&self, g: GroupId) -> bool {
+        if self.own {
+            return self.owns(g);
+        }
         if self.target == GroupId::ROOT {
             return true;
         }
@@ -131,6 +187,84 @@ impl ShrinkControl {
         }
         false
     }
+
+    /// [`ShrinkControl::contains`] with [`ShrinkControl::own_only`].
+    fn owns(&self, g: GroupId) -> bool {
+        let mut cur = g.0.cast::<TokenHead>();
+        loop {
+            // SAFETY: the caller's group is live (contract of `contains`),
+            // and so are its ancestors; every group's head names its
+            // parent's head and holds its state, whatever the lock type.
+            if cur.is_null() || !unsafe { (*cur).is_offline() } {
+                break;
+            }
+            // SAFETY: as above.
+            cur = unsafe { (*cur).parent };
+        }
+        if self.target == GroupId::ROOT {
+            // The root's head is the one without a parent (its id is null).
+            // SAFETY: as above.
+            cur.is_null() || unsafe { (*cur).parent.is_null() }
+        } else {
+            core::ptr::eq(cur.cast(), self.target.0)
+        }
+    }
+}
+
+/// How far a reclaim with a goal has come: shrinkers are asked for about
+/// what the rest of it needs, at the pages per object seen so far.
+struct Goal<'a> {
+    counter: &'a PageCounter,
+    /// The counter's usage when the reclaim started.
+    start: usize,
+    /// Pages wanted.
+    want: usize,
+    /// Objects the shrinkers freed so far.
+    objects: usize,
+    /// Whether the shrinkers' requests are bounded by the goal (every
+    /// round but the last).
+    bounded: bool,
+}
+
+impl Goal<'_> {
+    /// Pages the counter lost since the start.
+    fn freed(&self) -> usize {
+        self.start.saturating_sub(self.counter.usage())
+    }
+
+    fn met(&self) -> bool {
+        self.freed() >= self.want
+    }
+
+    /// The most objects to ask a shrinker for: none once the goal is met,
+    /// else the rest of the goal at the pages per object freed so far (no
+    /// bound before anything was, or in the last round).
+    fn bound(&self) -> usize {
+        let freed = self.freed();
+        if freed >= self.want {
+            return 0;
+        }
+        if !self.bounded || self.objects == 0 || freed == 0 {
+            return usize::MAX;
+        }
+        let rest = (self.want - freed) as u128;
+        usize::try_from((rest * self.objects as u128).div_ceil(freed as u128)).unwrap_or(usize::MAX)
+    }
+}
+
+/// How many of the `n` objects in scope to ask a shrinker for at `share`:
+/// `n / share + 1`, but no more than the group's objects above the
+/// protection `floor` honoured there (its usage `u` above `floor`, in
+/// proportion, as if its objects were of one size; Linux scales its scan
+/// the same way), nor than `bound`.
+fn ask(n: usize, share: usize, u: usize, floor: usize, bound: usize) -> usize {
+    let mut nr = (n / share).saturating_add(1);
+    if floor > 0 && u > 0 {
+        let over = u.saturating_sub(floor) as u128;
+        let fair = usize::try_from((n as u128 * over).div_ceil(u as u128)).unwrap_or(usize::MAX);
+        nr = nr.min(fair.max(1));
+    }
+    nr.min(bound)
 }
 
 /// A cache of objects that can be freed on demand (Linux's group- and
@@ -186,7 +320,7 @@ impl<R: RawMutex> Tree<R> {
         let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
         let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
         self.reclaim_refuser(env, k, pages);
-        counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(GrowError::Limit(k)))
+        counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
     }
 
     /// A cache could not grow: for a refused charge, reclaim the refusing
@@ -210,26 +344,26 @@ impl<R: RawMutex> Tree<R> {
                 }
             }
         }
-        cache.alloc(env).map_err(|e| self.refused(e))
+        cache.alloc(env).map_err(|e| self.refused(env, e))
     }
 
     /// Reclaims for a charge of `pages` that counter `k` refused.
     fn reclaim_refuser<E: Env<R>>(&self, env: &E, k: *const PageCounter, pages: usize) {
         // SAFETY: every counter that refuses a charge is a group's.
         let g = unsafe { self.group_of_counter(k) };
-        g.events.add(Event::Max, 1);
+        self.event(env, g, Event::Max);
         self.reclaim(env, g, Self::reclaim_goal(g, pages));
     }
 
     /// The error for a charge that failed after reclaim, counted as an
     /// `oom` event of the group that refused it.
-    fn refused(&self, e: GrowError) -> Error {
+    fn refused<E: Env<R>>(&self, env: &E, e: GrowError) -> Error {
         match e {
             GrowError::OutOfMemory => Error::OutOfMemory,
             GrowError::Limit(k) => {
                 // SAFETY: every counter that refuses a charge is a group's.
                 let g = unsafe { self.group_of_counter(k) };
-                g.events.add(Event::Oom, 1);
+                self.event(env, g, Event::Oom);
                 Error::LimitExceeded { group: GroupName(g.name), max: g.counter.max().saturating_mul(PAGE_SIZE) }
             }
         }
@@ -259,8 +393,10 @@ impl<R: RawMutex> Tree<R> {
         alloc().or_else(|| (0..8).find_map(|_| self.under_contention(env, &mut alloc)))
     }
 
-    /// Reclaims `g`'s subtree in passes until about `want` pages came
-    /// back (see the module docs); returns the pages uncharged.
+    /// Reclaims `g`'s subtree for `g`'s own sake (its limits, or an
+    /// explicit request) until about `want` pages came back, honouring
+    /// the protection of the groups below it, not its own (see the module
+    /// docs); returns the pages uncharged.
     pub(crate) fn reclaim<E: Env<R>>(&self, env: &E, g: &Group<R>, want: usize) -> usize {
         if reclaiming(env) {
             return 0;
@@ -268,17 +404,41 @@ impl<R: RawMutex> Tree<R> {
         // Progress is what the counter shows: pages drained from caches
         // that other charges refill at once are no progress.
         let start = g.counter.usage();
-        let freed = || start.saturating_sub(g.counter.usage());
-        self.reclaim_caches(env, g);
-        for share in SHARES {
-            // A pass may free nothing and still progress (a shrinker
-            // rotating referenced objects): only an empty scope ends it.
-            if freed() >= want || self.run_shrinkers(env, g, share).1 == 0 {
-                break;
-            }
-            self.reclaim_caches(env, g);
+        if start > 0 && start <= g.counter.min() {
+            // Its own limits breach a group's `min`.
+            self.event(env, g, Event::Min);
         }
-        freed()
+        let mut goal = Goal { counter: &g.counter, start, want, objects: 0, bounded: true };
+        let mut pass = Pass::first();
+        loop {
+            self.reclaim_caches(env, g, g, &mut pass);
+            for (round, share) in SHARES.into_iter().enumerate() {
+                goal.bounded = round + 1 < ROUNDS;
+                // A round may free nothing and still progress (a shrinker
+                // rotating referenced objects): only an empty scope ends it.
+                if goal.met() || self.run_shrinkers(env, g, g, &mut pass, share, Some(&mut goal)).1 == 0 {
+                    break;
+                }
+                self.reclaim_caches(env, g, g, &mut pass);
+            }
+            if goal.met() || !pass.honour_low || !pass.low_skipped {
+                return goal.freed();
+            }
+            pass = Pass::breaching_low();
+            self.breaching_low(env, g, g);
+        }
+    }
+
+    /// Counts a `low` event for each group of `target`'s subtree that a
+    /// pass breaching `low`, in a reclaim rooted at `root`, takes from
+    /// within its effective `low` (once per reclaim, before it takes).
+    fn breaching_low<E: Env<R>>(&self, env: &E, root: &Group<R>, target: &Group<R>) {
+        let _read = self.read_guard();
+        Self::plan(root, target, &mut Pass::breaching_low(), |v, visit| {
+            if visit.take != Take::Nothing && visit.within_low {
+                self.event(env, v, Event::Low);
+            }
+        });
     }
 
     /// The goal of a reclaim after `g` refused a charge of `pages`: the
@@ -287,14 +447,26 @@ impl<R: RawMutex> Tree<R> {
         pages.saturating_add(g.counter.usage() / 32)
     }
 
-    /// Calls every shrinker for `g` on every node, without locks held;
-    /// returns the objects they freed and the objects they held in scope.
-    /// What a shrinker reports is clamped (a `scan` frees at most what it
-    /// was asked for; sums saturate), so a shrinker that lies cannot make
-    /// reclaim overflow or loop. While they run, the context's current
-    /// group token carries the [`RECLAIMING`] tag: an allocation a shrinker
-    /// makes charges as usual but skips reclaim.
-    fn run_shrinkers<E: Env<R>>(&self, env: &E, g: &Group<R>, share: usize) -> (usize, usize) {
+    /// Calls every shrinker on every node for what a pass of a reclaim
+    /// rooted at `root` may take from `target`'s subtree (see
+    /// `protection`), without locks held; returns the objects they freed
+    /// and the objects they held in scope. What a shrinker reports is
+    /// clamped (a `scan` frees at most what it was asked for; sums
+    /// saturate), so a shrinker that lies cannot make reclaim overflow or
+    /// loop. While they run, the context's current group token carries
+    /// the [`RECLAIMING`] tag: an allocation a shrinker makes charges as
+    /// usual but skips reclaim. A read guard keeps the groups the walk
+    /// reaches from being freed meanwhile (it only defers freeing group
+    /// metadata; nothing waits for it).
+    fn run_shrinkers<E: Env<R>>(
+        &self,
+        env: &E,
+        root: &Group<R>,
+        target: &Group<R>,
+        pass: &mut Pass,
+        share: usize,
+        mut goal: Option<&mut Goal<'_>>,
+    ) -> (usize, usize) {
         let list = *self.shrinkers.lock();
         let (mut freed, mut held) = (0usize, 0usize);
         if list.iter().all(Option::is_none) {
@@ -305,25 +477,39 @@ impl<R: RawMutex> Tree<R> {
         // so the platform slot's reference is untouched.
         let token = platform.current_group();
         platform.set_current_group(token.map_addr(|a| a | RECLAIMING));
-        for s in list.iter().flatten() {
-            for node in 0..platform.nodes().max(1) {
-                let sc = ShrinkControl { target: self.group_id(g), node };
-                // A share per pass (at least one), as Linux scans at a
-                // priority rather than emptying a cache at once.
-                let n = s.count(&sc);
-                held = held.saturating_add(n);
-                if n > 0 {
-                    let nr = (n / share).saturating_add(1);
-                    freed = freed.saturating_add(s.scan(&sc, nr).min(nr));
+        {
+            let _read = self.read_guard();
+            Self::plan(root, target, pass, |v, Visit { take, floor, .. }| {
+                if take == Take::Nothing {
+                    return;
                 }
-            }
+                let id = self.group_id(v);
+                for s in list.iter().flatten() {
+                    for node in 0..platform.nodes().max(1) {
+                        let sc = ShrinkControl { target: id, node, own: take == Take::Own };
+                        // A share per round (at least one), as Linux scans
+                        // at a priority rather than emptying a cache at once.
+                        let n = s.count(&sc);
+                        held = held.saturating_add(n);
+                        let bound = goal.as_deref().map_or(usize::MAX, Goal::bound);
+                        let nr = ask(n, share, v.counter.usage(), floor, bound);
+                        if n > 0 && nr > 0 {
+                            let got = s.scan(&sc, nr).min(nr);
+                            freed = freed.saturating_add(got);
+                            if let Some(g) = goal.as_deref_mut() {
+                                g.objects = g.objects.saturating_add(got);
+                            }
+                        }
+                    }
+                }
+            });
         }
         // Clear the tag of whatever is current now: the token set above,
         // or (if a shrinker dropped guards out of order) the group it left
         // current, which keeps its reference either way.
         let now = platform.current_group();
         if now.addr() & RECLAIMING != 0 {
-            platform.set_current_group(untag(now));
+            platform.set_current_group(now.map_addr(|a| a & !RECLAIMING));
         }
         (freed, held)
     }
@@ -338,7 +524,7 @@ impl<R: RawMutex> Tree<R> {
         let mut level = Some(unsafe { self.group_of_counter(counter) });
         while let Some(l) = level {
             if l.counter.usage() > l.counter.high() {
-                l.events.add(Event::High, 1);
+                self.event(env, l, Event::High);
                 let excess = l.counter.usage().saturating_sub(l.counter.high());
                 self.reclaim(env, l, Self::reclaim_goal(l, excess));
             }
@@ -353,46 +539,69 @@ impl<R: RawMutex> Tree<R> {
 
     /// A new contention-reclaim episode.
     fn episode(&self) -> Episode {
+        Episode { id: self.episode_id(), breach: 0, low_skipped: false, steps: 0, most_online: 0, root: false }
+    }
+
+    /// The next id of the episode sequence.
+    fn episode_id(&self) -> u32 {
         // `Relaxed`: only uniqueness matters (an RMW gives it). Skips 0,
         // the mark of a group no episode reclaimed, after a wrap.
         let mut id = 0;
         while id == 0 {
             id = self.episodes.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         }
-        Episode { id, steps: 0, most_online: 0, root: false }
+        id
     }
 
     /// One step of contention reclaim: reclaims the group with the largest
     /// excess over its soft limit, or if none is over, the largest group
-    /// not protected by `low`, or finally the root's own caches; groups
-    /// this episode reclaimed are skipped and the one reclaimed is marked.
-    /// `false` when nothing was left to try, or from inside a shrinker.
+    /// not protected, or if a group was passed over for its `low`, the
+    /// largest not protected by `min`, or finally the root's own caches;
+    /// each honours the protection of the groups below it. Groups this
+    /// episode reclaimed (since it started breaching `low`, in that mode)
+    /// are skipped, and the one reclaimed is marked. `false` when nothing
+    /// was left to try, or from inside a shrinker.
     fn contention_step<E: Env<R>>(&self, env: &E, episode: &mut Episode) -> bool {
         if reclaiming(env) {
             return false;
         }
-        for soft in [true, false] {
-            let Some(b) = self.candidate(episode, soft) else { continue };
+        for mode in [Mode::Soft, Mode::Unprotected, Mode::BreachLow] {
+            if mode == Mode::BreachLow {
+                // Linux's second pass: only once something was protected
+                // by `low` alone.
+                if !episode.low_skipped {
+                    break;
+                }
+                if episode.breach == 0 {
+                    episode.breach = self.episode_id();
+                }
+            }
+            let Some(b) = self.candidate(episode, mode) else { continue };
             if !episode.may_step() {
                 self.put_group(b);
                 break;
             }
             // Contention reclaim takes a little at a time (1/16 of what
-            // the shrinkers hold, one pass) and lets the caller retry, so
+            // the shrinkers hold, one round) and lets the caller retry, so
             // groups settle near their soft limits instead of swinging.
-            let mut pages = self.reclaim_caches(env, b);
+            let mut pass = if mode == Mode::BreachLow { Pass::breaching_low() } else { Pass::first() };
+            if mode == Mode::BreachLow {
+                self.breaching_low(env, &self.root, b);
+            }
+            let mut pages = self.reclaim_caches(env, &self.root, b, &mut pass);
             let before = b.counter.usage();
-            if self.run_shrinkers(env, b, 16).0 != 0 {
+            if self.run_shrinkers(env, &self.root, b, &mut pass, 16, None).0 != 0 {
                 pages += before.saturating_sub(b.counter.usage());
             }
-            if soft {
-                b.events.add(Event::Soft, 1);
-                b.events.add(Event::SoftPages, pages);
+            episode.low_skipped |= pass.low_skipped;
+            if mode == Mode::Soft {
+                b.events.soft.add(1);
+                b.events.soft_pages.add(pages);
             }
             // Mark it, unless a later episode already did (its mark covers
             // this one too). A race here costs a visit at most.
-            if !episode.done(b.visited.load(Ordering::Relaxed)) {
-                b.visited.store(episode.id, Ordering::Relaxed);
+            if !episode.done(b.visited.load(Ordering::Relaxed), mode) {
+                b.visited.store(episode.mark(mode), Ordering::Relaxed);
             }
             episode.steps += 1;
             self.put_group(b);
@@ -408,11 +617,12 @@ impl<R: RawMutex> Tree<R> {
         true
     }
 
-    /// The group a contention step of `episode` reclaims next, with a
-    /// reference: the largest excess over the soft limit (`soft`), or the
-    /// largest usage not protected by `low`, among the online groups the
-    /// episode has not reclaimed yet.
-    fn candidate(&self, episode: &mut Episode, soft: bool) -> Option<&Group<R>> {
+    /// The group a contention step of `episode` in `mode` reclaims next,
+    /// with a reference, among the online groups the episode has not
+    /// reclaimed yet in that mode; protection is the groups' effective
+    /// protection under the root. Notes in the episode when a group is
+    /// passed over for its `low`.
+    fn candidate(&self, episode: &mut Episode, mode: Mode) -> Option<&Group<R>> {
         let mut best: Option<&Group<R>> = None;
         let mut best_score = 0;
         let mut online = 0usize;
@@ -421,15 +631,18 @@ impl<R: RawMutex> Tree<R> {
                 return;
             }
             online += 1;
-            if episode.done(g.visited.load(Ordering::Relaxed)) {
+            if episode.done(g.visited.load(Ordering::Relaxed), mode) {
                 return;
             }
-            let (u, s, low) = (g.counter.usage(), g.counter.soft(), g.counter.low());
-            let score = if soft {
-                u.saturating_sub(s)
-            } else if u <= low {
-                g.events.add(Event::Low, 1);
+            let u = g.counter.usage();
+            let e = Self::protection(&self.root, g);
+            let score = if e.min != 0 && u <= e.min {
                 0
+            } else if mode != Mode::BreachLow && e.low != 0 && u <= e.low {
+                episode.low_skipped = true;
+                0
+            } else if mode == Mode::Soft {
+                u.saturating_sub(g.counter.soft())
             } else {
                 u
             };
@@ -459,35 +672,69 @@ impl<R: RawMutex> Tree<R> {
         pages
     }
 
-    /// Gives back what `g`'s subtree holds unused in its caches (as
-    /// `reclaim_caches`), for reports that want only live objects left.
+    /// Gives back everything `g`'s subtree holds unused in its caches
+    /// (magazines, empty slabs, stocks), whatever its protection: for the
+    /// leak checks, which want only live objects left.
     pub(crate) fn reclaim_unused<E: Env<R>>(&self, env: &E, g: &Group<R>) -> usize {
         if reclaiming(env) {
             return 0;
         }
-        self.reclaim_caches(env, g)
-    }
-
-    /// Gives back what `g`'s subtree holds unused in its caches: magazines,
-    /// empty slabs, stocks. Returns the pages uncharged. (One step of
-    /// [`Tree::reclaim`], which adds the shrinkers.)
-    fn reclaim_caches<E: Env<R>>(&self, env: &E, g: &Group<R>) -> usize {
         let _tree = self.lock.lock();
         let _read = self.read_guard();
-        let mut pages = Self::drain_and_shrink(env, |f| self.subtree_caches(g, f));
+        let mut pages = Self::drain_and_shrink(env, |f| g.walk_subtree(|grp| self.own_caches(grp, f)));
         g.walk_subtree(|grp| pages += grp.counter.drain_stock());
         pages
     }
 
-    /// Calls `f` on every cache charging a group of `g`'s subtree.
-    fn subtree_caches(&self, g: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
-        g.walk_subtree(|grp| {
-            if self.is_root(grp) {
-                self.root_caches(f);
-            } else {
-                grp.for_each_cache(|_, c| f(c));
-            }
+    /// Gives back what a pass of a reclaim rooted at `root` may take from
+    /// `target`'s subtree (see `protection`) of what it holds unused in its
+    /// caches: magazines, empty slabs, stocks. Returns the pages uncharged.
+    /// (One step of [`Tree::reclaim`], which adds the shrinkers.)
+    fn reclaim_caches<E: Env<R>>(&self, env: &E, root: &Group<R>, target: &Group<R>, pass: &mut Pass) -> usize {
+        let _tree = self.lock.lock();
+        let _read = self.read_guard();
+        // Decide once what each group gives, in its `plan` (the drain
+        // below walks the caches several times, and what it frees changes
+        // the usages the decision reads); the tree lock keeps the plan
+        // ours and the tree as planned.
+        Self::plan(root, target, pass, |v, visit| v.plan.store(visit.take as u8, Ordering::Relaxed));
+        let mut pages = Self::drain_and_shrink(env, |f| self.planned_caches(target, f));
+        Self::planned(target, |v, take| match take {
+            Take::Nothing => {}
+            Take::Own => pages += v.counter.drain_stock(),
+            Take::Subtree => v.walk_subtree(|g| pages += g.counter.drain_stock()),
         });
+        pages
+    }
+
+    /// Calls `f` on each group of `target`'s subtree that the last
+    /// [`Tree::plan`] reached, with what it takes from it. The caller holds
+    /// the tree lock, as it did while planning.
+    fn planned(target: &Group<R>, mut f: impl FnMut(&Group<R>, Take)) {
+        target.walk_pruned(|v| {
+            let take = Take::from_u8(v.plan.load(Ordering::Relaxed));
+            f(v, take);
+            take != Take::Subtree
+        });
+    }
+
+    /// Calls `f` on every cache the last plan of `target`'s subtree takes
+    /// from.
+    fn planned_caches(&self, target: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
+        Self::planned(target, |v, take| match take {
+            Take::Nothing => {}
+            Take::Own => self.own_caches(v, f),
+            Take::Subtree => v.walk_subtree(|g| self.own_caches(g, f)),
+        });
+    }
+
+    /// Calls `f` on every cache charging `g` itself.
+    fn own_caches(&self, g: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
+        if self.is_root(g) {
+            self.root_caches(f);
+        } else {
+            g.for_each_cache(|_, c| f(c));
+        }
     }
 
     /// Calls `f` on the caches charging the root: its size classes and
