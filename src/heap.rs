@@ -27,7 +27,7 @@ pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::Stat;
+use crate::sync::{AtomicPtr, Ordering, Stat};
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -65,7 +65,17 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     bad_frees: Stat,
     /// Memory-error detection (off unless asked for).
     detect: debug::Detector<R>,
+    /// The out-of-memory handler: null, or an [`OomHandler`] of this
+    /// `Kmem`'s type (only `set_oom_handler` stores to it).
+    oom: AtomicPtr<()>,
 }
+
+/// Called when the page source cannot supply `pages` pages even after
+/// reclaim ([`Kmem::set_oom_handler`]); returns whether it added memory
+/// (a kernel adds a region), and then the allocation retries once. It runs
+/// with no allocator lock held, in the allocating context; allocations it
+/// makes are atomic (no reclaim, and no nested handler call).
+pub type OomHandler<K> = fn(&K, usize) -> bool;
 
 /// A [`Kmem`] type, named by one parameter: the handles ([`crate::Cgroup`],
 /// [`crate::KmemCache`], ...) are generic over it, so code that names
@@ -155,6 +165,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 large_pages: Stat::new(),
                 bad_frees: Stat::new(),
                 detect: debug::Detector::new(Detection::OFF),
+                oom: crate::sync::atomic_null(),
             }
             .reading_env()
         }
@@ -251,6 +262,40 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// page source is exhausted.
     pub fn set_contention_mark(&self, bytes: usize) {
         self.tree.set_contention_mark(if bytes == usize::MAX { usize::MAX } else { bytes / PAGE_SIZE });
+    }
+
+    /// Sets the out-of-memory handler (talc's `OomHandler`): called when
+    /// the page source has no run for a slab or a large object even after
+    /// reclaim, it may add memory to the source (`Kmem::source().add(..)`
+    /// for a `Region`) and return `true`; the allocation then retries
+    /// once. `None` removes it. Not called in interrupt context, nor from
+    /// inside itself or a shrinker (those allocations fail instead).
+    pub fn set_oom_handler(&self, f: Option<OomHandler<Self>>) {
+        let p = f.map_or(core::ptr::null_mut(), |f| f as *const () as *mut ());
+        self.oom.store(p, Ordering::Release);
+    }
+
+    /// Runs the out-of-memory handler for `pages` pages; whether it added
+    /// memory.
+    #[cold]
+    fn out_of_memory(&self, pages: usize) -> bool {
+        // Acquire: pairs with the Release in `set_oom_handler`.
+        let f = self.oom.load(Ordering::Acquire);
+        if f.is_null() || self.platform.in_interrupt() {
+            return false;
+        }
+        // The no-reclaim mark makes the handler's own allocations atomic,
+        // and a nested out-of-memory skips the handler.
+        if crate::cgroup::set_no_reclaim(&self.platform, true) {
+            return false;
+        }
+        // SAFETY: `oom` holds null or an `OomHandler<Self>` (only
+        // `set_oom_handler` stores to it), and pointers to data and to
+        // functions have one size here.
+        let f = unsafe { core::mem::transmute::<*mut (), OomHandler<Self>>(f) };
+        let added = f(self, pages);
+        crate::cgroup::set_no_reclaim(&self.platform, false);
+        added
     }
 
     /// Sets the function called with every memory event of every group
@@ -416,9 +461,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_slow_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
-        let r = match cache.alloc_slow(self) {
+        let grow = || match cache.alloc_slow(self) {
             Ok(p) => Ok(p),
             Err(e) => self.tree.grow_failed(self, cache, e),
+        };
+        let r = match grow() {
+            // The source is dry even after reclaim: the handler may add
+            // memory; one retry.
+            Err(Error::OutOfMemory) if self.out_of_memory(1 << cache.cache.geometry().order) => grow(),
+            r => r,
         };
         if r.is_ok() {
             self.tree.after_refill(self, cache);

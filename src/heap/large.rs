@@ -47,7 +47,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let counter = self.tree.charge(self, g, pages + 1).ok()?;
         let alloc = || alloc_exact(&self.source, lead + pages, align, self.node());
         // An exhausted page source: contention reclaim, step by step.
-        let Some((run, node)) = alloc().or_else(|| self.tree.under_contention(self, alloc)) else {
+        let Some((run, node)) = alloc()
+            .or_else(|| self.tree.under_contention(self, alloc))
+            .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })
+        else {
             counter.uncharge(pages + 1);
             return None;
         };
