@@ -7,11 +7,13 @@
 
 mod check;
 mod debug;
+mod decay;
 mod large;
 mod report;
 
 pub(crate) use debug::TRAILER;
 pub use debug::{Detection, GUARDED_MAX};
+pub use decay::Decay;
 pub use report::{KmemStats, SlabInfo};
 
 use core::ptr::NonNull;
@@ -65,6 +67,8 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     bad_frees: Stat,
     /// Memory-error detection (off unless asked for).
     detect: debug::Detector<R>,
+    /// Giving idle memory back by itself.
+    decay: decay::Decayer,
     /// The out-of-memory handler: null, or an [`OomHandler`] of this
     /// `Kmem`'s type (only `set_oom_handler` stores to it).
     oom: AtomicPtr<()>,
@@ -165,6 +169,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 large_pages: Stat::new(),
                 bad_frees: Stat::new(),
                 detect: debug::Detector::new(Detection::OFF),
+                decay: decay::Decayer::new(Decay::DEFAULT),
                 oom: crate::sync::atomic_null(),
             }
             .reading_env()
@@ -474,6 +479,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if r.is_ok() {
             self.tree.after_refill(self, cache);
         }
+        self.decay_tick();
         r
     }
 
@@ -600,10 +606,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
-        let _read = self.tree.read_guard();
-        // SAFETY: forwarded.
-        unsafe { owner.free_slow(self, ptr) };
-        self.tree.after_free(owner);
+        {
+            let _read = self.tree.read_guard();
+            // SAFETY: forwarded.
+            unsafe { owner.free_slow(self, ptr) };
+            self.tree.after_free(owner);
+        }
+        self.decay_tick();
     }
 
     /// Whether `ptr` is a live-looking object of the class `base` serves,

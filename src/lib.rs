@@ -263,7 +263,7 @@ pub use handle::{
     AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat, KmemCache,
     Pressure,
 };
-pub use heap::{Detection, GUARDED_MAX, Heap, Kmem, KmemStats, OomHandler, SlabInfo};
+pub use heap::{Decay, Detection, GUARDED_MAX, Heap, Kmem, KmemStats, OomHandler, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]

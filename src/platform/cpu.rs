@@ -97,6 +97,13 @@ pub unsafe trait Platform: Sync {
     fn in_interrupt(&self) -> bool {
         false
     }
+    /// A monotonic clock in milliseconds, if the platform has one: the
+    /// allocator's decay ([`crate::Decay`]) then returns idle memory after
+    /// a time; without one, after a count of slow-path operations. Called
+    /// at most once per 256 slow paths; must not allocate or block.
+    fn now_ms(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A platform with no per-CPU slots: every operation takes the shared,

@@ -87,6 +87,11 @@ pub unsafe trait Cpu: 'static {
     fn in_interrupt() -> bool {
         false
     }
+    /// A monotonic clock in milliseconds, if the kernel keeps one (see
+    /// [`Platform::now_ms`]).
+    fn now_ms() -> Option<u64> {
+        None
+    }
     /// The NUMA node of CPU `cpu`.
     fn node_of(_cpu: usize) -> usize {
         0
@@ -234,6 +239,9 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
 
     fn in_interrupt(&self) -> bool {
         C::in_interrupt()
+    }
+    fn now_ms(&self) -> Option<u64> {
+        C::now_ms()
     }
 }
 

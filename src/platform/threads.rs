@@ -499,6 +499,20 @@ unsafe impl Platform for Threads {
         unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
     }
 
+    /// `CLOCK_MONOTONIC` (loom: none).
+    fn now_ms(&self) -> Option<u64> {
+        if cfg!(loom) {
+            return None;
+        }
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to write; the call neither allocates nor
+        // blocks.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+            return None;
+        }
+        Some(ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000)
+    }
+
     fn steal(&self, slot: usize) -> bool {
         // Acquire: the drainer adopts the magazines, like a claimer.
         CLAIMED[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
