@@ -82,6 +82,10 @@
 //!   ([`Kmem::set_event_hook`]), called outside every lock.
 //! * **reclaim**: giving back what a group subtree holds unused: its
 //!   magazines, empty slabs and stocks, then what its shrinkers free.
+//! * **decay**: the allocator's own periodic reap (once a second with a
+//!   clock, [`Decay`]), so idle memory goes back without a `reap()` call.
+//! * **detection**: red zones, poison, a quarantine of freed objects and
+//!   sampled guard pages, on when asked ([`Detection`]).
 //! * **dead cache**: a removed group's cache: no magazines, empty slabs go
 //!   back at once, and it goes with its last object.
 //!
@@ -102,7 +106,7 @@
 //! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`); the size classes (`classes`) |
 //! | magazine | `magazine` | per-CPU loaded/previous magazines and the fast paths (`magazine.rs`), the slot handshake (`slots`), per-node depots (`depot`), draining (`drain`) |
 //! | cgroup | `cgroup` | groups: counters, references, tokens, walks, event counts (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); effective `min`/`low` and what a reclaim pass may take (`tree::protection`); the event hook (`tree::events`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
-//! | heap | `heap` | [`Kmem`]: alloc/free/realloc over the tree's caches (`heap.rs`), the page path (`large`), reports (`report`), invariant checks (`check`); [`Heap`], the one type parameter of the handles |
+//! | heap | `heap` | [`Kmem`]: alloc/free/realloc over the tree's caches (`heap.rs`), the page path (`large`), memory-error detection (`debug`), decay (`decay`), reports (`report`), invariant checks (`check`); [`Heap`], the one type parameter of the handles |
 //! | handle | `handle` | the public handles: [`Cgroup`], [`CgroupGuard`], [`CgroupAllocator`] (`cgroup`), [`Pressure`] (`pressure`), [`KmemCache`], [`CacheBox`] (`typed`) |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] and [`CgroupAllocator`] |
 //!
@@ -120,7 +124,9 @@
 //! 4. a depot lock (one magazine exchange per hold);
 //! 5. a cache's per-node list lock (one slab-list update, or one batch of
 //!    a magazine refill or flush, per hold);
-//! 6. a page source's lock (`Region`: per node; `OsPages`: its pool).
+//! 6. a page source's lock (`Region`: per node; `OsPages`: its pool);
+//! 7. detection's quarantine lock, a leaf: objects are linked and
+//!    unlinked under it, and checked and freed after it is dropped.
 //!
 //! A cache calls its page source and charges its counter *without*
 //! holding its list lock when it grows; it releases slabs after dropping
@@ -169,7 +175,22 @@
 //! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
+//! | `Tree::mode` | `GROUPS`: `create_child` and `reclaim_groups` under the tree lock, after `all_groups`; `DEBUG`/`ENV`: the first allocation reading `KMEMCG_DEBUG` (or `with_detection`, before any); `INJECT`: `inject_faults` | `Release` RMW | `Relaxed` on the fast paths (as `all_groups` was: `GROUPS` as before; `DEBUG` is fixed before the first object exists); the special paths re-read it with `Acquire` before reading detection settings |
+//! | `Detector` settings | `read_env` before clearing `ENV` | `Relaxed` | ordered by the `Release`/`Acquire` pair on `Tree::mode` |
+//! | injection table slots | `Table::arm` under the tree lock (rule first, then the group pointer) | `Release` | `Acquire` in `Table::find` |
+//! | `Kmem::oom`, `Tree::event_hook` | their setters | `Release` | `Acquire` before the call |
+//! | decay `ticks`, `last`, `running` | slow paths; the decaying context (CAS on `running`) | `Relaxed` (ticks: load + store, lost updates only delay), `Acquire`/`Release` on `running` | one decay reap at a time |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
+//!
+//! # Catching memory bugs
+//!
+//! [`Kmem::with_detection`] (or `KMEMCG_DEBUG` in the environment) turns on
+//! red zones, poison with a quarantine, double- and foreign-free checks
+//! and sampled guard pages (see [`Detection`]); a group's
+//! [`Cgroup::inject_faults`] fails chosen allocations; [`Cgroup::assert_empty`]
+//! and [`Cgroup::assert_peak_at_most`] check a scope's leaks and budget.
+//! Off, none of it costs the fast paths anything: they test the mode word
+//! they tested before.
 //!
 //! # Bad input
 //!
