@@ -513,11 +513,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         match class_of(size, align) {
             Some(c) => {
-                // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { self.tree.classes().get_unchecked(c) };
-                if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
-                    return self.bad_free();
-                }
+                let Some(base) = self.base_for_free(c, ptr) else { return };
                 hardened_on_free(base, ptr);
                 // SAFETY: with no groups, every object of class `c` is in
                 // the base cache.
@@ -542,11 +538,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         match class_of(size, align) {
             Some(c) => {
-                // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { self.tree.classes().get_unchecked(c) };
-                if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
-                    return self.bad_free();
-                }
+                let Some(base) = self.base_for_free(c, ptr) else { return };
                 // SAFETY: forwarded: a live object of class `c`, in a slab
                 // of `base` or of one of its child caches.
                 unsafe { self.free_into(Self::owner(base, ptr), ptr) }
@@ -554,6 +546,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
         }
+    }
+
+    /// The base cache of class `c` (from `class_of`) for a free of `ptr`;
+    /// `None` (counted, and an abort when hardened) if debug builds or
+    /// `hardened` find that no cache of the class owns `ptr`.
+    #[inline(always)]
+    fn base_for_free(&self, c: usize, ptr: NonNull<u8>) -> Option<&MagCache<R>> {
+        // SAFETY: `class_of` returns indices below NCLASSES.
+        let base = unsafe { self.tree.classes().get_unchecked(c) };
+        if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
+            self.bad_free();
+            return None;
+        }
+        Some(base)
     }
 
     /// Counts and (hardened) reports a free of a pointer no cache owns.
