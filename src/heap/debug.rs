@@ -23,7 +23,8 @@
 //!   the trailer was overwritten) and every red-zone byte from `size` on
 //!   (an overflow, even by one byte, even inside the class's slack);
 //! * a freed object is poisoned and waits in a FIFO quarantine of bounded
-//!   bytes, linked through its trailer, before it goes back to its cache;
+//!   bytes (per CPU slot, then globally, as Linux's KASAN keeps it),
+//!   linked through its trailer, before it goes back to its cache;
 //!   its poison is checked when it leaves the quarantine and again when
 //!   the object is handed out (a write after free);
 //! * tags mix in the object's address and slot size, so a tag left in
@@ -39,6 +40,7 @@
 use core::fmt;
 use core::ptr::NonNull;
 
+use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
 use super::Kmem;
@@ -46,9 +48,9 @@ use crate::cgroup::{Group, class_name, mode};
 use crate::error::Name;
 use crate::magazine::MagCache;
 use crate::page::pages_for;
-use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
+use crate::platform::{MAX_CPUS, PAGE_SIZE, PageSource, Platform, report_abort};
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize, loom_const_fn};
+use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize, loom_const_fn, repeat};
 
 const W: usize = size_of::<usize>();
 /// Bytes added to every request: the quarantine link, the owner cache and
@@ -99,8 +101,9 @@ impl Detection {
         self
     }
 
-    /// With a quarantine of at most `bytes` (0: freed objects are checked
-    /// and reused at once).
+    /// With a quarantine of at most `bytes` globally, and an eighth of it
+    /// per CPU slot, which hands its objects to the global one in a batch
+    /// when full (0: freed objects are checked and reused at once).
     pub const fn quarantine(mut self, bytes: usize) -> Self {
         self.quarantine = bytes;
         self
@@ -224,6 +227,10 @@ pub(crate) struct Detector<R: RawMutex> {
     /// are).
     guarded_live: AtomicUsize,
     quarantine: Mutex<R, Quarantine>,
+    /// Per-CPU quarantines (by platform slot), each bounded by a share of
+    /// the global bound; a full one moves whole into the global one, so
+    /// the global lock is taken once per batch.
+    locals: [CachePadded<Mutex<R, Fifo>>; MAX_CPUS],
     /// Frees checked (a statistic).
     frees_checked: Stat,
 }
@@ -232,12 +239,45 @@ const REDZONE: usize = 1;
 const POISONED: usize = 2;
 
 /// Freed objects waiting to go back to their caches, oldest first, linked
-/// through their trailers.
-struct Quarantine {
+/// through their trailers (`head` and `tail` point at trailers).
+struct Fifo {
     head: *mut u8,
     tail: *mut u8,
     bytes: usize,
     objects: usize,
+}
+
+impl Fifo {
+    const EMPTY: Fifo = Fifo { head: core::ptr::null_mut(), tail: core::ptr::null_mut(), bytes: 0, objects: 0 };
+
+    /// Appends `other` (a chain of whole objects) at the tail.
+    ///
+    /// # Safety
+    ///
+    /// Both hold trailers written by [`Kmem::quarantine`].
+    unsafe fn append(&mut self, other: Fifo) {
+        if other.head.is_null() {
+            return;
+        }
+        if self.tail.is_null() {
+            self.head = other.head;
+        } else {
+            // SAFETY: the tail is a quarantined object's trailer, ours.
+            unsafe { self.tail.cast::<*mut u8>().write_unaligned(other.head) };
+        }
+        self.tail = other.tail;
+        self.bytes += other.bytes;
+        self.objects += other.objects;
+    }
+}
+
+// SAFETY: the objects linked are owned by the quarantine (freed by their
+// users, not yet given back), reached only under its lock.
+unsafe impl Send for Fifo {}
+
+/// The global quarantine and the table of sampled objects.
+struct Quarantine {
+    fifo: Fifo,
     /// Live sampled objects and the large runs holding them.
     guarded: [(*mut u8, *mut u8); GUARDED_MAX],
 }
@@ -245,8 +285,8 @@ struct Quarantine {
 /// How many sampled guard-page objects can live at once.
 pub const GUARDED_MAX: usize = 64;
 
-// SAFETY: the objects linked are owned by the quarantine (freed by their
-// users, not yet given back), reached only under its lock.
+// SAFETY: as for `Fifo`; the table's pointers are sampled objects' runs,
+// reached only under the lock.
 unsafe impl Send for Quarantine {}
 
 impl<R: RawMutex> Detector<R> {
@@ -260,12 +300,10 @@ impl<R: RawMutex> Detector<R> {
                 sampled: atomic_usize(0),
                 guarded_live: atomic_usize(0),
                 quarantine: Mutex::const_new(R::INIT, Quarantine {
-                    head: core::ptr::null_mut(),
-                    tail: core::ptr::null_mut(),
-                    bytes: 0,
-                    objects: 0,
+                    fifo: Fifo::EMPTY,
                     guarded: [(core::ptr::null_mut(), core::ptr::null_mut()); GUARDED_MAX],
                 }),
+                locals: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Fifo::EMPTY)); MAX_CPUS),
                 frees_checked: Stat::new(),
             }
         }
@@ -654,20 +692,39 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             own.write_unaligned((owner as *const MagCache<R>).cast());
             t.write_unaligned(tag(FREED, p, slot, birth_in(Some(owner), p)));
         }
+        let one = Fifo { head: link.cast(), tail: link.cast(), bytes: slot, objects: 1 };
+        // This CPU's quarantine first; a full one goes to the global one
+        // whole.
+        let per_cpu = d.quarantine / 8;
+        let batch = match self.platform.enter() {
+            Some(cpu) if per_cpu != 0 => {
+                // SAFETY: the platform keeps slots below MAX_CPUS.
+                let mut l = unsafe { self.detect.locals.get_unchecked(cpu) }.lock();
+                // SAFETY: trailers written here.
+                unsafe { l.append(one) };
+                let full = l.bytes > per_cpu;
+                let batch = if full { core::mem::replace(&mut *l, Fifo::EMPTY) } else { Fifo::EMPTY };
+                drop(l);
+                self.platform.exit(cpu);
+                batch
+            }
+            cpu => {
+                if let Some(cpu) = cpu {
+                    self.platform.exit(cpu);
+                }
+                one
+            }
+        };
+        if batch.head.is_null() {
+            return;
+        }
         let evicted = {
             let mut q = self.detect.quarantine.lock();
-            let at = link.cast::<u8>();
-            if q.tail.is_null() {
-                q.head = at;
-            } else {
-                // SAFETY: the tail is a quarantined object's trailer, ours.
-                unsafe { q.tail.cast::<*mut u8>().write_unaligned(at) };
+            // SAFETY: trailers written here; the quarantine's too.
+            unsafe {
+                q.fifo.append(batch);
+                take_over::<R>(&mut q.fifo, d.quarantine)
             }
-            q.tail = at;
-            q.bytes += slot;
-            q.objects += 1;
-            // SAFETY: the quarantine's trailers were written by this function.
-            unsafe { take_over::<R>(&mut q, d.quarantine) }
         };
         // SAFETY: the chain taken out of the quarantine.
         unsafe { self.release(evicted, d) };
@@ -677,16 +734,28 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// and group removal call it).
     pub(crate) fn flush_quarantine(&self) {
         let d = self.detect.get();
+        for l in &self.detect.locals {
+            let batch = core::mem::replace(&mut *l.lock(), Fifo::EMPTY);
+            // SAFETY: the chain taken out of a per-CPU quarantine.
+            unsafe { self.release(batch.head, d) };
+        }
         // SAFETY: the quarantine's trailers were written by `quarantine`.
-        let chain = unsafe { take_over::<R>(&mut self.detect.quarantine.lock(), 0) };
+        let chain = unsafe { take_over::<R>(&mut self.detect.quarantine.lock().fifo, 0) };
         // SAFETY: the chain taken out of the quarantine.
         unsafe { self.release(chain, d) };
     }
 
     /// Quarantined objects and their bytes.
     pub(crate) fn quarantined(&self) -> (usize, usize) {
-        let q = self.detect.quarantine.lock();
-        (q.objects, q.bytes)
+        let mut n = {
+            let q = self.detect.quarantine.lock();
+            (q.fifo.objects, q.fifo.bytes)
+        };
+        for l in &self.detect.locals {
+            let l = l.lock();
+            n = (n.0 + l.objects, n.1 + l.bytes);
+        }
+        n
     }
 
     /// Checks the poison of each object of `chain` and frees it into its
@@ -793,7 +862,7 @@ unsafe fn queued<R: RawMutex>(t: *mut u8) -> (*mut u8, usize, *const MagCache<R>
 /// # Safety
 ///
 /// Every trailer in `q` was written by [`Kmem::quarantine`].
-unsafe fn take_over<R: RawMutex>(q: &mut Quarantine, max: usize) -> *mut u8 {
+unsafe fn take_over<R: RawMutex>(q: &mut Fifo, max: usize) -> *mut u8 {
     let first = q.head;
     let mut last: *mut u8 = core::ptr::null_mut();
     while q.bytes > max && !q.head.is_null() {
