@@ -59,7 +59,9 @@
 //!   ancestor) past it reclaims the group's subtree, then fails.
 //! * **high**: a group's throttling threshold: an allocating task whose
 //!   group (or an ancestor) is above it reclaims from that group before
-//!   its allocation returns; nothing fails for it.
+//!   its allocation returns, and if the group stays above it, is delayed
+//!   in proportion to the excess ([`Platform::throttle`]; never in atomic
+//!   context); nothing fails for it.
 //! * **soft**: a group's soft limit, its target under contention: groups
 //!   above theirs are reclaimed first, largest excess first.
 //! * **low**: soft protection: while a group's usage is within its
@@ -254,7 +256,8 @@ pub use allocator_api2;
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
 pub use cgroup::{
-    Event, EventHook, GroupId, MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker,
+    Event, EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS,
+    MAX_ACCOUNTED_CACHES, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker,
 };
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};
