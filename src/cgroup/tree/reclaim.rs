@@ -564,7 +564,6 @@ impl<R: RawMutex> Tree<R> {
     /// scopes, shrinkers, the event hook), where there was no reclaim
     /// either.
     pub(crate) fn over_high<E: Env<R>>(&self, env: &E, g: &Group<R>) {
-        let throttle = !reclaiming(env);
         let mut worst: Option<(&Group<R>, u64)> = None;
         let mut level = Some(g);
         while let Some(l) = level {
@@ -574,7 +573,7 @@ impl<R: RawMutex> Tree<R> {
                 let excess = l.counter.usage().saturating_sub(high);
                 self.reclaim(env, l, Self::reclaim_goal(l, excess));
                 let usage = l.counter.usage();
-                if throttle && usage > high {
+                if usage > high && !reclaiming(env) {
                     // Pages charged above `high` since the last delay.
                     let last = l.high_mark.swap(usage, Ordering::Relaxed);
                     let ns = delay(usage - high, high, usage.saturating_sub(last.max(high)));
