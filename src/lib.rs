@@ -169,6 +169,7 @@
 //! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
 //! | `TokenHead::state` (a group's) | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path and in `ShrinkControl::contains` |
 //! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
+//! | `Group::high_mark` | the `high` throttle (a swap per delay) | `Relaxed` | nothing: concurrent tasks each take the growth they see; it only sizes a delay |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
