@@ -9,7 +9,8 @@
 //!   (root usage above the contention mark) it is reclaimed first, through
 //!   its shrinker, back toward its soft limit;
 //! * `bursty` allocates in bursts into an LRU above its `high` mark: it is
-//!   throttled (reclaims before its allocations return) but never fails;
+//!   throttled (reclaims before its allocations return, and is delayed if
+//!   it stays above `high` all the same) but never fails;
 //! * `steady` builds ordinary std collections with no limit.
 //!
 //! A live table refreshes while it runs (usage, limits, events per group);
@@ -244,9 +245,12 @@ fn main() {
         c.group.stat().soft_reclaim_passes,
         c.group.usage() / MB
     );
+    let bs = b.group.stat();
     println!(
-        "  bursty (high 24 MiB): throttled {} times, peak {} MiB, no failures from high",
-        b.group.stat().events.high,
+        "  bursty (high 24 MiB): reclaimed above high {} times, delayed {} times ({} ms), peak {} MiB, no failures from high",
+        bs.events.high,
+        bs.throttled,
+        bs.throttled_us / 1000,
         b.group.peak() / MB
     );
     KMEM.unregister_shrinker(cache_lru);

@@ -50,8 +50,13 @@ mod tree;
 pub use inject::{FailRule, FaultInjection, MAX_INJECTIONS};
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
+#[cfg(all(test, not(loom)))]
+pub(crate) use tree::delay;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
-pub use tree::{EventHook, GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
+pub use tree::{
+    EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, MAX_SHRINKERS,
+    ShrinkControl, Shrinker,
+};
 
 /// `Group::state` of a live group.
 const ONLINE: u8 = 0;
@@ -242,6 +247,10 @@ pub(crate) struct Events {
     /// Soft-limit reclaim passes run on this group, and pages they freed.
     pub(crate) soft: Stat,
     pub(crate) soft_pages: Stat,
+    /// `high` throttle delays this group's excess set, and their total in
+    /// microseconds.
+    pub(crate) throttled: Stat,
+    pub(crate) throttled_us: Stat,
 }
 
 impl Events {
@@ -252,6 +261,8 @@ impl Events {
                 all: repeat!(Stat::new(); NEVENTS),
                 soft: Stat::new(),
                 soft_pages: Stat::new(),
+                throttled: Stat::new(),
+                throttled_us: Stat::new(),
             }
         }
     }
@@ -313,6 +324,11 @@ pub(crate) struct Group<R: RawMutex> {
     caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
     /// Pages of large (page-run) objects charged to this group itself.
     large_pages: Stat,
+    /// The usage at the last `high` throttle delay of this group: what was
+    /// charged above `high` since is what the next delay is for. `Relaxed`
+    /// (a swap per delay): concurrent tasks each take the growth they see,
+    /// a statistic's precision.
+    pub(crate) high_mark: AtomicUsize,
     events: Events,
     /// Named pressure resources (see `counter::pressure`).
     pressures: [pressure::PressureSlot; MAX_PRESSURES],
@@ -354,6 +370,7 @@ impl<R: RawMutex> Group<R> {
                 next_zombie: atomic_null(),
                 caches: repeat!(atomic_null(); MAX_ACCOUNTED),
                 large_pages: Stat::new(),
+                high_mark: atomic_usize(0),
                 events: Events::new(),
                 pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
             }

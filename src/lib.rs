@@ -59,7 +59,9 @@
 //!   ancestor) past it reclaims the group's subtree, then fails.
 //! * **high**: a group's throttling threshold: an allocating task whose
 //!   group (or an ancestor) is above it reclaims from that group before
-//!   its allocation returns; nothing fails for it.
+//!   its allocation returns, and if the group stays above it, is delayed
+//!   in proportion to the excess ([`Platform::throttle`]; never in atomic
+//!   context); nothing fails for it.
 //! * **soft**: a group's soft limit, its target under contention: groups
 //!   above theirs are reclaimed first, largest excess first.
 //! * **low**: soft protection: while a group's usage is within its
@@ -173,6 +175,7 @@
 //! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
 //! | `TokenHead::state` (a group's) | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path and in `ShrinkControl::contains` |
 //! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
+//! | `Group::high_mark` | the `high` throttle (a swap per delay) | `Relaxed` | nothing: concurrent tasks each take the growth they see; it only sizes a delay |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | `Tree::mode` | `GROUPS`: `create_child` and `reclaim_groups` under the tree lock, after `all_groups`; `DEBUG`/`ENV`: the first allocation reading `KMEMCG_DEBUG` (or `with_detection`, before any); `INJECT`: `inject_faults` | `Release` RMW | `Relaxed` on the fast paths (as `all_groups` was: `GROUPS` as before; `DEBUG` is fixed before the first object exists); the special paths re-read it with `Acquire` before reading detection settings |
@@ -275,8 +278,8 @@ pub use allocator_api2;
 #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
 pub use allocator_api2_04;
 pub use cgroup::{
-    Event, EventHook, FailRule, FaultInjection, GroupId, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES,
-    MAX_SHRINKERS, ShrinkControl, Shrinker,
+    Event, EventHook, FailRule, FaultInjection, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS,
+    HIGH_DELAY_NS, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker,
 };
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};

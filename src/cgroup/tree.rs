@@ -39,7 +39,12 @@ mod reclaim;
 mod registry;
 
 pub use events::EventHook;
-pub use reclaim::{GroupId, MAX_SHRINKERS, ShrinkControl, Shrinker};
+#[cfg(all(test, not(loom)))]
+pub(crate) use reclaim::delay;
+pub use reclaim::{
+    GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, MAX_SHRINKERS, ShrinkControl,
+    Shrinker,
+};
 use registry::AcctIndices;
 pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
 

@@ -181,8 +181,16 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     }
 
     /// Sets `high` in bytes: above it, an allocating task reclaims from the
-    /// group (once per magazine refill) before its allocation returns. It
-    /// never makes an allocation fail.
+    /// group (once per magazine refill or large object) before its
+    /// allocation returns; if the group stays above `high` all the same,
+    /// the task is then delayed through [`Platform::throttle`], in
+    /// proportion to the excess and to the pages charged above `high`
+    /// since the group's last delay ([`crate::HIGH_DELAY_NS`] per
+    /// [`crate::HIGH_DELAY_BATCH`] pages at twice `high`, at most
+    /// [`crate::HIGH_DELAY_MAX_NS`] an allocation), counted in
+    /// [`GroupStat::throttled`]. Never in atomic context (interrupts,
+    /// [`Kmem::atomic_scope`], shrinkers, the event hook), which does not
+    /// reclaim either. It never makes an allocation fail.
     pub fn set_high(&self, bytes: usize) -> Result<(), Error> {
         self.live()?.counter().set_high(to_pages(bytes));
         Ok(())
@@ -202,7 +210,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// (contention, an ancestor's `max` or `high`, [`Cgroup::reclaim`] on
     /// an ancestor) takes nothing from it as long as it finds unprotected
     /// memory elsewhere; only then does it reclaim the group, counting a
-    /// `low` event (see [`GroupStat::events_low`]).
+    /// `low` event (see [`GroupStat::events`]).
     ///
     /// The effective protection is Linux cgroup v2's: a child of the
     /// group being reclaimed for (the root, under contention) keeps what
@@ -227,7 +235,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// reclaim on behalf of others never takes from it, even when nothing
     /// else is left (then an allocation fails instead). Only the group's
     /// own limits and [`Cgroup::reclaim`] on it reclaim it below its
-    /// `min`, counting a `min` event (see [`GroupStat::events_min`]).
+    /// `min`, counting a `min` event (see [`GroupStat::events`]).
     ///
     /// The root cannot be protected ([`Error::RootGroup`]); a removed
     /// group protects nothing.
@@ -371,6 +379,8 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             events_local: EventCounts::of(|e| ev.local(e)),
             soft_reclaim_passes: ev.soft.get(),
             soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
+            throttled: ev.throttled.get(),
+            throttled_us: ev.throttled_us.get(),
             stocked: to_bytes(c.stocked()),
             nodes: t.node_pages(g).map(to_bytes),
             large: to_bytes(g.large_pages().get()),
@@ -607,6 +617,12 @@ pub struct GroupStat {
     pub soft_reclaim_passes: usize,
     /// Bytes those passes freed.
     pub soft_reclaim_bytes: usize,
+    /// Times a task was delayed because this group stayed above its `high`
+    /// after reclaim (see [`Cgroup::set_high`]), and the delays' total in
+    /// microseconds.
+    pub throttled: usize,
+    /// See [`GroupStat::throttled`].
+    pub throttled_us: usize,
     /// Bytes pre-charged in CPU stocks.
     pub stocked: usize,
     /// Bytes charged to the group and its descendants that back slabs and
@@ -654,6 +670,8 @@ impl fmt::Display for GroupStat {
         }
         writeln!(f, "soft_reclaim_passes {}", self.soft_reclaim_passes)?;
         writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
+        writeln!(f, "throttled {}", self.throttled)?;
+        writeln!(f, "throttled_us {}", self.throttled_us)?;
         writeln!(f, "stocked {}", self.stocked)?;
         write!(f, "usage_nodes")?;
         for (node, bytes) in self.nodes.iter().enumerate() {

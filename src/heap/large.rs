@@ -75,6 +75,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         self.large_allocs.add(1);
         self.large_pages.add(pages + 1);
+        // SAFETY: `g` is null or a live group of ours (the object's
+        // reference keeps it so).
+        let grp = unsafe { g.as_ref() }.unwrap_or(self.tree.root());
+        self.tree.over_high(self, grp);
         // SAFETY: inside the run, so not null.
         Some(unsafe { NonNull::new_unchecked(obj) })
     }

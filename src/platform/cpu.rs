@@ -104,6 +104,15 @@ pub unsafe trait Platform: Sync {
     fn now_ms(&self) -> Option<u64> {
         None
     }
+    /// Delays the calling task by about `ns` nanoseconds: the `high`
+    /// throttle, for a task whose group stays above its `high` after the
+    /// task reclaimed from it (see `Cgroup::set_high`). Called only from a
+    /// task's own context: never in interrupt context (see
+    /// [`Platform::in_interrupt`]), in an atomic scope, or from a shrinker
+    /// or an event hook; never with an allocator lock or slot held; with
+    /// `ns` at most `HIGH_DELAY_MAX_NS` (100 ms). A sleep, or a yield for
+    /// as long. The default does nothing: no throttling.
+    fn throttle(&self, _ns: u64) {}
 }
 
 /// A platform with no per-CPU slots: every operation takes the shared,

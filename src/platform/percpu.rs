@@ -102,6 +102,11 @@ pub unsafe trait Cpu: 'static {
     }
     /// A full memory barrier on every CPU (only called if `BARRIER`).
     fn barrier_all() {}
+    /// Delays the running task by about `ns` nanoseconds (the `high`
+    /// throttle; see [`Platform::throttle`], whose conditions hold: task
+    /// context, interrupts as the task had them, no allocator lock held).
+    /// The default does nothing.
+    fn throttle(_ns: u64) {}
 }
 
 /// One CPU's state, on a cache line of its own.
@@ -242,6 +247,10 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
     }
     fn now_ms(&self) -> Option<u64> {
         C::now_ms()
+    }
+
+    fn throttle(&self, ns: u64) {
+        C::throttle(ns)
     }
 }
 

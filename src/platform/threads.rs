@@ -521,4 +521,9 @@ unsafe impl Platform for Threads {
     fn unsteal(&self, slot: usize) {
         release(slot);
     }
+
+    /// Sleeps the thread (`std::thread::sleep`, which allocates nothing).
+    fn throttle(&self, ns: u64) {
+        std::thread::sleep(core::time::Duration::from_nanos(ns));
+    }
 }

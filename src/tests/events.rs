@@ -119,7 +119,7 @@ fn hook_sees_each_event() {
         let _in = bursty.enter();
         let small = Layout::from_size_align(64, 8).unwrap();
         // SAFETY: a valid layout.
-        let objs: Vec<_> = (0..1000).map(|_| unsafe { k.alloc(small) } as usize).collect();
+        let objs: Vec<_> = (0..200).map(|_| unsafe { k.alloc(small) } as usize).collect();
         for o in objs {
             // SAFETY: allocated just above with `small`, freed once.
             unsafe { k.dealloc(o as *mut u8, small) };

@@ -324,3 +324,48 @@ fn loom_shrinker_registration_races_reclaim() {
         env.settle();
     });
 }
+
+#[test]
+fn loom_reclaim_walk_races_removal_and_reclamation() {
+    // A reclaim of p's subtree walks it group by group (a child claims
+    // protection) under a read guard alone, as its shrinker rounds do,
+    // while another thread frees the last object of a removed child of p
+    // and reclaims groups: the walk never reaches freed memory, and the
+    // removed child is freed once, after the walk.
+    model(|env| {
+        let t = &env.tree;
+        let p = env.child("p");
+        let name = |n: &str| Name::new_group(n).unwrap();
+        // SAFETY (both): referenced by this thread until its puts below.
+        let a = unsafe { &*t.create_child(&*env, p, name("a")).unwrap().as_ptr() };
+        // SAFETY: as above.
+        let b = unsafe { &*t.create_child(&*env, p, name("b")).unwrap().as_ptr() };
+        a.counter().set_min(1);
+        let x = env.alloc_in(b);
+        env.warm(&[b.child_cache(class()).unwrap()]);
+        let remover = spawn(&env, move |env| {
+            env.free(x);
+            env.tree.finish_reclaim(env);
+        });
+        let pp = p as *const Group<R> as usize;
+        let walker = spawn(&env, move |env| {
+            let mut seen = 0;
+            // SAFETY: p outlives the model's threads (the main thread's
+            // reference).
+            let p = unsafe { &*(pp as *const Group<R>) };
+            env.tree.reclaim_walk(p, |g| {
+                assert!(!g.is_freed(), "a reclaim walk reached a freed group");
+                seen += 1;
+            });
+            seen
+        });
+        env.remove_and_put(b);
+        remover.join().unwrap();
+        let seen = walker.join().unwrap();
+        // p and a, and b if the walk read p's children before b left.
+        assert!((2..=3).contains(&seen), "{seen} groups walked");
+        env.remove_and_put(a);
+        env.remove_and_put(p);
+        env.settle();
+    });
+}

@@ -52,3 +52,5 @@ mod pressure;
 mod protection;
 #[cfg(not(loom))]
 mod reclaim;
+#[cfg(not(loom))]
+mod throttle;

@@ -209,4 +209,17 @@ impl<R: RawMutex> Tree<R> {
             take != Take::Subtree
         });
     }
+
+    /// The walk a reclaim's shrinker round makes, without the shrinkers:
+    /// under a read guard and no lock, a pass over `target`'s subtree
+    /// calling `f` on each group it takes from (for the loom models).
+    #[cfg(loom)]
+    pub(crate) fn reclaim_walk(&self, target: &Group<R>, mut f: impl FnMut(&Group<R>)) {
+        let _read = self.read_guard();
+        Self::plan(target, target, &mut Pass::first(), |v, visit| {
+            if visit.take != Take::Nothing {
+                f(v)
+            }
+        });
+    }
 }
