@@ -11,10 +11,14 @@
 //! * `bursty` allocates in bursts into an LRU above its `high` mark: it is
 //!   throttled (reclaims before its allocations return, and is delayed if
 //!   it stays above `high` all the same) but never fails;
-//! * `steady` builds ordinary std collections with no limit.
+//! * `steady` builds ordinary std collections with no limit;
+//! * `protected` keeps an LRU like `cache`, but with `min` and `low`
+//!   protection: contention reclaim takes from the others first, and never
+//!   takes it below its `min`.
 //!
 //! A live table refreshes while it runs (usage, limits, events per group);
-//! a summary closes it. It ends by itself after about eight seconds.
+//! an event hook counts every memory event as it happens; a summary closes
+//! it. It ends by itself after about eight seconds.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{IsTerminal, Write};
@@ -23,12 +27,29 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kmemcg::{Cgroup, GroupId, Kmem, OsPages, ShrinkControl, Shrinker};
+use kmemcg::{Cgroup, Event, GroupId, Kmem, OsPages, ShrinkControl, Shrinker};
 
 #[global_allocator]
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
 const MB: usize = 1 << 20;
+
+/// Events the hook saw, by kind (max, oom, high, low, min).
+static HOOKED: [AtomicUsize; 5] = [const { AtomicUsize::new(0) }; 5];
+
+/// The event hook: called where each event happens, outside the
+/// allocator's locks; it must not block or allocate, so it only counts.
+fn on_event(_group: GroupId, e: Event) {
+    let i = match e {
+        Event::Max => 0,
+        Event::Oom => 1,
+        Event::High => 2,
+        Event::Low => 3,
+        Event::Min => 4,
+        _ => return, // a kind added later
+    };
+    HOOKED[i].fetch_add(1, Ordering::Relaxed);
+}
 const RUN: Duration = Duration::from_secs(8);
 
 /// One tenant's LRU of blobs, shrinkable by the allocator.
@@ -142,21 +163,37 @@ fn table(tenants: &[Arc<Tenant>], elapsed: Duration) -> String {
         KMEM.root().usage() / MB
     );
     s += &format!(
-        "{:<8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>9} {:>10}\n",
-        "group", "usage", "peak", "max", "high", "soft", "ev_max", "ev_high", "soft_rcl", "ops", "failures"
+        "{:<9} {:>7} {:>7} {:>5} {:>5} {:>5} {:>5} {:>5} {:>7} {:>7} {:>6} {:>8} {:>9} {:>8}\n",
+        "group",
+        "usage",
+        "peak",
+        "max",
+        "high",
+        "soft",
+        "low",
+        "min",
+        "ev_max",
+        "ev_high",
+        "ev_low",
+        "soft_rcl",
+        "ops",
+        "failures"
     );
     for t in tenants {
         let st = t.group.stat();
         s += &format!(
-            "{:<8} {:>7}M {:>7}M {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>9} {:>10}\n",
+            "{:<9} {:>6}M {:>6}M {:>5} {:>5} {:>5} {:>5} {:>5} {:>7} {:>7} {:>6} {:>8} {:>9} {:>8}\n",
             t.name,
             st.usage / MB,
             st.peak / MB,
             fmt_limit(st.max),
             fmt_limit(st.high),
             fmt_limit(st.soft_limit),
+            fmt_limit(st.low),
+            fmt_limit(st.min),
             st.events.max,
             st.events.high,
+            st.events.low,
             st.soft_reclaim_passes,
             t.ops.load(Ordering::Relaxed),
             t.failures.load(Ordering::Relaxed)
@@ -175,12 +212,15 @@ fn main() {
             failures: AtomicUsize::new(0),
         })
     };
-    let (g, c, b, s) = (mk("greedy"), mk("cache"), mk("bursty"), mk("steady"));
+    let (g, c, b, s, p) = (mk("greedy"), mk("cache"), mk("bursty"), mk("steady"), mk("protected"));
     g.group.set_max(64 * MB).unwrap();
     c.group.set_soft_limit(32 * MB).unwrap();
     b.group.set_high(24 * MB).unwrap();
+    p.group.set_min(16 * MB).unwrap();
+    p.group.set_low(32 * MB).unwrap();
     KMEM.set_contention_mark(160 * MB);
-    let (cache_lru, bursty_lru) = (lru_for(&c.group), lru_for(&b.group));
+    KMEM.set_event_hook(Some(on_event));
+    let (cache_lru, bursty_lru, protected_lru) = (lru_for(&c.group), lru_for(&b.group), lru_for(&p.group));
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut hs = Vec::new();
@@ -200,8 +240,12 @@ fn main() {
         let (t, stop) = (s.clone(), stop.clone());
         hs.push(thread::spawn(move || steady(&t, &stop)));
     }
+    {
+        let (t, stop) = (p.clone(), stop.clone());
+        hs.push(thread::spawn(move || lru_worker(&t, protected_lru, 2048, false, &stop)));
+    }
 
-    let tenants = [g.clone(), c.clone(), b.clone(), s.clone()];
+    let tenants = [g.clone(), c.clone(), b.clone(), s.clone(), p.clone()];
     let tty = std::io::stdout().is_terminal();
     let start = Instant::now();
     let mut last_line = Instant::now();
@@ -213,13 +257,14 @@ fn main() {
         } else if last_line.elapsed() >= Duration::from_secs(2) {
             last_line = Instant::now();
             println!(
-                "[{:.0}s] root {} MiB: greedy {} MiB, cache {} MiB, bursty {} MiB, steady {} MiB",
+                "[{:.0}s] root {} MiB: greedy {} MiB, cache {} MiB, bursty {} MiB, steady {} MiB, protected {} MiB",
                 start.elapsed().as_secs_f64(),
                 KMEM.root().usage() / MB,
                 g.group.usage() / MB,
                 c.group.usage() / MB,
                 b.group.usage() / MB,
-                s.group.usage() / MB
+                s.group.usage() / MB,
+                p.group.usage() / MB
             );
         }
     }
@@ -238,7 +283,7 @@ fn main() {
         g.failures.load(Ordering::Relaxed),
         gs.events.max
     );
-    let others: usize = [&c, &b, &s].iter().map(|t| t.failures.load(Ordering::Relaxed)).sum();
+    let others: usize = [&c, &b, &s, &p].iter().map(|t| t.failures.load(Ordering::Relaxed)).sum();
     println!("  failures in the other tenants: {others}");
     println!(
         "  cache (soft limit 32 MiB): {} soft-reclaim passes, now {} MiB",
@@ -253,8 +298,25 @@ fn main() {
         bs.throttled_us / 1000,
         b.group.peak() / MB
     );
+    let ps = p.group.stat();
+    println!(
+        "  protected (min 16 MiB, low 32 MiB): now {} MiB, peak {} MiB; reclaimed within low {} times, within min {} times",
+        ps.usage / MB,
+        ps.peak / MB,
+        ps.events.low,
+        ps.events.min
+    );
+    let hooked: Vec<usize> = HOOKED.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+    println!(
+        "  the event hook saw: max {}, oom {}, high {}, low {}, min {} (as the groups' hierarchical counts show)",
+        hooked[0], hooked[1], hooked[2], hooked[3], hooked[4]
+    );
+    KMEM.set_event_hook(None);
     KMEM.unregister_shrinker(cache_lru);
     KMEM.unregister_shrinker(bursty_lru);
+    KMEM.unregister_shrinker(protected_lru);
     assert!(gs.peak <= gs.max, "the cap did not hold");
     assert_eq!(others, 0, "a tenant without a hard limit saw a failure");
+    assert!(ps.usage >= 16 * MB || ps.peak < 16 * MB, "protected went below its min");
+    assert_eq!(ps.events.min, 0, "reclaim for others took from protected below its min");
 }
