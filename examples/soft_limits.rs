@@ -11,6 +11,11 @@
 //! Every 1000 allocations each thread also samples both usages with the
 //! time since the start; the samples go to
 //! `target/kmemcg-results/soft_limits.csv` for `cargo run --release -p kmemcg-plots`.
+//!
+//! A second round adds protection: a third group `c` with `min` 4 MiB and
+//! `low` 8 MiB fills its own LRU while `a` and `b` go on; contention
+//! reclaim takes from `a` and `b` (over their soft limits, then
+//! unprotected) and leaves `c` its `low`. Each group's events are printed.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::VecDeque;
@@ -115,4 +120,47 @@ fn main() {
     );
     let header = "ms,sampler,allocations,a_bytes,b_bytes,a_soft_bytes,b_soft_bytes,region_bytes";
     results::write_csv("soft_limits.csv", header, &samples);
+
+    // Round two: protection.
+    let c = KMEM.root().create_child("c").unwrap();
+    c.set_min(4 * MB).unwrap();
+    c.set_low(8 * MB).unwrap();
+    thread::scope(|s| {
+        for (g, n) in [(&c, 16_000), (&a, 40_000), (&b, 40_000)] {
+            s.spawn(move || hungry(g, n));
+        }
+    });
+    println!(
+        "
+round two: c (min 4 MiB, low 8 MiB) fills 16,000 objects while a and b add 40,000 each"
+    );
+    for (name, g) in [("a", &a), ("b", &b), ("c", &c)] {
+        let st = g.stat();
+        println!(
+            "  {name}: {:>5.1} MiB, events: max {} oom {} high {} low {} min {}",
+            st.usage as f64 / MB as f64,
+            st.events.max,
+            st.events.oom,
+            st.events.high,
+            st.events.low,
+            st.events.min
+        );
+    }
+    let cu = c.usage();
+    assert!(cu >= 8 * MB, "c was reclaimed below its low with a and b unprotected: {cu} bytes");
+}
+
+/// A thread of group `g` allocating `n` objects into an LRU that contention
+/// reclaim can shrink.
+fn hungry(g: &kmemcg::Cgroup<'static, Kmem<Region>>, n: usize) {
+    let lru: &'static Lru = Box::leak(Box::new(Lru { group: g.id(), objs: Mutex::new(VecDeque::with_capacity(n)) }));
+    KMEM.register_shrinker(lru).unwrap();
+    let _in = g.enter();
+    let l = Layout::from_size_align(OBJ, 8).unwrap();
+    for _ in 0..n {
+        // SAFETY: valid layout.
+        let p = unsafe { KMEM.alloc(l) };
+        assert!(!p.is_null(), "allocation failed with reclaimable memory left");
+        lru.objs.lock().unwrap().push_back(p as usize);
+    }
 }
