@@ -9,6 +9,7 @@
 //! | `docs/plots/accounting.png` | `target/kmemcg-results/accounting_*.csv` | `cargo bench --bench accounting` |
 //! | `docs/plots/dead.png` | `target/kmemcg-results/dead.csv` | `cargo bench --bench dead` |
 //! | `docs/plots/soft_limits.png` | `target/kmemcg-results/soft_limits.csv` | `cargo run --release --example soft_limits` |
+//! | `docs/plots/decay.png` | `target/kmemcg-results/decay.csv` | `cargo run --release --example decay` |
 //!
 //! (`target/` is `CARGO_TARGET_DIR` when set.) The alloc plot's numbers (ns
 //! per operation, per object for `batch-*`) also go to
@@ -59,8 +60,13 @@ fn main() {
         eprintln!("plots: cannot create {}: {e}", out.display());
         return;
     }
-    let plots: [(&str, Plot); 4] =
-        [("alloc.png", alloc), ("accounting.png", accounting), ("dead.png", dead), ("soft_limits.png", soft_limits)];
+    let plots: [(&str, Plot); 5] = [
+        ("alloc.png", alloc),
+        ("accounting.png", accounting),
+        ("dead.png", dead),
+        ("soft_limits.png", soft_limits),
+        ("decay.png", decay),
+    ];
     let (mut drawn, mut skipped) = (0, 0);
     for (name, plot) in plots {
         match plot(&out.join(name)) {
@@ -685,6 +691,118 @@ fn soft_limits(png: &Path) -> Result<String, String> {
             );
         }
         legend(&mut chart, SeriesLabelPosition::LowerRight, 0.9)?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| format!("drawing failed: {e}"))?;
+    Ok(path.display().to_string())
+}
+
+// ---- 5. decay ----
+
+/// Colors of the runs of `examples/decay.rs` (others gray).
+const DECAY_RUNS: [(&str, RGBColor); 3] = [("on", KMEMCG), ("on-burst-thread", ORANGE), ("off", BLUE)];
+
+/// One sample of a decay run: ms since the burst was freed, MiB in use
+/// and held, decay reaps so far.
+struct DecaySample {
+    ms: f64,
+    in_use: f64,
+    held: f64,
+    reaps: f64,
+}
+
+fn decay(png: &Path) -> Result<String, String> {
+    let (path, rows) = read_csv("decay.csv", 8, "cargo run --release --example decay")?;
+    // Runs in first-seen order.
+    let mut runs: Vec<(String, Vec<DecaySample>)> = Vec::new();
+    for r in &rows {
+        let s = DecaySample {
+            ms: num(&r[1], &path)?,
+            in_use: num(&r[4], &path)?,
+            held: num(&r[5], &path)?,
+            reaps: num(&r[7], &path)?,
+        };
+        match runs.iter_mut().find(|(name, _)| *name == r[0]) {
+            Some((_, v)) => v.push(s),
+            None => runs.push((r[0].clone(), vec![s])),
+        }
+    }
+    for (_, v) in &mut runs {
+        v.sort_by(|a, b| a.ms.total_cmp(&b.ms));
+    }
+    let color = |name: &str| DECAY_RUNS.iter().find(|r| r.0 == name).map_or(GRAY, |r| r.1);
+    let all = || runs.iter().flat_map(|(_, v)| v.iter());
+    let (tmin, tmax) = all().fold((0f64, 1f64), |(lo, hi), s| (lo.min(s.ms), hi.max(s.ms)));
+    let held_max = all().map(|s| s.in_use.max(s.held)).fold(1f64, f64::max);
+    // Room above the highest line for the legend.
+    let ymax = (held_max * 1.5 / 50.0).ceil() * 50.0;
+    let xmin = tmin.min(0.0) - 0.04 * (tmax - tmin);
+    // The first run with decay reaps, and the sample after each of them.
+    let (reaped, reaps) = runs
+        .iter()
+        .map(|(name, v)| {
+            (name.as_str(), v.windows(2).filter(|w| w[1].reaps > w[0].reaps).map(|w| w[1].ms).collect::<Vec<f64>>())
+        })
+        .find(|r| !r.1.is_empty())
+        .unwrap_or_default();
+    let draw = || -> Res {
+        let (root, body) = canvas(
+            png,
+            SIZE,
+            "Decay: memory held after a burst is freed, decay on vs off",
+            "data: cargo run --release --example decay    plot: cargo run --release -p kmemcg-plots    (OsPages, Threads; 256 MiB burst, then a 48 B trickle)",
+        )?;
+        let mut chart = ChartBuilder::on(&body)
+            .margin(10)
+            .margin_right(20)
+            .x_label_area_size(40)
+            .y_label_area_size(52)
+            .build_cartesian_2d(xmin..tmax, 0f64..ymax)?;
+        chart
+            .configure_mesh()
+            .x_desc("ms since the burst was freed (left of 0: the burst at its peak, before the frees)")
+            .y_desc("MiB")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .label_style((SANS, 13))
+            .axis_desc_style((SANS, 13))
+            .light_line_style(BLACK.mix(0.05))
+            .draw()?;
+        let reap_style = BLACK.mix(0.35).stroke_width(1);
+        for (i, &t) in reaps.iter().enumerate() {
+            let anno = chart.draw_series(DashedLineSeries::new([(t, 0.0), (t, held_max * 1.05)], 4, 4, reap_style))?;
+            if i == 0 {
+                anno.label(format!("a decay reap of run {reaped}")).legend(move |(x, y)| {
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (6, 0)], reap_style)
+                        + PathElement::new(vec![(11, 0), (18, 0)], reap_style)
+                });
+            }
+        }
+        for (name, v) in &runs {
+            let c = color(name);
+            let held: Vec<(f64, f64)> = v.iter().map(|s| (s.ms, s.held)).collect();
+            chart.draw_series(held.iter().map(|&p| Circle::new(p, 2, c.filled())))?;
+            chart
+                .draw_series(LineSeries::new(held, c.stroke_width(2)))?
+                .label(format!("{name}: held (mapped by the source)"))
+                .legend(move |(x, y)| {
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (18, 0)], c.stroke_width(2))
+                        + Circle::new((9, 0), 2, c.filled())
+                });
+        }
+        for (i, (name, v)) in runs.iter().enumerate() {
+            let c = color(name);
+            let anno =
+                chart.draw_series(LineSeries::new(v.iter().map(|s| (s.ms, s.in_use)), c.mix(0.8).stroke_width(1)))?;
+            if i == 0 {
+                anno.label("in use by the allocator (thin, same colours)")
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.mix(0.8).stroke_width(1)));
+            }
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 0.9)?;
         root.present()?;
         Ok(())
     };
