@@ -2,6 +2,8 @@
 //!
 //! A tight alloc/free loop of 64-byte blocks, for profiling the fast path
 //! (`perf record`, `valgrind --tool=callgrind`); prints ns per pair.
+//! `pair_loop N group` runs it inside an entered group (the accounted
+//! `GlobalAlloc` path).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
@@ -13,6 +15,9 @@ static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(50_000_000);
+    let group =
+        (std::env::args().nth(2).as_deref() == Some("group")).then(|| KMEM.root().create_child("pairs").unwrap());
+    let _in = group.as_ref().map(|g| g.enter());
     let layout = Layout::from_size_align(64, 8).unwrap();
     let t = Instant::now();
     for _ in 0..n {

@@ -507,11 +507,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if size == 0 {
             return;
         }
-        if self.tree.mode() != 0 {
+        let class = class_of(size, align);
+        let m = self.tree.mode();
+        if m != 0 {
             // SAFETY: forwarded.
-            return unsafe { self.free_moded(ptr, size, align) };
+            return unsafe { self.free_moded(m, class, ptr, size, align) };
         }
-        match class_of(size, align) {
+        match class {
             Some(c) => {
                 let Some(base) = self.base_for_free(c, ptr) else { return };
                 hardened_on_free(base, ptr);
@@ -524,19 +526,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// A free that is not a plain one: groups exist, or detection is on.
-    /// Out of line, so the plain free path around it stays a leaf.
+    /// A free that is not a plain one: groups exist (mode `m`), or
+    /// detection is on; `class` is `class_of(size, align)`. Out of line, so
+    /// the plain free path around it stays a leaf.
     ///
     /// # Safety
     ///
     /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
     #[inline(never)]
-    unsafe fn free_moded(&self, ptr: NonNull<u8>, size: usize, align: usize) {
-        if self.tree.mode() & (mode::DEBUG | mode::ENV) != 0 && self.resolve_mode() & mode::DEBUG != 0 {
+    unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
+        if m & (mode::DEBUG | mode::ENV) != 0 {
             // SAFETY: forwarded.
-            return unsafe { self.free_checked(ptr, size, align) };
+            return unsafe { self.free_special(ptr, size, align, class) };
         }
-        match class_of(size, align) {
+        match class {
             Some(c) => {
                 let Some(base) = self.base_for_free(c, ptr) else { return };
                 // SAFETY: forwarded: a live object of class `c`, in a slab
@@ -545,6 +548,25 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
+        }
+    }
+
+    /// [`Kmem::free_moded`] with detection on, or the environment still to
+    /// read (a free before any allocation: then as without detection).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_special(&self, ptr: NonNull<u8>, size: usize, align: usize, class: Option<usize>) {
+        // SAFETY: forwarded (mode 0: no detection after all).
+        unsafe {
+            if self.resolve_mode() & mode::DEBUG != 0 {
+                self.free_checked(ptr, size, align)
+            } else {
+                self.free_moded(0, class, ptr, size, align)
+            }
         }
     }
 

@@ -288,6 +288,12 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// so a magazine installed concurrently is either seen by the drain or
     /// leaves the bit set.
     used_slots: AtomicUsize,
+    /// Bit `s` is set when slot `s` took a slow path on this cache since
+    /// the last reap (set with `used_slots`; taken whole by `reap`): a
+    /// reap drains a held slot's magazines of a cache it left alone, as
+    /// Bonwick's reap returns what a working-set interval did not use.
+    /// Only a hint: a drain is safe whenever it runs.
+    active_slots: AtomicUsize,
     /// Set by the one caller that saw this dead cache empty.
     released: AtomicBool,
     /// A link for the owner's list of caches waiting to be freed (unused
@@ -321,6 +327,7 @@ impl<R: RawMutex> MagCache<R> {
                 rounds: rounds_for(geo.size),
                 depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
                 used_slots: atomic_usize(0),
+                active_slots: atomic_usize(0),
                 released: atomic_bool(false),
                 retired_next: atomic_null(),
                 cpus: repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS),
@@ -339,6 +346,9 @@ impl<R: RawMutex> MagCache<R> {
         let bit = 1usize << slot;
         if self.used_slots.load(Ordering::Relaxed) & bit == 0 {
             self.used_slots.fetch_or(bit, Ordering::Relaxed);
+        }
+        if self.active_slots.load(Ordering::Relaxed) & bit == 0 {
+            self.active_slots.fetch_or(bit, Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
     }

@@ -63,11 +63,18 @@ impl<R: RawMutex> MagCache<R> {
     /// Bonwick's working-set reap: give back the depot magazines unused
     /// since the last reap, drain slots nobody holds, and drain the slots
     /// `idle` marks (unused for a whole reap interval, see
-    /// [`Slots::reap_idle_mask`](super::Slots::reap_idle_mask)). Returns objects flushed.
+    /// [`Slots::reap_idle_mask`](super::Slots::reap_idle_mask)) or that took
+    /// no slow path on this cache since the last reap. Returns objects
+    /// flushed.
     pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
         let mut n = 0;
+        // Slots that took no slow path on this cache since the last reap
+        // left it alone: their magazines of it go back too, even while the
+        // slot is in use for other caches.
+        let active = self.active_slots.swap(0, Ordering::Relaxed);
         for (slot, &idle) in idle.iter().enumerate() {
-            n += drain_slots(cx, |f| f(self), 1 << slot, !idle);
+            let cold = active & (1 << slot) == 0;
+            n += drain_slots(cx, |f| f(self), 1 << slot, !(idle || cold));
         }
         for node in 0..MAX_NODES {
             let (full, empty) = {
