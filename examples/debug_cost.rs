@@ -3,9 +3,15 @@
 //! What kmemcg costs a test binary (issue 16, "Measure"): the threaded std
 //! workload of `support/testbin_workload.rs`, built as `testbin_system`
 //! (`std::alloc::System`, glibc malloc) and `testbin_kmemcg` (kmemcg as the
-//! global allocator), in three profiles:
+//! global allocator), in four builds:
 //!
-//! * `dev`: opt-level 0, what `cargo build` and `cargo run` use;
+//! * `dev`: opt-level 0, what `cargo build` and `cargo run` use (and
+//!   `cargo test` in a crate that does not raise `[profile.test]`);
+//! * `dev+o1`: a user's `dev` build that adds
+//!   `[profile.dev.package.kmemcg] opt-level = 1` (the README's advice):
+//!   the two binaries as a separate crate that depends on kmemcg, generated
+//!   under `debug-cost/downstream/` in the target directory, so only
+//!   kmemcg is built at opt-level 1 and the workload stays at 0;
 //! * `test`: this workspace's `[profile.test]`, opt-level 1, what
 //!   `cargo test` builds the test binaries *and* the kmemcg library with;
 //! * `release`.
@@ -13,10 +19,10 @@
 //! The issue's targets are kmemcg at most 1.5x System in a debug build and
 //! at most 1.0x in release; they are measured here, never asserted.
 //!
-//! The driver builds both binaries in each profile with `cargo build`
+//! The driver builds both binaries in each build with `cargo build`
 //! (honouring `CARGO_TARGET_DIR`), copies them out of the target directory
 //! (`dev` and `test` both write `target/debug/examples/`) into
-//! `debug-cost/<profile>/` under it, runs each once untimed, then runs them
+//! `debug-cost/<build>/` under it, runs each once untimed, then runs them
 //! `ROUNDS` times (default 7), interleaved: every round runs System then
 //! kmemcg in every profile. Each binary prints the milliseconds its
 //! workload took (thread spawn to join and drop); the driver also times the
@@ -30,21 +36,27 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// A cargo profile to build and measure.
+/// A build to measure.
 struct Profile {
-    /// The profile's name, as `cargo build --profile` takes it.
+    /// The build's name in the tables and under `debug-cost/`.
     name: &'static str,
+    /// The cargo profile, as `cargo build --profile` takes it.
+    profile: &'static str,
     /// The directory under the target directory that cargo writes it to.
     dir: &'static str,
-    /// Its opt-level in this workspace's `Cargo.toml`, for the table.
+    /// The opt-levels of the workload and of kmemcg, for the table.
     opt_level: &'static str,
+    /// `Some(level)`: build the binaries as a downstream crate whose
+    /// `Cargo.toml` sets kmemcg's opt-level to `level`.
+    downstream: Option<&'static str>,
 }
 
-/// The profiles, in the order they are run in each round.
-const PROFILES: [Profile; 3] = [
-    Profile { name: "dev", dir: "debug", opt_level: "0" },
-    Profile { name: "test", dir: "debug", opt_level: "1" },
-    Profile { name: "release", dir: "release", opt_level: "3" },
+/// The builds, in the order they are run in each round.
+const PROFILES: [Profile; 4] = [
+    Profile { name: "dev", profile: "dev", dir: "debug", opt_level: "0", downstream: None },
+    Profile { name: "dev+o1", profile: "dev", dir: "debug", opt_level: "0, kmemcg 1", downstream: Some("1") },
+    Profile { name: "test", profile: "test", dir: "debug", opt_level: "1", downstream: None },
+    Profile { name: "release", profile: "release", dir: "release", opt_level: "3", downstream: None },
 ];
 
 /// The two binaries: System first, as each round runs them.
@@ -71,20 +83,49 @@ fn target_dir() -> PathBuf {
     }
 }
 
+/// Writes a crate under `dir` that depends on this one by path and builds
+/// the two example binaries' sources as its own binaries, with kmemcg's
+/// opt-level set to `level` in its `dev` profile (the workspace's lock
+/// file is copied, so it resolves the same dependency versions).
+fn downstream_crate(dir: &Path, level: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bins: String = BINARIES
+        .iter()
+        .map(|b| format!("[[bin]]\nname = \"{b}\"\npath = {:?}\n\n", root.join("examples").join(format!("{b}.rs"))))
+        .collect();
+    let manifest = format!(
+        "[package]\nname = \"debug-cost-downstream\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
+         [workspace]\n\n[dependencies]\nkmemcg = {{ path = {:?} }}\n\n{bins}\
+         [profile.dev.package.kmemcg]\nopt-level = {level}\n",
+        root
+    );
+    std::fs::create_dir_all(dir).expect("the downstream directory can be created");
+    std::fs::write(dir.join("Cargo.toml"), manifest).expect("the downstream manifest can be written");
+    std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).expect("the lock file can be copied");
+}
+
 /// Builds both binaries in `profile` and copies them to `out`.
 fn build(cargo: &str, target: &Path, profile: &Profile, out: &Path) {
-    eprintln!("building {} ({} profile)", BINARIES.join(" and "), profile.name);
-    let status = Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("CARGO_TARGET_DIR", target)
-        .args(["build", "--profile", profile.name])
-        .args(BINARIES.iter().flat_map(|b| ["--example", b]))
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "cargo build --profile {} failed", profile.name);
+    eprintln!("building {} ({} build)", BINARIES.join(" and "), profile.name);
+    let mut cmd = Command::new(cargo);
+    cmd.env("CARGO_TARGET_DIR", target).args(["build", "--profile", profile.profile]);
+    let built_dir = match profile.downstream {
+        Some(level) => {
+            let dir = target.join("debug-cost").join("downstream");
+            downstream_crate(&dir, level);
+            cmd.current_dir(&dir).args(BINARIES.iter().flat_map(|b| ["--bin", b]));
+            target.join(profile.dir)
+        }
+        None => {
+            cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args(BINARIES.iter().flat_map(|b| ["--example", b]));
+            target.join(profile.dir).join("examples")
+        }
+    };
+    let status = cmd.status().expect("cargo runs");
+    assert!(status.success(), "cargo build for {} failed", profile.name);
     std::fs::create_dir_all(out).expect("the output directory can be created");
     for bin in BINARIES {
-        let built = target.join(profile.dir).join("examples").join(bin);
+        let built = built_dir.join(bin);
         std::fs::copy(&built, out.join(bin)).unwrap_or_else(|e| panic!("copying {}: {e}", built.display()));
     }
 }
@@ -107,7 +148,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
     if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 }
 }
 
-/// The issue's target for kmemcg/System in `profile`.
+/// The issue's target for kmemcg/System in build `profile`.
 fn target_ratio(profile: &Profile) -> &'static str {
     if profile.name == "release" { "<= 1.0x" } else { "<= 1.5x" }
 }
@@ -157,7 +198,7 @@ fn main() {
     };
     println!("Workload time, medians of {rounds} interleaved rounds:\n");
     println!(
-        "| profile | opt-level | System median ms | kmemcg median ms | ratio | median round ratio | issue's target |"
+        "| build | opt-level | System median ms | kmemcg median ms | ratio | median round ratio | issue's target |"
     );
     println!("|---|---|---|---|---|---|---|");
     for (i, p) in PROFILES.iter().enumerate() {
@@ -172,7 +213,7 @@ fn main() {
         );
     }
     println!("\nWhole process (start to exit), medians of the same runs:\n");
-    println!("| profile | System median ms | kmemcg median ms | ratio | median round ratio |");
+    println!("| build | System median ms | kmemcg median ms | ratio | median round ratio |");
     println!("|---|---|---|---|---|");
     for (i, p) in PROFILES.iter().enumerate() {
         let (sys, kmem) = (medians(i, 0, |s| s.process_ms), medians(i, 1, |s| s.process_ms));

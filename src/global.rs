@@ -18,12 +18,12 @@ use crate::platform::{PageSource, Platform};
 // and `realloc` accept exactly what `alloc` returned with the same layout,
 // and realloc keeps the old block intact when it fails. Nothing unwinds.
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, P> {
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.alloc_layout(layout).map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if let Some(p) = NonNull::new(ptr) {
             // SAFETY: the caller passes a block of ours with its layout.
@@ -31,7 +31,7 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, 
         }
     }
 
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let Some(p) = NonNull::new(ptr) else { return ptr::null_mut() };
         // SAFETY: the caller passes a block of ours with its layout.
@@ -41,22 +41,49 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, 
 
 // SAFETY: forwards to the `GlobalAlloc` of `Kmem`, which is sound.
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for &Kmem<S, R, P> {
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded.
         unsafe { (**self).alloc(layout) }
     }
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded.
         unsafe { (**self).dealloc(ptr, layout) }
     }
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded.
         unsafe { (**self).realloc(ptr, layout, new_size) }
     }
 }
+
+/// The `GlobalAlloc` entry points of the default `Kmem` (and `&Kmem`),
+/// compiled here in debug builds with `std` (see the README's
+/// "Debug builds"): rustc lets a crate built at opt-level 0 or 1 use a
+/// generic instance an upstream crate built at opt-level 0 or 1 already
+/// compiled, so a user's debug build that sets `opt-level = 1` for kmemcg
+/// runs this optimised copy instead of compiling its own at opt-level 0.
+/// (The entry points are not `#[inline]` in debug builds for the same
+/// reason: an inline instance is private to each crate.)
+#[cfg(all(feature = "std", debug_assertions, not(loom)))]
+#[used]
+static DEFAULT_ENTRY_POINTS: (EntryPoints<Kmem>, EntryPoints<&'static Kmem>) = (
+    (<Kmem as GlobalAlloc>::alloc, <Kmem as GlobalAlloc>::dealloc, <Kmem as GlobalAlloc>::realloc),
+    (
+        <&'static Kmem as GlobalAlloc>::alloc,
+        <&'static Kmem as GlobalAlloc>::dealloc,
+        <&'static Kmem as GlobalAlloc>::realloc,
+    ),
+);
+
+/// `alloc`, `dealloc` and `realloc` of a `GlobalAlloc` `A`.
+#[cfg(all(feature = "std", debug_assertions, not(loom)))]
+type EntryPoints<A> = (
+    unsafe fn(&A, Layout) -> *mut u8,
+    unsafe fn(&A, *mut u8, Layout),
+    unsafe fn(&A, *mut u8, Layout, usize) -> *mut u8,
+);
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `Allocator::allocate` charging `g` (null: root): `None` for

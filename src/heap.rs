@@ -29,7 +29,7 @@ pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::{AtomicPtr, Ordering, Stat};
+use crate::sync::{AtomicPtr, Ordering, Stat, at};
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -418,7 +418,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { self.tree.classes().get_unchecked(c) };
+                let base = unsafe { at(self.tree.classes(), c) };
                 let cache = if g.is_null() {
                     base
                 } else {
@@ -576,7 +576,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     fn base_for_free(&self, c: usize, ptr: NonNull<u8>) -> Option<&MagCache<R>> {
         // SAFETY: `class_of` returns indices below NCLASSES.
-        let base = unsafe { self.tree.classes().get_unchecked(c) };
+        let base = unsafe { at(self.tree.classes(), c) };
         if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
             self.bad_free();
             return None;
@@ -645,27 +645,29 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// Whether `ptr` is a live-looking object of the class `base` serves,
     /// in a slab of `base` or of one of its child caches. Reads the slab
-    /// header only after the page source vouches for the address.
+    /// header only after the page source vouches for the address, and
+    /// only once. (Debug builds run it on every free, in a user's crate at
+    /// its opt-level: kept to two lookups and one header read.)
     fn is_object_of(&self, base: &MagCache<R>, ptr: NonNull<u8>) -> bool {
         // The header is read at the start of the run a slab of this class
         // would occupy: the source must own that page too (a stray pointer
-        // into a one-page run of its own must not make us read below it).
-        let header = crate::page::slab_base(ptr.as_ptr(), base.cache.geometry().order);
-        if self.source.ownership(ptr.as_ptr() as usize) != Ownership::Owned
-            || self.source.ownership(header as usize) != Ownership::Owned
+        // into a one-page run of its own must not make us read below it),
+        // unless it is the page of `ptr`.
+        let p = ptr.as_ptr();
+        let header = crate::page::slab_base(p, base.cache.geometry().order);
+        if self.source.ownership(p.addr()) != Ownership::Owned
+            || (p.addr() - header.addr() >= PAGE_SIZE && self.source.ownership(header.addr()) != Ownership::Owned)
         {
             return false;
         }
-        // SAFETY: the source owns the address and the page where the slab
-        // header would be, so it is readable; `slab_is_live` checks the
-        // magic before the owner is used.
-        unsafe {
-            if !base.cache.slab_is_live(ptr.as_ptr()) {
-                return false;
-            }
-            let owner = Self::owner(base, ptr);
-            owner.cache.geometry() == base.cache.geometry() && owner.cache.is_object(ptr)
-        }
+        // SAFETY: the source owns the page where the slab header would be,
+        // so it is readable.
+        let Some(cache) = (unsafe { base.cache.live_owner(p) }) else { return false };
+        // SAFETY: a live slab's header names its `MagCache`, which outlives
+        // its slabs (see `Kmem::owner`).
+        let owner = unsafe { &*(cache as *const MagCache<R>) };
+        (core::ptr::eq(owner, base) || owner.cache.geometry() == base.cache.geometry())
+            && owner.cache.is_slot(ptr, cache)
     }
 
     /// Resizes in place when the new size keeps the class (or the page

@@ -61,8 +61,8 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_usize, fence,
-    loom_const_fn, repeat,
+    AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, at, at_mut, atomic_bool, atomic_null, atomic_usize,
+    fence, loom_const_fn, repeat,
 };
 
 mod depot;
@@ -205,7 +205,7 @@ impl CpuMags {
         self.count -= 1;
         // SAFETY: `count > 0` means `loaded` is a live magazine whose first
         // `count` rounds are free objects (the invariant).
-        unsafe { Some(NonNull::new_unchecked(*(*self.loaded).rounds.get_unchecked(self.count))) }
+        unsafe { Some(NonNull::new_unchecked(*at(&(*self.loaded).rounds, self.count))) }
     }
 
     /// Pushes `p` onto the loaded magazine if it has room.
@@ -220,7 +220,7 @@ impl CpuMags {
         }
         // SAFETY: `count < cap` means `loaded` is live with room at
         // `count` (`cap` is its rounds, at most MAG_MAX).
-        unsafe { *(*self.loaded).rounds.get_unchecked_mut(self.count) = p.as_ptr() };
+        unsafe { *at_mut(&mut (*self.loaded).rounds, self.count) = p.as_ptr() };
         self.count += 1;
         true
     }
@@ -391,7 +391,7 @@ impl<R: RawMutex> MagCache<R> {
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let r = unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
+        let r = unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe { (*m).pop() }
         });
@@ -538,7 +538,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let hit = local
-            && unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
+            && unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -561,7 +561,7 @@ impl<R: RawMutex> MagCache<R> {
                 cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
                 // SAFETY: the platform contract keeps slots below MAX_CPUS.
-                unsafe { self.cpus.get_unchecked(cpu_index(slot)) }.with_mut(|m| {
+                unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
                     // SAFETY: we hold the slot; the invariant of `CpuMags`
                     // holds between operations.
                     unsafe {

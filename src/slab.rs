@@ -29,9 +29,7 @@ use lock_api::{Mutex, RawMutex};
 
 use crate::counter::PageCounter;
 use crate::page::slab_base;
-#[cfg(any(test, feature = "paranoid"))]
-use crate::platform::PAGE_SIZE;
-use crate::platform::{MAX_NODES, PageRun, PageSource};
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
 
 pub(crate) mod classes;
@@ -306,17 +304,35 @@ impl<R: RawMutex> Cache<R> {
         }
     }
 
-    /// Whether the slab that would hold `ptr` (in a cache of this slab
-    /// order) has a live header.
+    /// The cache the header of the slab that would hold `ptr` (in a cache
+    /// of this slab order) names, if that header is a live slab's: the
+    /// debug and hardened checks of frees read the header once, here.
     ///
     /// # Safety
     ///
     /// The page at `slab_base(ptr)` must be readable.
-    pub(crate) unsafe fn slab_is_live(&self, ptr: *mut u8) -> bool {
+    pub(crate) unsafe fn live_owner(&self, ptr: *mut u8) -> Option<*const ()> {
         let s = slab_base(ptr, self.geo.order) as *const Slab;
-        // SAFETY: per the contract; a volatile read, as the page may hold
-        // anything if `ptr` is not ours.
-        unsafe { ptr::addr_of!((*s).magic).read_volatile() == SLAB_MAGIC }
+        // SAFETY: per the contract the page is readable, and any bits are
+        // a valid `u32` and pointer (the page may hold anything if `ptr`
+        // is not ours). A live slab's `magic` and `cache` are fixed while
+        // it lives, and a stale slab has magic 0. (Plain reads: in a
+        // user's debug build `read_volatile` adds a precondition check
+        // to every free.)
+        let (magic, cache) = unsafe { ((*s).magic, (*s).cache) };
+        (magic == SLAB_MAGIC).then_some(cache)
+    }
+
+    /// Whether `ptr`, in a live slab whose header names `cache` (as
+    /// [`Cache::live_owner`] read it), is the start of an object slot of
+    /// this cache.
+    #[inline]
+    pub(crate) fn is_slot(&self, ptr: NonNull<u8>, cache: *const ()) -> bool {
+        let off = ptr.as_ptr().addr() & ((PAGE_SIZE << self.geo.order) - 1);
+        cache == self.id()
+            && off >= self.geo.first
+            && (off - self.geo.first).is_multiple_of(self.geo.size)
+            && (off - self.geo.first) / self.geo.size < self.geo.capacity
     }
 
     /// The cache that owns the slab holding `ptr`, judged by the slab
@@ -529,20 +545,10 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// The page holding `slab_base(ptr)` must be readable (e.g. the page
     /// source said it owns `ptr`).
+    #[cfg(test)]
     pub(crate) unsafe fn is_object(&self, ptr: NonNull<u8>) -> bool {
-        let base = slab_base(ptr.as_ptr(), self.geo.order);
-        // SAFETY: per the contract the header page is readable; these fields
-        // are fixed while the slab lives, and a stale slab has magic 0.
-        let (magic, cache) = unsafe {
-            let s = base as *const Slab;
-            (ptr::addr_of!((*s).magic).read_volatile(), ptr::addr_of!((*s).cache).read_volatile())
-        };
-        let off = ptr.as_ptr().addr() - base.addr();
-        magic == SLAB_MAGIC
-            && cache == self.id()
-            && off >= self.geo.first
-            && (off - self.geo.first).is_multiple_of(self.geo.size)
-            && (off - self.geo.first) / self.geo.size < self.geo.capacity
+        // SAFETY: forwarded.
+        unsafe { self.live_owner(ptr.as_ptr()) }.is_some_and(|cache| self.is_slot(ptr, cache))
     }
 
     /// Gives every empty slab back to `src`; returns the pages freed.

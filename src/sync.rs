@@ -19,6 +19,32 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, 
 #[cfg(all(loom, feature = "std"))]
 pub(crate) use loom::{lazy_static as model_static, thread_local as model_thread_local};
 
+/// `&s[i]` without a bounds check, for the allocation paths: what
+/// `get_unchecked` is once optimised, without its debug precondition
+/// check. A user's debug build compiles kmemcg's generic paths in the
+/// user's crate, at opt-level 0 with debug assertions on, where every
+/// `get_unchecked` is two calls and a check.
+///
+/// # Safety
+///
+/// `i < s.len()`.
+#[inline(always)]
+pub(crate) unsafe fn at<T>(s: &[T], i: usize) -> &T {
+    // SAFETY: in bounds (caller).
+    unsafe { &*s.as_ptr().add(i) }
+}
+
+/// [`at`] for a mutable element.
+///
+/// # Safety
+///
+/// `i < s.len()`.
+#[inline(always)]
+pub(crate) unsafe fn at_mut<T>(s: &mut [T], i: usize) -> &mut T {
+    // SAFETY: in bounds (caller).
+    unsafe { &mut *s.as_mut_ptr().add(i) }
+}
+
 /// Loom has no compiler fence; a full fence is the conservative model.
 #[cfg(loom)]
 pub(crate) fn compiler_fence(order: Ordering) {

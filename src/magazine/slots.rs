@@ -6,7 +6,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::platform::{MAX_CPUS, Platform};
 use crate::sync::{
-    AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize, compiler_fence, fence,
+    AtomicBool, AtomicU8, AtomicUsize, Ordering, at, atomic_bool, atomic_u8, atomic_usize, compiler_fence, fence,
     loom_const_fn, repeat, spin_hint,
 };
 
@@ -79,7 +79,7 @@ impl Slots {
     #[inline(always)]
     pub(super) fn note(&self, slot: usize, hit: bool) {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let s = unsafe { self.sync.get_unchecked(slot) };
+        let s = unsafe { at(&self.sync, slot) };
         let n = if hit { &s.hits } else { &s.misses };
         // Only the holder writes: no read-modify-write needed.
         n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
@@ -114,7 +114,7 @@ impl Slots {
     #[inline(always)]
     pub(super) fn handshake<P: Platform>(&self, plat: &P, slot: usize, asym: bool) -> Option<usize> {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let s = unsafe { self.sync.get_unchecked(slot) };
+        let s = unsafe { at(&self.sync, slot) };
         s.state.store(HELD, Ordering::Relaxed);
         // Orders the store above before the load below (Dekker): a
         // compiler fence when the drainer's heavy barrier does the rest.
@@ -136,7 +136,7 @@ impl Slots {
     pub(super) fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
         // Release: a drainer that sees `USED` sees our magazine writes.
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        unsafe { self.sync.get_unchecked(slot) }.state.store(USED, Ordering::Release);
+        unsafe { at(&self.sync, slot) }.state.store(USED, Ordering::Release);
         plat.exit(slot);
     }
 

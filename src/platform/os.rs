@@ -360,7 +360,7 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
     /// `Owned` iff `addr` lies in a page this source holds mapped (a pooled
     /// chunk, or a live piece of a direct mapping), else `Foreign`; never
     /// `Unknown`. Lock-free: two loads.
-    #[inline]
+    #[inline(always)]
     fn ownership(&self, addr: usize) -> Ownership {
         if self.owned.contains(addr) { Ownership::Owned } else { Ownership::Foreign }
     }

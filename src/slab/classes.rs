@@ -10,6 +10,7 @@
 
 use crate::platform::PAGE_SIZE;
 use crate::slab::Geometry;
+use crate::sync::at;
 
 /// Object sizes of the classes, ascending.
 pub(crate) const CLASS_SIZES: [usize; NCLASSES] = [
@@ -86,7 +87,7 @@ const fn first_class_fitting(size: usize, align: usize) -> usize {
 pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
     if size <= LUT_MAX && align <= 8 {
         // SAFETY: `size <= LUT_MAX` keeps the row in bounds.
-        return Some(unsafe { LUT.get_unchecked((size + 3) >> 2) }[(align > 4) as usize] as usize);
+        return Some(unsafe { at(&LUT, (size + 3) >> 2) }[(align > 4) as usize] as usize);
     }
     class_of_large(size, align)
 }
@@ -103,7 +104,7 @@ fn class_of_large(size: usize, align: usize) -> Option<usize> {
     };
     // SAFETY: both tables hold class indices below NCLASSES (built by
     // `first_class_fitting`, which never returns more than NCLASSES - 1).
-    let class_align = unsafe { GEOMETRIES.get_unchecked(idx) }.align;
+    let class_align = unsafe { at(&GEOMETRIES, idx) }.align;
     if align <= class_align { Some(idx) } else { class_for_align(idx, align) }
 }
 

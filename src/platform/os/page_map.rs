@@ -52,11 +52,15 @@ impl PageMap {
     }
 
     /// Whether the page holding `addr` is set.
-    #[inline]
+    #[inline(always)]
     pub(in crate::platform) fn contains(&self, addr: usize) -> bool {
         let page = addr >> PAGE_SHIFT;
-        let Some(slot) = self.leaves.get(page >> LEAF_PAGE_BITS) else { return false };
-        let leaf = slot.load(Ordering::Acquire);
+        // Indexed after an explicit test rather than with `get`: no call in
+        // a user's debug build, where this runs in every checked free.
+        if page >> LEAF_PAGE_BITS >= LEAVES {
+            return false;
+        }
+        let leaf = self.leaves[page >> LEAF_PAGE_BITS].load(Ordering::Acquire);
         if leaf.is_null() {
             return false;
         }
