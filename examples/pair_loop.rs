@@ -15,6 +15,11 @@ static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(50_000_000);
+    // No decay: under valgrind the loop runs tens of times slower, so a
+    // reap once a second of wall time would come tens of times as often
+    // per pair as in a real run, and instruction counts would depend on
+    // the machine's speed.
+    KMEM.set_decay(kmemcg::Decay::OFF);
     let group =
         (std::env::args().nth(2).as_deref() == Some("group")).then(|| KMEM.root().create_child("pairs").unwrap());
     let _in = group.as_ref().map(|g| g.enter());

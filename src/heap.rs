@@ -511,7 +511,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let m = self.tree.mode();
         if m != 0 {
             // SAFETY: forwarded.
-            return unsafe { self.free_moded(m, class, ptr, size, align) };
+            return unsafe {
+                if m & (mode::DEBUG | mode::ENV) != 0 {
+                    self.free_special(ptr, size, align, class)
+                } else {
+                    self.free_grouped(class, ptr)
+                }
+            };
         }
         match class {
             Some(c) => {
@@ -526,19 +532,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// A free that is not a plain one: groups exist (mode `m`), or
-    /// detection is on; `class` is `class_of(size, align)`. Out of line, so
-    /// the plain free path around it stays a leaf.
+    /// A free once groups exist (no detection); `class` is `class_of` of
+    /// its layout: into whichever cache (base or a group's child) owns the
+    /// object's slab. Out of line and with two arguments, so the plain
+    /// free path around it stays a leaf and the call is cheap.
     ///
     /// # Safety
     ///
     /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
     #[inline(never)]
-    unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
-        if m & (mode::DEBUG | mode::ENV) != 0 {
-            // SAFETY: forwarded.
-            return unsafe { self.free_special(ptr, size, align, class) };
-        }
+    unsafe fn free_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
         match class {
             Some(c) => {
                 let Some(base) = self.base_for_free(c, ptr) else { return };
@@ -551,8 +554,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// [`Kmem::free_moded`] with detection on, or the environment still to
-    /// read (a free before any allocation: then as without detection).
+    /// A free with detection on, or the environment still to read (a free
+    /// before any allocation: then as without detection).
     ///
     /// # Safety
     ///
@@ -560,12 +563,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     unsafe fn free_special(&self, ptr: NonNull<u8>, size: usize, align: usize, class: Option<usize>) {
-        // SAFETY: forwarded (mode 0: no detection after all).
+        // SAFETY: forwarded.
         unsafe {
             if self.resolve_mode() & mode::DEBUG != 0 {
                 self.free_checked(ptr, size, align)
             } else {
-                self.free_moded(0, class, ptr, size, align)
+                self.free_grouped(class, ptr)
             }
         }
     }
