@@ -140,10 +140,16 @@ impl Inject {
             NTH => k == n,
             EVERY => k.is_multiple_of(n),
             _ => {
-                let x = match self.rng.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some(xorshift(x))) {
-                    Ok(x) | Err(x) => xorshift(x),
-                };
-                x % 1_000_000 < n
+                // One step of the generator per allocation, shared by the
+                // group's threads.
+                let mut x = self.rng.load(Ordering::Relaxed);
+                loop {
+                    match self.rng.compare_exchange_weak(x, xorshift(x), Ordering::Relaxed, Ordering::Relaxed) {
+                        Ok(_) => break,
+                        Err(now) => x = now,
+                    }
+                }
+                xorshift(x) % 1_000_000 < n
             }
         };
         if fail {
