@@ -511,13 +511,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let m = self.tree.mode();
         if m != 0 {
             // SAFETY: forwarded.
-            return unsafe {
-                if m & (mode::DEBUG | mode::ENV) != 0 {
-                    self.free_special(ptr, size, align, class)
-                } else {
-                    self.free_grouped(class, ptr)
-                }
-            };
+            return unsafe { self.free_moded(m, class, ptr, size, align) };
         }
         match class {
             Some(c) => {
@@ -532,26 +526,55 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// A free once groups exist (no detection); `class` is `class_of` of
-    /// its layout: into whichever cache (base or a group's child) owns the
-    /// object's slab. Out of line and with two arguments, so the plain
-    /// free path around it stays a leaf and the call is cheap.
+    /// [`Kmem::free_raw`] once groups exist or detection is on (mode `m`):
+    /// inlined into it, but only the owner lookup and free go out of line
+    /// (`free_owned`, two arguments), so the plain path stays a leaf.
     ///
     /// # Safety
     ///
     /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
-    #[inline(never)]
+    #[inline(always)]
+    unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
+        if m & (mode::DEBUG | mode::ENV) != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.free_special(ptr, size, align, class) };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.free_grouped(class, ptr) }
+    }
+
+    /// A free once groups exist (no detection); `class` is `class_of` of
+    /// its layout: into whichever cache (base or a group's child) owns the
+    /// object's slab.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`].
+    #[inline(always)]
     unsafe fn free_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
         match class {
             Some(c) => {
                 let Some(base) = self.base_for_free(c, ptr) else { return };
-                // SAFETY: forwarded: a live object of class `c`, in a slab
-                // of `base` or of one of its child caches.
-                unsafe { self.free_into(Self::owner(base, ptr), ptr) }
+                // SAFETY: forwarded.
+                unsafe { self.free_owned(base, ptr) }
             }
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
         }
+    }
+
+    /// Frees an object of `base`'s class once groups exist: into whichever
+    /// cache (base or a group's child) owns its slab. Out of line, so the
+    /// plain free path around it stays a leaf.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `base`'s class, in a slab of `base` or of
+    /// one of its child caches.
+    #[inline(never)]
+    unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe { self.free_into(Self::owner(base, ptr), ptr) }
     }
 
     /// A free with detection on, or the environment still to read (a free
