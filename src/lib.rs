@@ -224,7 +224,10 @@
 //! counter that refused a charge leads back to its group through a pointer
 //! stored when the group was made (`Tree::group_of_counter`), not by
 //! stepping back from the counter field: both pass Stacked and Tree
-//! Borrows.
+//! Borrows. A function that may free what it is handed takes a pointer,
+//! not a reference (`Tree::destroy_cache` frees the descriptor of the
+//! typed cache being dropped): Stacked Borrows protects a reference
+//! argument until the call returns.
 
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -204,7 +204,9 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
 
 impl<T, K: Heap> Drop for KmemCache<'_, T, K> {
     fn drop(&mut self) {
-        self.kmem.tree().destroy_cache(self.kmem, self.desc);
+        // SAFETY: the descriptor `create_cache` registered for this
+        // handle, which is being dropped.
+        unsafe { self.kmem.tree().destroy_cache(self.kmem, NonNull::from(self.desc)) };
     }
 }
 

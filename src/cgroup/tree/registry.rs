@@ -126,7 +126,18 @@ impl<R: RawMutex> Tree<R> {
 
     /// Destroys the cache of `desc`, whose handle is being dropped and
     /// whose objects are all freed (or leaked): see [`CacheDesc`].
-    pub(crate) fn destroy_cache<E: Env<R>>(&self, env: &E, desc: &CacheDesc<R>) {
+    ///
+    /// # Safety
+    ///
+    /// `desc` is a live descriptor of this tree, from `register_cache`,
+    /// whose handle is being dropped: this call may free it.
+    pub(crate) unsafe fn destroy_cache<E: Env<R>>(&self, env: &E, desc: NonNull<CacheDesc<R>>) {
+        // The descriptor arrives as a pointer and is borrowed only in this
+        // body: `reclaim_groups` below may free it, and a reference
+        // argument stays protected for the whole call (Stacked Borrows
+        // rejects the drop of a protected descriptor).
+        // SAFETY: live until freed below (caller contract); not used after.
+        let desc = unsafe { desc.as_ref() };
         let mut indices = self.registry_lock.lock();
         desc.live.store(false, Ordering::Relaxed);
         let idx = desc.acct_idx;
