@@ -37,8 +37,9 @@ fn allocate_reports_usable_size_and_zero_size_is_dangling() {
     // the rest of the slot is red zone.
     let usable = if k.detection().is_on() { 100 } else { 112 };
     assert_eq!(a.len(), usable, "the 112-byte class");
-    // SAFETY: deallocating with any size between request and usable length.
-    unsafe { (&k).deallocate(a.cast(), Layout::from_size_align(112, 8).unwrap()) };
+    // SAFETY: deallocating with any size between request and usable length
+    // (the usable length itself).
+    unsafe { (&k).deallocate(a.cast(), Layout::from_size_align(usable, 8).unwrap()) };
     let z = (&k).allocate(Layout::from_size_align(0, 64).unwrap()).unwrap();
     assert_eq!(z.len(), 0);
     assert_eq!(z.cast::<u8>().as_ptr() as usize % 64, 0);

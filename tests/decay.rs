@@ -1,11 +1,13 @@
 //! Decay: a program that never calls `reap()` gets its idle memory back
 //! after an interval of platform time (a fake clock here), or of slow-path
-//! operations without a clock; the working set it still uses stays.
+//! operations without a clock; the working set it still uses stays. (The
+//! allocators here turn detection off explicitly, so `KMEMCG_DEBUG` does
+//! not change the memory they hold: its quarantine keeps freed objects.)
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kmemcg::{Decay, DefaultRawMutex, Kmem, NoCpus, OsPages, PageSource, Platform, Threads};
+use kmemcg::{Decay, DefaultRawMutex, Detection, Kmem, NoCpus, OsPages, PageSource, Platform, Threads};
 
 /// The `Threads` platform (per-thread slots with magazines) with a clock
 /// the test moves.
@@ -92,7 +94,8 @@ fn trickle<P: Platform>(k: &Kmem<OsPages, DefaultRawMutex, P>, n: usize) {
 
 #[test]
 fn idle_memory_goes_back_after_the_interval_with_no_reap_call() {
-    let k: &'static CKmem = Box::leak(Box::new(Kmem::with_platform(OsPages::new(), Clocked::new())));
+    let k: &'static CKmem =
+        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), Clocked::new()).with_detection(Detection::OFF)));
     k.set_decay(Decay::new(1000, 0));
     trickle(k, 20); // the first look starts the clock
     burst(k, 20_000, 1000);
@@ -126,7 +129,7 @@ fn idle_memory_goes_back_after_the_interval_with_no_reap_call() {
 #[test]
 fn without_a_clock_decay_counts_slow_paths() {
     let k: &'static Kmem<OsPages, DefaultRawMutex, NoCpus> =
-        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), NoCpus::new())));
+        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), NoCpus::new()).with_detection(Detection::OFF)));
     k.set_decay(Decay::new(1000, 4096));
     trickle(k, 1);
     burst(k, 20_000, 1000);
@@ -140,7 +143,8 @@ fn without_a_clock_decay_counts_slow_paths() {
 
 #[test]
 fn decay_off_keeps_everything_until_reap() {
-    let k: &'static CKmem = Box::leak(Box::new(Kmem::with_platform(OsPages::new(), Clocked::new())));
+    let k: &'static CKmem =
+        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), Clocked::new()).with_detection(Detection::OFF)));
     k.set_decay(Decay::OFF);
     burst(k, 20_000, 1000);
     let held = k.source().stats().pages_reserved;
