@@ -19,7 +19,6 @@
 mod workloads;
 
 use std::alloc::{Layout, System};
-use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -158,20 +157,7 @@ fn xfree(c: &mut Criterion) {
 fn realloc_grow(c: &mut Criterion) {
     let mut g = c.benchmark_group("realloc-grow");
     for (name, a) in allocators() {
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                // SAFETY: every realloc passes the block's current layout.
-                unsafe {
-                    let mut size = 8;
-                    let mut p = a.alloc(Layout::from_size_align_unchecked(size, 8));
-                    while size < (1 << 20) {
-                        p = a.realloc(p, Layout::from_size_align_unchecked(size, 8), size * 2);
-                        size *= 2;
-                    }
-                    a.dealloc(black_box(p), Layout::from_size_align_unchecked(size, 8));
-                }
-            })
-        });
+        g.bench_function(name, |b| b.iter(|| workloads::realloc_grow(a)));
     }
     g.finish();
 }

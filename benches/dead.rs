@@ -4,9 +4,10 @@
 //!
 //! For each object size, a thread allocates 1M objects inside a group and
 //! then frees them all, timed: once with the group alive, once after the
-//! group was removed (its caches dead: no per-CPU caching, empty slabs go
-//! back at once). Rounds interleave; medians of 5 are reported with the
-//! dead/alive ratio beside the seed's. Every round's time also goes to
+//! group was removed (its caches dead: frees buffered per CPU and returned
+//! to the slabs a magazine at a time, empty slabs go back at once). Rounds
+//! interleave; medians of 5 are reported with the dead/alive ratio beside
+//! the seed's. Every round's time also goes to
 //! `target/kmemcg-results/dead.csv` for `cargo run --release -p kmemcg-plots`.
 
 use std::alloc::{GlobalAlloc, Layout};

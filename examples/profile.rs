@@ -8,7 +8,8 @@
 //! slots; a step frees one and allocates one), `batch-alloc/N` and
 //! `batch-free/N` (1M objects of N bytes, one phase timed), `xfree` (a
 //! producer thread allocates 64-byte blocks, a consumer thread frees
-//! them; ns per object).
+//! them; ns per object), `realloc-grow` (8 B grown to 1 MiB by doubling,
+//! then freed; ns per realloc).
 
 #[path = "support/workloads.rs"]
 mod workloads;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use kmemcg::{Kmem, OsPages};
 use mimalloc::MiMalloc;
 use tikv_jemallocator::Jemalloc;
-use workloads::{Alloc, BATCH, Rng, batch_phase, xfree_run};
+use workloads::{Alloc, BATCH, REALLOC_GROW_STEPS, Rng, batch_phase, realloc_grow, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
@@ -76,8 +77,7 @@ fn random(a: Alloc, steps: usize) -> Duration {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage =
-        "usage: profile <kmemcg|jemalloc|mimalloc|system> <pair|random|xfree|batch-alloc/N|batch-free/N> [steps]";
+    let usage = "usage: profile <kmemcg|jemalloc|mimalloc|system> <pair|random|xfree|realloc-grow|batch-alloc/N|batch-free/N> [steps]";
     let (Some(name), Some(work)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -97,6 +97,14 @@ fn main() {
         None if work == "pair" => pair(a, steps).as_secs_f64() / steps as f64,
         None if work == "random" => random(a, steps).as_secs_f64() / steps as f64,
         None if work == "xfree" => xfree_run(a, steps as u64).as_secs_f64() / steps as f64,
+        None if work == "realloc-grow" => {
+            let rounds = (steps / REALLOC_GROW_STEPS).max(1);
+            let t = Instant::now();
+            for _ in 0..rounds {
+                realloc_grow(a);
+            }
+            t.elapsed().as_secs_f64() / (rounds * REALLOC_GROW_STEPS) as f64
+        }
         Some((phase, n)) if phase.starts_with("batch-") => {
             let Ok(size) = n.parse() else {
                 eprintln!("{usage}");

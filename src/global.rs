@@ -123,7 +123,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if old.align() == new.align() && unsafe { self.resize_in_place(ptr, old.size(), old.align(), new.size()) } {
             return Some(NonNull::slice_from_raw_parts(ptr, self.usable_size(new.size(), new.align())));
         }
-        let fresh = self.block_allocate(g, new)?;
+        let fresh = if new.size() > old.size() && self.grows_onto_pages(new.size(), new.align()) {
+            let p = self.alloc_large(g, new.size(), new.align(), true)?;
+            NonNull::slice_from_raw_parts(p, self.usable_size(new.size(), new.align()))
+        } else {
+            self.block_allocate(g, new)?
+        };
         // SAFETY: both blocks are live and distinct; the copy is no longer
         // than either.
         unsafe {

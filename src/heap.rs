@@ -435,7 +435,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 hardened_on_alloc(cache, p);
                 Some(p)
             }
-            None => self.alloc_large(g, size, align),
+            None => self.alloc_large(g, size, align, false),
         }
     }
 
@@ -719,13 +719,28 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // The new block is charged to the current group, like any
         // allocation; the old one is uncharged from its owner.
-        let new = self.alloc_raw(new_size, align)?;
+        let new = if new_size > old_size && self.grows_onto_pages(new_size, align) {
+            // The group `alloc_raw` would charge: `current` is null without
+            // groups and in interrupt context.
+            self.alloc_large(self.current(), new_size, align, true)
+        } else {
+            self.alloc_raw(new_size, align)
+        }?;
         // SAFETY: both blocks are live, distinct, and at least this long.
         unsafe {
             core::ptr::copy_nonoverlapping(ptr.as_ptr(), new.as_ptr(), old_size.min(new_size));
             self.free_raw(ptr, old_size, align);
         }
         Some(new)
+    }
+
+    /// Whether a block that must move to grow to `size` goes to the page
+    /// path, where the move places it with room to grow in place (see
+    /// `large`): not with detection or fault injection on (or the
+    /// environment still to read), which take their usual paths.
+    #[inline]
+    pub(crate) fn grows_onto_pages(&self, size: usize, align: usize) -> bool {
+        self.tree.mode() & SPECIAL == 0 && align.is_power_of_two() && class_of(size, align).is_none()
     }
 
     /// Resizes a block of `old_size` to `new_size` (both non-zero) without

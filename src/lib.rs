@@ -88,8 +88,10 @@
 //!   clock, [`Decay`]), so idle memory goes back without a `reap()` call.
 //! * **detection**: red zones, poison, a quarantine of freed objects and
 //!   sampled guard pages, on when asked ([`Detection`]).
-//! * **dead cache**: a removed group's cache: no magazines, empty slabs go
-//!   back at once, and it goes with its last object.
+//! * **dead cache**: a removed group's cache: no magazines to allocate
+//!   from; frees fill a per-CPU write-only buffer that goes back to the
+//!   slabs a magazine at a time, until few of its objects are left; empty
+//!   slabs go back at once, and it goes with its last object.
 //!
 //! # Layers, bottom to top
 //!
@@ -177,6 +179,7 @@
 //! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
 //! | `Group::high_mark` | the `high` throttle (a swap per delay) | `Relaxed` | nothing: concurrent tasks each take the growth they see; it only sizes a delay |
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
+//! | `MagCache::unbuffered` | the free or removal that finds a dead cache's objects out of its slabs within what its slots can buffer (a swap: one caller wins), then `fence(SeqCst)` and a drain of every slot | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees it and buffers nothing more, or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | `Tree::mode` | `GROUPS`: `create_child` and `reclaim_groups` under the tree lock, after `all_groups`; `DEBUG`/`ENV`: the first allocation reading `KMEMCG_DEBUG` (or `with_detection`, before any); `INJECT`: `inject_faults` | `Release` RMW | `Relaxed` on the fast paths (as `all_groups` was: `GROUPS` as before; `DEBUG` is fixed before the first object exists); the special paths re-read it with `Acquire` before reading detection settings |
 //! | `Detector` settings | `read_env` before clearing `ENV` | `Relaxed` | ordered by the `Release`/`Acquire` pair on `Tree::mode` |

@@ -15,6 +15,11 @@ use crate::platform::{PAGE_SHIFT, PAGE_SIZE, PageSource, order_for_pages};
 
 use crate::platform::for_each_block;
 
+/// The largest run [`alloc_exact`] takes to leave room after an object:
+/// 2^8 pages (1 MiB), within what page sources pool (`OsPages` maps runs
+/// above 2 MiB one by one).
+pub(crate) const ROOM_MAX_ORDER: u32 = 8;
+
 /// Pages needed for `bytes` (at least one), or `None` on overflow.
 #[inline]
 pub(crate) const fn pages_for(bytes: usize) -> Option<usize> {
@@ -33,15 +38,27 @@ fn run_order(pages: usize, align: usize) -> Option<u32> {
 
 /// Allocates `pages` pages aligned to `align` (a power of two), preferably
 /// on `node`; returns them and the node they are on.
+///
+/// With `room` pages of room, the run is cut from one that also holds
+/// `room` pages more (when the source has one, and up to an order of
+/// [`ROOM_MAX_ORDER`]), so the pages right after the object are free when
+/// it is made: a large object that grows can then claim them in place
+/// (`PageSource::claim_pages`), unless other runs took them first.
 pub(crate) fn alloc_exact<S: PageSource>(
     src: &S,
     pages: usize,
+    room: usize,
     align: usize,
     node: usize,
 ) -> Option<(NonNull<u8>, usize)> {
     let order = run_order(pages, align)?;
-    let run = src.alloc_pages(order, node)?;
-    let full = 1usize << order;
+    let roomy = run_order(pages.saturating_add(room), align).map_or(ROOM_MAX_ORDER, |r| r.min(ROOM_MAX_ORDER));
+    let run = if roomy > order { src.alloc_pages(roomy, node) } else { None };
+    let run = match run {
+        Some(run) => run,
+        None => src.alloc_pages(order, node)?,
+    };
+    let full = 1usize << run.order;
     if full > pages {
         let tail = run.addr.as_ptr().wrapping_add(pages * PAGE_SIZE);
         // SAFETY: the tail is an unused part of the run just allocated, split

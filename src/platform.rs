@@ -242,6 +242,16 @@ pub unsafe trait PageSource: Sync {
         false
     }
 
+    /// Whether a large object that `realloc` moves because it grows may be
+    /// placed with free room after it (see `heap::large`). The room goes
+    /// back to the source at once, but every such object then starts its
+    /// own larger block, so a fixed amount of memory fragments sooner: the
+    /// default says no, and `OsPages`, which maps more memory when a run
+    /// cannot be found, says yes.
+    fn room_to_grow(&self) -> bool {
+        false
+    }
+
     /// Takes the `pages` pages that start at `at` — the end of a live run of
     /// this source — if all of them are free, so the run can grow in place
     /// (`realloc` of a large object). Returns whether it took them; the
@@ -278,6 +288,9 @@ unsafe impl<S: PageSource> PageSource for &S {
     }
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
         (**self).claim_pages(at, pages)
+    }
+    fn room_to_grow(&self) -> bool {
+        (**self).room_to_grow()
     }
     fn protect(&self, at: NonNull<u8>, pages: usize, off: bool) -> bool {
         (**self).protect(at, pages, off)

@@ -538,6 +538,13 @@ impl<R: RawMutex> Cache<R> {
         self.nslabs.load(Ordering::Relaxed)
     }
 
+    /// Objects out of the slabs (handed out and not returned), summed over
+    /// the nodes under each one's lock in turn: exact for each node, not a
+    /// snapshot of all of them.
+    pub(crate) fn active_objects(&self) -> usize {
+        self.nodes.iter().map(|node| node.lock().active).sum()
+    }
+
     /// Whether `ptr` is the start of an object this cache handed out, judged
     /// from the slab header. Does not detect a double free.
     ///

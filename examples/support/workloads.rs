@@ -27,6 +27,24 @@ pub fn pair(a: Alloc, layout: Layout) {
     }
 }
 
+/// Reallocs in one `realloc_grow` round: 8 B to 1 MiB by doubling.
+pub const REALLOC_GROW_STEPS: usize = 17;
+
+/// One round of `realloc-grow`: an 8-byte block grown to 1 MiB by
+/// doubling (`REALLOC_GROW_STEPS` reallocs), then freed.
+pub fn realloc_grow(a: Alloc) {
+    // SAFETY: every realloc passes the block's current layout.
+    unsafe {
+        let mut size = 8;
+        let mut p = a.alloc(Layout::from_size_align_unchecked(size, 8));
+        while size < (1 << 20) {
+            p = a.realloc(p, Layout::from_size_align_unchecked(size, 8), size * 2);
+            size *= 2;
+        }
+        a.dealloc(black_box(p), Layout::from_size_align_unchecked(size, 8));
+    }
+}
+
 /// Times `iters` rounds of one phase of the batch workload.
 pub fn batch_phase(a: Alloc, size: usize, iters: u64, time_alloc: bool) -> Duration {
     let layout = Layout::from_size_align(size, 8).unwrap();

@@ -544,6 +544,9 @@ impl<R: RawMutex> Tree<R> {
             Self::drain_and_shrink(env, |f| g.for_each_cache(|_, c| f(c)));
         }
         g.counter.drain_stock();
+        // Frees into the dead caches are buffered per slot from now on,
+        // unless few objects are left (see the magazine layer's docs).
+        g.for_each_cache(|_, c| c.dead_drained(env));
         g.for_each_cache(|_, c| self.after_free(c));
         // Drop the online reference; handles keep the group until dropped.
         self.put_group(g);

@@ -151,10 +151,12 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// The group goes offline: it takes no new charges (a thread still
     /// inside it, or its allocator handle, charges the nearest online
     /// ancestor), its `min` and `low` go to 0 (what it still holds is
-    /// reclaimed as its parent's), its stock is drained, and each of its caches turns dead:
-    /// its magazines are emptied on every CPU at once, later frees go
-    /// straight to slabs, and empty slabs go back immediately. What its
-    /// live objects hold stays charged to it and so to every ancestor, and
+    /// reclaimed as its parent's), its stock is drained, and each of its
+    /// caches turns dead: its magazines are emptied on every CPU at once,
+    /// later frees are buffered per CPU and go back to the slabs a
+    /// magazine at a time (each one straight to its slab once few objects
+    /// are left), and empty slabs go back immediately. What its live
+    /// objects hold stays charged to it and so to every ancestor, and
     /// is uncharged from them as those objects are freed, from any thread:
     /// no charge is lost. The group's memory (and its caches') is reclaimed
     /// once its last handle, guard, cache slab and large object are gone.

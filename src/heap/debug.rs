@@ -597,7 +597,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return None;
         }
         let pages = pages_for(size)?;
-        let run = self.alloc_large(g, (pages + 1) * PAGE_SIZE, PAGE_SIZE)?;
+        let run = self.alloc_large(g, (pages + 1) * PAGE_SIZE, PAGE_SIZE, false)?;
         let guard = run.as_ptr().wrapping_add(pages * PAGE_SIZE);
         // SAFETY: `guard` is the last page of the run we just made.
         let protected = self.source.protect(unsafe { NonNull::new_unchecked(guard) }, 1, true);

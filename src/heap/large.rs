@@ -6,6 +6,19 @@
 //! is what lets a free uncharge the right group and lets `realloc` resize
 //! in place; it costs one page per large object (at most 20% of the
 //! smallest, 16 KiB + 1 B, and under 1% from 400 KiB up).
+//!
+//! A block that `realloc` moves onto the page path because it grows (past
+//! the largest size class, or a large object whose next pages are taken)
+//! is placed with room to double twice more in place, when the page source
+//! allows it (`PageSource::room_to_grow`: `OsPages` does, a fixed `Region`
+//! does not, as every such object starting a block of its own fragments a
+//! fixed amount of memory sooner; the random model of `src/tests/heap.rs`
+//! saw order-8 runs run out in a 256 MiB region): its run is cut from
+//! one of the source's that holds four times its pages (up to 1 MiB,
+//! `page::ROOM_MAX_ORDER`), and the rest goes back at once, free right
+//! after the object for the next `resize_large_in_place` to claim. Nothing
+//! stays reserved: pages another allocation takes first are simply not
+//! there to claim, and the object moves again.
 
 use core::ptr::NonNull;
 
@@ -34,10 +47,17 @@ struct LargeHeader {
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// A large object of `size` bytes aligned to `align`, charged to `g`
-    /// (null: root).
+    /// (null: root); `grown`: `realloc` moves a growing block here, so the
+    /// run is placed with room after it (see the module docs).
     #[cold]
     #[inline(never)]
-    pub(crate) fn alloc_large(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc_large(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+        grown: bool,
+    ) -> Option<NonNull<u8>> {
         let align = align.max(PAGE_SIZE);
         if size > isize::MAX as usize - align {
             return None;
@@ -45,7 +65,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
         let counter = self.tree.charge(self, g, pages + 1).ok()?;
-        let alloc = || alloc_exact(&self.source, lead + pages, align, self.node());
+        let room = if grown && self.source.room_to_grow() { pages.saturating_mul(3) } else { 0 };
+        let alloc = || alloc_exact(&self.source, lead + pages, room, align, self.node());
         // An exhausted page source: contention reclaim, step by step.
         let Some((run, node)) = alloc()
             .or_else(|| self.tree.under_contention(self, alloc))

@@ -154,6 +154,15 @@ impl<const Z: usize> Buddy<Z> {
         (addr < z.end()).then_some(idx - 1)
     }
 
+    /// [`Buddy::zone_of`] for an address near one in zone `near`: no search
+    /// when it lies in that zone too (the usual case for the halves,
+    /// buddies and enclosing blocks of a block).
+    #[inline]
+    fn zone_near(&self, near: usize, addr: usize) -> Option<usize> {
+        let z = &self.zones[near];
+        if addr >= z.start && addr < z.end() { Some(near) } else { self.zone_of(addr) }
+    }
+
     #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
     /// Whether `addr` lies in memory given to this buddy (meta included).
     pub(crate) fn contains_raw(&self, addr: usize) -> bool {
@@ -285,7 +294,7 @@ impl<const Z: usize> Buddy<Z> {
         while k > order {
             k -= 1;
             let half = block.wrapping_add(PAGE_SIZE << k);
-            let hz = self.zone_of(half.addr())?;
+            let hz = self.zone_near(zi, half.addr())?;
             // SAFETY: the upper half of a free block we just took is free.
             unsafe { self.push(hz, half, k) };
         }
@@ -332,7 +341,7 @@ impl<const Z: usize> Buddy<Z> {
         };
         while order + 1 < MAX_ORDER {
             let buddy = block.addr() ^ (PAGE_SIZE << order);
-            let Some(bz) = self.zone_of(buddy) else { break };
+            let Some(bz) = self.zone_near(zi, buddy) else { break };
             if bz != zi && (self.zones[bz].island || self.zones[zi].island) {
                 break;
             }
@@ -353,14 +362,33 @@ impl<const Z: usize> Buddy<Z> {
         unsafe { self.push(zi, block, order) };
     }
 
-    /// The free block that holds the page at `addr`, as (start, order).
-    fn free_block_at(&self, addr: usize) -> Option<(usize, u32)> {
-        (0..MAX_ORDER).find_map(|k| {
-            let b = addr & !((PAGE_SIZE << k) - 1);
-            let zi = self.zone_of(b)?;
+    /// The free block that holds the page at `addr`, as (start, order,
+    /// zone of its start).
+    fn free_block_at(&self, addr: usize) -> Option<(usize, u32, usize)> {
+        let za = self.zone_of(addr)?;
+        // SAFETY: `addr` is in zone `za`.
+        let m = unsafe { *self.meta(za, addr) };
+        if m & FREE != 0 {
+            // The head of a free block (the usual case in `claim`, which
+            // steps from one block's end to the next one's head).
+            return Some((addr & !(PAGE_SIZE - 1), u32::from(m & !FREE), za));
+        }
+        let z = self.zones[za];
+        for k in 1..MAX_ORDER {
+            let len = PAGE_SIZE << k;
+            // No block of an island is longer than the island, and none
+            // starts outside it: nothing larger can hold `addr`.
+            if z.island && len > z.pages * PAGE_SIZE {
+                break;
+            }
+            let b = addr & !(len - 1);
+            let Some(zi) = self.zone_near(za, b) else { continue };
             // SAFETY: `b` is in zone `zi`.
-            (unsafe { *self.meta(zi, b) } == FREE | k as u8).then_some((b, k))
-        })
+            if unsafe { *self.meta(zi, b) } == FREE | k as u8 {
+                return Some((b, k, zi));
+            }
+        }
+        None
     }
 
     /// Takes the `pages` pages at `start` off the free lists so a run that
@@ -382,14 +410,13 @@ impl<const Z: usize> Buddy<Z> {
         let mut a = lo;
         while a < hi {
             match self.free_block_at(a) {
-                Some((b, k)) => a = b + (PAGE_SIZE << k),
+                Some((b, k, _)) => a = b + (PAGE_SIZE << k),
                 None => return false,
             }
         }
         let mut a = lo;
         while a < hi {
-            let Some((b, k)) = self.free_block_at(a) else { break };
-            let Some(zi) = self.zone_of(b) else { break };
+            let Some((b, k, zi)) = self.free_block_at(a) else { break };
             let end = b + (PAGE_SIZE << k);
             let block = self.zones[zi].ptr(b);
             // SAFETY: its meta byte says it heads a free block of order k.

@@ -349,6 +349,11 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         unsafe { libc::mprotect(at.as_ptr().cast(), pages * PAGE_SIZE, prot) == 0 }
     }
 
+    /// Yes: a run that fragmentation keeps from the pool is mapped anew.
+    fn room_to_grow(&self) -> bool {
+        true
+    }
+
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
         let taken = self.pool.lock().buddy.claim(at.as_ptr(), pages);
         if taken {

@@ -231,6 +231,7 @@ fn loom_removal_races_remote_free() {
         c.cache.mark_dead();
         c.drain(&*env);
         c.cache.shrink(&c.pages(&*env, None));
+        c.dead_drained(&*env);
         let mine = c.take_empty_dead();
         let theirs = freer.join().unwrap();
         // Once both are done the dead cache holds nothing, and exactly one
@@ -239,6 +240,41 @@ fn loom_removal_races_remote_free() {
         assert_eq!(c.cache.nslabs(), 0, "a dead cache kept a slab");
         assert_eq!(c.cache.stats().active_objects, 0);
         assert_eq!([mine, theirs, late].iter().filter(|&&b| b).count(), 1, "released twice or never");
+        env.mags.shrink(&Pages::plain(&env.src));
+        assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
+    });
+}
+
+#[test]
+fn loom_buffered_dead_frees_end_with_the_last_object() {
+    // A dead cache with more objects than its two slots could buffer
+    // (2 slots x 4 rounds under loom): two CPUs free them all into their
+    // write-only buffers. The free that finds few objects left ends the
+    // buffering and drains both slots, racing the other CPU's buffering:
+    // once both are done, with no drain by the model, the cache holds no
+    // slab, and exactly one side saw it empty.
+    model(1, |env, c| {
+        let objs: Vec<usize> = (0..9).map(|_| c.alloc(&*env).unwrap().as_ptr() as usize).collect();
+        // The removal: the cache turns dead; nothing was in a magazine.
+        c.cache.mark_dead();
+        c.dead_drained(&*env);
+        let (a, b) = objs.split_at(5);
+        let (a, b) = (a.to_vec(), b.to_vec());
+        let free_all = |objs: Vec<usize>| {
+            move |env: &TestEnv, c: &MagCache<R>| {
+                for x in objs {
+                    // SAFETY: live, and freed once.
+                    unsafe { c.free(env, core::ptr::NonNull::new(x as *mut u8).unwrap()) };
+                }
+                c.take_empty_dead()
+            }
+        };
+        let t0 = spawn_on(0, &env, &c, free_all(a));
+        let t1 = spawn_on(1, &env, &c, free_all(b));
+        let seen = [t0.join().unwrap(), t1.join().unwrap(), c.take_empty_dead()];
+        assert_eq!(c.cache.nslabs(), 0, "buffered frees kept a dead cache's slab");
+        assert_eq!(c.cache.stats().active_objects, 0);
+        assert_eq!(seen.iter().filter(|&&b| b).count(), 1, "released twice or never");
         env.mags.shrink(&Pages::plain(&env.src));
         assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
     });
