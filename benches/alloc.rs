@@ -11,6 +11,9 @@
 //!   refills it with a log-uniform size in 8..=4096 (fixed seed).
 //! * `threads1-pair`, `threads2-pair`: `pair-64` on one and on two threads
 //!   at once (time per pair per thread; scaling = 2 x t1 / t2).
+//! * `threads8-pair`, `threads100-pair`: the same on 8 and on 100 threads
+//!   (more threads than kmemcg's 64 CPU slots: the slotless path and slot
+//!   rotation); the aggregate throughput ratio is 100 x t8 / (8 x t100).
 //! * `xfree`: a producer allocates 64-byte blocks, a consumer frees them
 //!   (through a lock-free ring that does not allocate); time per object.
 //! * `realloc-grow`: 8 B grown to 1 MiB by doubling, then freed.
@@ -135,8 +138,13 @@ fn pairs_on_threads(a: Alloc, threads: usize, iters: u64) -> Duration {
 }
 
 fn threads_pair(c: &mut Criterion) {
-    for (group, threads) in [("threads1-pair", 1), ("threads2-pair", 2)] {
+    for (group, threads) in [("threads1-pair", 1), ("threads2-pair", 2), ("threads8-pair", 8), ("threads100-pair", 100)]
+    {
         let mut g = c.benchmark_group(group);
+        if threads > 2 {
+            // Each sample spawns its threads: fewer, longer samples.
+            g.sample_size(20).measurement_time(Duration::from_secs(6));
+        }
         for (name, a) in allocators() {
             g.bench_function(name, |b| b.iter_custom(|iters| pairs_on_threads(a, threads, iters)));
         }
