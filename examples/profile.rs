@@ -8,7 +8,8 @@
 //! slots; a step frees one and allocates one), `batch-alloc/N` and
 //! `batch-free/N` (1M objects of N bytes, one phase timed), `xfree` (a
 //! producer thread allocates 64-byte blocks, a consumer thread frees
-//! them; ns per object), `realloc-grow` (8 B grown to 1 MiB by doubling,
+//! them; ns per object), `threads/T` (`pair` on T threads at once, the
+//! steps shared among them; ns per pair of the aggregate), `realloc-grow` (8 B grown to 1 MiB by doubling,
 //! then freed; ns per realloc).
 
 #[path = "support/workloads.rs"]
@@ -77,7 +78,7 @@ fn random(a: Alloc, steps: usize) -> Duration {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: profile <kmemcg|jemalloc|mimalloc|system> <pair|random|xfree|realloc-grow|batch-alloc/N|batch-free/N> [steps]";
+    let usage = "usage: profile <kmemcg|jemalloc|mimalloc|system> <pair|random|xfree|realloc-grow|threads/T|batch-alloc/N|batch-free/N> [steps]";
     let (Some(name), Some(work)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -104,6 +105,29 @@ fn main() {
                 realloc_grow(a);
             }
             t.elapsed().as_secs_f64() / (rounds * REALLOC_GROW_STEPS) as f64
+        }
+        Some(("threads", n)) => {
+            let Ok(threads) = n.parse::<usize>() else {
+                eprintln!("{usage}");
+                std::process::exit(2);
+            };
+            let each = steps / threads;
+            let barrier = std::sync::Barrier::new(threads + 1);
+            let d = std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(|| {
+                        pair(a, 1);
+                        barrier.wait();
+                        pair(a, each);
+                        barrier.wait();
+                    });
+                }
+                barrier.wait();
+                let t = Instant::now();
+                barrier.wait();
+                t.elapsed()
+            });
+            d.as_secs_f64() / (each * threads) as f64
         }
         Some((phase, n)) if phase.starts_with("batch-") => {
             let Ok(size) = n.parse() else {

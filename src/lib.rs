@@ -310,3 +310,6 @@ pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;
 #[cfg(loom)]
 pub use sync::LoomRawMutex;
+#[cfg(all(feature = "std", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
+pub use sync::YieldingRawMutex;

@@ -121,10 +121,19 @@ pub const MAX_NODES: usize = 4;
 /// GiB; 2 GiB on 32-bit targets, so a run's size always fits a `usize`).
 pub const MAX_ORDER: u32 = if usize::BITS < 64 { 20 } else { 28 };
 
-/// The default lock: a spinning mutex from `spin`. A kernel supplies its own
+/// The default lock: a spin lock whose waiters yield the CPU after a short
+/// spin, with `std` ([`YieldingRawMutex`](crate::YieldingRawMutex):
+/// a preempted holder then gets the CPU back at once), and a spinning
+/// mutex from `spin` without. A kernel supplies its own
 /// [`lock_api::RawMutex`] that also disables interrupts, so that allocation
 /// from an interrupt handler cannot deadlock against the code it interrupted.
-#[cfg(not(loom))]
+#[cfg(all(feature = "std", not(loom)))]
+pub type DefaultRawMutex = crate::sync::YieldingRawMutex;
+/// The default lock: a spinning mutex from `spin` (with `std`, one whose
+/// waiters yield the CPU). A kernel supplies its own
+/// [`lock_api::RawMutex`] that also disables interrupts, so that allocation
+/// from an interrupt handler cannot deadlock against the code it interrupted.
+#[cfg(all(not(feature = "std"), not(loom)))]
 pub type DefaultRawMutex = spin::mutex::SpinMutex<()>;
 /// The default lock under `--cfg loom`: one loom can see.
 #[cfg(loom)]

@@ -144,6 +144,76 @@ unsafe impl lock_api::RawMutex for LoomRawMutex {
     }
 }
 
+/// The default lock with `std` (outside loom): a spin lock whose waiters
+/// give the CPU up. It spins [`SPINS_BEFORE_YIELD`] times, for the short
+/// critical sections of two threads on two CPUs, then calls
+/// `sched_yield` between attempts: with more runnable threads than CPUs a
+/// lock holder can be preempted, and pure spinners then burn whole time
+/// slices before it runs again (`benches/alloc.rs`, `threads100-pair`:
+/// threads without a CPU slot share the slab locks).
+#[cfg(all(feature = "std", not(loom)))]
+pub struct YieldingRawMutex(AtomicBool);
+
+/// Failed attempts a [`YieldingRawMutex`] waiter spins through before it
+/// starts yielding.
+#[cfg(all(feature = "std", not(loom)))]
+const SPINS_BEFORE_YIELD: u32 = 128;
+
+// SAFETY: `lock` returns only after swapping the flag from false to true
+// with Acquire, `unlock` stores false with Release: one holder at a time,
+// and each holder sees what the previous one wrote.
+#[cfg(all(feature = "std", not(loom)))]
+unsafe impl lock_api::RawMutex for YieldingRawMutex {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: Self = YieldingRawMutex(AtomicBool::new(false));
+    type GuardMarker = lock_api::GuardSend;
+    #[inline]
+    fn lock(&self) {
+        if !self.try_lock() {
+            self.lock_contended();
+        }
+    }
+    #[inline]
+    fn try_lock(&self) -> bool {
+        self.0.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+    #[inline]
+    unsafe fn unlock(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+    #[inline]
+    fn is_locked(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(feature = "std", not(loom)))]
+impl YieldingRawMutex {
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
+        use lock_api::RawMutex as _;
+        let mut spins = 0;
+        loop {
+            // Wait with loads, not swaps, so waiters do not take the line
+            // from the holder.
+            while self.0.load(Ordering::Relaxed) {
+                if spins < SPINS_BEFORE_YIELD {
+                    spins += 1;
+                    core::hint::spin_loop();
+                } else {
+                    // SAFETY: `sched_yield` takes no arguments, touches no
+                    // memory of ours and cannot fail in a way we act on.
+                    unsafe { libc::sched_yield() };
+                }
+            }
+            if self.try_lock() {
+                return;
+            }
+        }
+    }
+}
+
 /// One step of a spin-wait loop: a CPU pause hint normally, a yield to the
 /// scheduler under loom (so a model with a spinning thread still terminates).
 #[inline]
