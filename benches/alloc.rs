@@ -110,31 +110,20 @@ fn random(c: &mut Criterion) {
 }
 
 /// Runs `pair-64` on `threads` threads at once, `iters` pairs each, and
-/// returns the wall time of the parallel part only.
+/// returns the wall time of the parallel part only (from the first
+/// thread's start to the last one's end, each thread reading the clock).
 fn pairs_on_threads(a: Alloc, threads: usize, iters: u64) -> Duration {
-    let barrier = Arc::new(Barrier::new(threads + 1));
     let layout = Layout::from_size_align(64, 8).unwrap();
-    let hs: Vec<_> = (0..threads)
-        .map(|_| {
-            let barrier = barrier.clone();
-            thread::spawn(move || {
-                pair(a, layout); // claim this thread's slot before timing
-                barrier.wait();
-                for _ in 0..iters {
-                    pair(a, layout);
-                }
-                barrier.wait();
-            })
-        })
-        .collect();
-    barrier.wait();
-    let t = Instant::now();
-    barrier.wait();
-    let d = t.elapsed();
-    for h in hs {
-        h.join().unwrap();
-    }
-    d
+    // Claim each thread's slot before timing.
+    workloads::on_threads(
+        threads,
+        || pair(a, layout),
+        || {
+            for _ in 0..iters {
+                pair(a, layout);
+            }
+        },
+    )
 }
 
 fn threads_pair(c: &mut Criterion) {

@@ -112,21 +112,15 @@ fn main() {
                 std::process::exit(2);
             };
             let each = steps / threads;
-            let barrier = std::sync::Barrier::new(threads + 1);
-            let d = std::thread::scope(|s| {
-                for _ in 0..threads {
-                    s.spawn(|| {
-                        pair(a, 1);
-                        barrier.wait();
-                        pair(a, each);
-                        barrier.wait();
-                    });
-                }
-                barrier.wait();
-                let t = Instant::now();
-                barrier.wait();
-                t.elapsed()
-            });
+            let d = workloads::on_threads(
+                threads,
+                || {
+                    pair(a, 1);
+                },
+                || {
+                    pair(a, each);
+                },
+            );
             d.as_secs_f64() / (each * threads) as f64
         }
         Some((phase, n)) if phase.starts_with("batch-") => {

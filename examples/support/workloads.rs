@@ -27,6 +27,34 @@ pub fn pair(a: Alloc, layout: Layout) {
     }
 }
 
+/// Runs `work` on `threads` threads at once, each after its own `setup`
+/// (untimed), and returns the wall time from the first thread's start to
+/// the last one's end. Each thread reads the clock itself: a coordinator
+/// timing between two barriers reads it late whenever it is descheduled
+/// after the first, which more runnable threads than CPUs make likely.
+pub fn on_threads(threads: usize, setup: impl Fn() + Sync, work: impl Fn() + Sync) -> std::time::Duration {
+    use std::sync::Barrier;
+    use std::time::Instant;
+    let barrier = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    setup();
+                    barrier.wait();
+                    let t = Instant::now();
+                    work();
+                    (t, Instant::now())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let start = spans.iter().map(|s| s.0).min().unwrap();
+    let end = spans.iter().map(|s| s.1).max().unwrap();
+    end - start
+}
+
 /// Reallocs in one `realloc_grow` round: 8 B to 1 MiB by doubling.
 pub const REALLOC_GROW_STEPS: usize = 17;
 
