@@ -176,11 +176,11 @@ s_cg_typed_loop() {
 # fat LTO" (the bench profile: fat LTO, one codegen unit). Per-function
 # inclusive counts (47 in alloc, 51 in dealloc) from callgrind_annotate of
 # both runs. Build 1-2 min (fat LTO), runs ~40 s.
-step cg_profile_pair 150 "cargo build --profile bench --example profile; valgrind --tool=callgrind \$REL/profile {kmemcg,jemalloc} pair {1000000,2000000}"
+step cg_profile_pair 200 "cargo build --profile bench --example profile; valgrind --tool=callgrind \$REL/profile {kmemcg,jemalloc,mimalloc,system} pair {1000000,2000000}"
 s_cg_profile_pair() {
   run cargo build --profile bench --example profile
   local a n
-  for a in kmemcg jemalloc; do
+  for a in kmemcg jemalloc mimalloc system; do
     cg_diff "profile-$a-pair" 1000000 "$REL/profile" "$a" pair '{N}'
     for n in 1000000 2000000; do
       echo "--- callgrind_annotate --inclusive=yes profile-$a-pair.$n.out (top 25)"
@@ -348,6 +348,23 @@ s_alloc() {
 
 # Redraws docs/plots/*.png (tracked files) from the results above: seconds
 # once built.
+# Issue 20's rows run alone, each allocator in a process of its own
+# (examples/profile, built with the bench profile by cg_profile_pair or
+# here), interleaved over three rounds: realloc growth, the batch phases
+# at 64 B, and 8 against 100 threads doing pairs. ~2 min.
+step profile_rows 120 "\$REL/profile {kmemcg,jemalloc,mimalloc,system} {realloc-grow,batch-alloc/64,batch-free/64,threads/8,threads/100}, 3 interleaved rounds"
+s_profile_rows() {
+  [[ -x $REL/profile ]] || run cargo build --profile bench --example profile
+  local round w a
+  for round in 1 2 3; do
+    for w in realloc-grow:2000000 batch-alloc/64:5000000 batch-free/64:5000000 threads/8:40000000 threads/100:40000000; do
+      for a in kmemcg jemalloc mimalloc system; do
+        echo "PROFILE round $round: $("$REL/profile" "$a" "${w%%:*}" "${w##*:}")"
+      done
+    done
+  done
+}
+
 step plots 30 "cargo run --release -p kmemcg-plots"
 s_plots() { run cargo run --release -p kmemcg-plots; }
 
