@@ -138,7 +138,9 @@
 //! locks one cache at a time and write to their formatter with no lock
 //! held, so a report may be formatted into memory from this allocator.
 //! Locks are [`lock_api::RawMutex`] implementations chosen by the user
-//! (`spin` by default). A kernel passes [`IrqSpinLock`] (to `Kmem` and
+//! (by default `YieldingRawMutex` with `std`, a spin lock whose waiters
+//! yield the CPU after a short spin, since an OS may preempt a holder; and
+//! `spin`'s spin lock without). A kernel passes [`IrqSpinLock`] (to `Kmem` and
 //! `Region`) with the [`PerCpu`] platform:
 //!
 //! * every lock masks local interrupts from before it is taken until after
