@@ -22,9 +22,7 @@
 mod workloads;
 
 use std::alloc::{Layout, System};
-use std::sync::{Arc, Barrier};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kmemcg::{Kmem, OsPages};

@@ -145,7 +145,7 @@ unsafe impl lock_api::RawMutex for LoomRawMutex {
 }
 
 /// The default lock with `std` (outside loom): a spin lock whose waiters
-/// give the CPU up. It spins [`SPINS_BEFORE_YIELD`] times, for the short
+/// give the CPU up. It spins 128 times, for the short
 /// critical sections of two threads on two CPUs, then calls
 /// `sched_yield` between attempts: with more runnable threads than CPUs a
 /// lock holder can be preempted, and pure spinners then burn whole time
