@@ -255,6 +255,11 @@ impl NodeSlabs {
         unsafe {
             let map = free_map(s);
             let mut back = 0u32;
+            // The lowest word that gains a free bit, kept in a register:
+            // the header is written once, after the loop (the bitmap
+            // stores in it could otherwise alias the header for the
+            // compiler, which then reloads and stores the hint per object).
+            let mut hint = (*s).hint;
             for &obj in objs {
                 let off = obj.addr().wrapping_sub(s.addr() + g.first);
                 let i = match g.index_of(off) {
@@ -272,12 +277,13 @@ impl NodeSlabs {
                     continue;
                 }
                 *word |= bit;
-                (*s).hint = (*s).hint.min((i / 64) as u16);
+                hint = hint.min((i / 64) as u16);
                 back += 1;
             }
             if back == 0 {
                 return None;
             }
+            (*s).hint = hint;
             let was_full = (*s).inuse as usize == g.capacity;
             (*s).inuse -= back;
             self.active -= back as usize;
