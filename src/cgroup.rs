@@ -74,6 +74,8 @@ pub const MAX_ACCOUNTED_CACHES: usize = 21;
 /// Accounting indices: the size classes, then [`MAX_ACCOUNTED_CACHES`]
 /// accounted typed caches.
 pub(crate) const MAX_ACCOUNTED: usize = NCLASSES + MAX_ACCOUNTED_CACHES;
+// `child_cache` reduces indices modulo it: a mask only for a power of two.
+static_assertions::const_assert!(MAX_ACCOUNTED.is_power_of_two());
 
 /// What a platform's current-group token points to: a field of every
 /// group at the same offset whatever its lock type ([`HEAD_OFFSET`]).
@@ -601,7 +603,11 @@ impl<R: RawMutex> Group<R> {
     /// The child cache at accounting index `idx`, once published.
     #[inline(always)]
     pub(crate) fn child_cache(&self, idx: usize) -> Option<&MagCache<R>> {
-        let c = NonNull::new(self.caches[idx].load(Ordering::Acquire))?;
+        debug_assert!(idx < MAX_ACCOUNTED, "accounting index out of range");
+        // Every caller passes an accounting index (a size class, or a
+        // registered typed cache's); the mask, a no-op for those, leaves
+        // the allocation paths without a bounds check and its panic path.
+        let c = NonNull::new(self.caches[idx % MAX_ACCOUNTED].load(Ordering::Acquire))?;
         // A published child cache lives as long as its group, or until its
         // typed cache is destroyed, which needs the `KmemCache` the caller
         // allocates or frees through (or an iteration's read guard, which

@@ -364,7 +364,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let g = if m == 0 {
             core::ptr::null()
         } else if m & SPECIAL != 0 {
-            return self.alloc_special(self.current(), size, align, false);
+            return self.alloc_special_current(size, align);
         } else if self.platform.in_interrupt() {
             // Interrupt context charges the root, not the interrupted task.
             core::ptr::null()
@@ -388,6 +388,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return self.alloc_special(g, size, align, true);
         }
         self.alloc_pow2(g, size, align)
+    }
+
+    /// [`Kmem::alloc_special`] for the current group, which it looks up
+    /// itself: a call made inline would keep the size and alignment in
+    /// callee-saved registers, and the plain path would save and restore
+    /// them on every allocation.
+    #[cold]
+    #[inline(never)]
+    fn alloc_special_current(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        self.alloc_special(self.current(), size, align, false)
     }
 
     /// The allocation path with detection or fault injection on (or the
