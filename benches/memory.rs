@@ -58,6 +58,33 @@ fn plan() -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// One step of the workload on `a`: frees `slots[slot]`, refills it with
+/// `size` bytes (written through when `touch`), and returns the live bytes
+/// after it.
+fn step(
+    a: &dyn GlobalAlloc,
+    slots: &mut [(*mut u8, usize)],
+    (slot, size): (usize, usize),
+    live: usize,
+    touch: bool,
+) -> usize {
+    let (old, old_size) = slots[slot];
+    // SAFETY: each live block is freed once with its layout; a block is
+    // written only within its size.
+    unsafe {
+        if !old.is_null() {
+            a.dealloc(old, Layout::from_size_align_unchecked(old_size, 8));
+        }
+        let p = a.alloc(Layout::from_size_align_unchecked(size, 8));
+        assert!(!p.is_null());
+        if touch {
+            p.write_bytes(0x5a, size);
+        }
+        slots[slot] = (p, size);
+    }
+    live - old_size + size
+}
+
 /// A field of `/proc/self/status` in bytes (`VmRSS`, `VmHWM`).
 fn proc_status(field: &str) -> usize {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -73,22 +100,10 @@ fn footprint_child(name: &str) {
     let mut slots: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 0); LIVE];
     let base = proc_status("VmRSS:");
     let (mut live, mut peak) = (0usize, 0usize);
-    for &(slot, size) in &steps {
-        let (old, old_size) = slots[slot];
-        // SAFETY: each live block is freed once with its layout.
-        unsafe {
-            if !old.is_null() {
-                a.dealloc(old, Layout::from_size_align_unchecked(old_size, 8));
-                live -= old_size;
-            }
-            let p = a.alloc(Layout::from_size_align_unchecked(size, 8));
-            assert!(!p.is_null());
-            // Touch the block as a program would (a fresh page is not
-            // resident until written).
-            p.write_bytes(0x5a, size);
-            slots[slot] = (p, size);
-        }
-        live += size;
+    for &st in &steps {
+        // Touch every block as a program would: a fresh page is not
+        // resident until written.
+        live = step(*a, &mut slots, st, live, true);
         peak = peak.max(live);
     }
     let hwm = proc_status("VmHWM:");
@@ -157,26 +172,13 @@ fn breakdown(k: &Kmem<OsPages>, live: usize) {
 /// kmemcg's own page count through the `random` workload and after it.
 fn pages_held() {
     let k: &'static Kmem<OsPages> = Box::leak(Box::new(Kmem::new(OsPages::new())));
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let mut slots: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 0); LIVE];
     let (mut live, mut peak) = (0usize, 0usize);
     println!("phase,live_bytes,peak_live_bytes,pages_in_use,pages_mapped,held_over_peak");
-    for step in 0..STEPS {
-        let bits = 3 + rng.next() % 10;
-        let size = ((1usize << bits) + (rng.next() as usize % (1usize << bits))).min(4096);
-        let slot = rng.next() as usize % LIVE;
-        let (old, old_size) = slots[slot];
-        // SAFETY: each live block is freed once with its layout.
-        unsafe {
-            if !old.is_null() {
-                k.dealloc(old, Layout::from_size_align_unchecked(old_size, 8));
-                live -= old_size;
-            }
-            slots[slot] = (k.alloc(Layout::from_size_align_unchecked(size, 8)), size);
-        }
-        live += size;
+    for (i, st) in plan().into_iter().enumerate() {
+        live = step(k, &mut slots, st, live, false);
         peak = peak.max(live);
-        if step == STEPS / 2 {
+        if i == STEPS / 2 {
             row(k, "random-midway", live, peak);
         }
     }
