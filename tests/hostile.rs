@@ -81,6 +81,43 @@ impl Shrinker for Greedy {
     }
 }
 
+/// A shrinker that, asked to scan, grows a block of its own by doubling
+/// through the group's allocator (the page path, where a grown block is
+/// placed with room after it) and frees nothing.
+struct Grower {
+    group: std::sync::OnceLock<Cgroup<'static, Kmem<OsPages>>>,
+    scans: AtomicUsize,
+    nested_ok: AtomicUsize,
+}
+
+impl Shrinker for Grower {
+    fn count(&self, _: &ShrinkControl) -> usize {
+        1
+    }
+    fn scan(&self, _: &ShrinkControl, _: usize) -> usize {
+        self.scans.fetch_add(1, Ordering::Relaxed);
+        if let Some(g) = self.group.get() {
+            let a = g.allocator();
+            let mut l = Layout::from_size_align(8, 8).unwrap();
+            let Ok(mut p) = a.allocate(l) else { return 0 };
+            while l.size() < 1 << 20 {
+                let bigger = Layout::from_size_align(l.size() * 2, 8).unwrap();
+                // SAFETY: `p` is live with layout `l`.
+                match unsafe { a.grow(p.cast(), l, bigger) } {
+                    Ok(q) => (p, l) = (q, bigger),
+                    Err(_) => break,
+                }
+            }
+            if l.size() == 1 << 20 {
+                self.nested_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: live with layout `l`, freed once.
+            unsafe { a.deallocate(p.cast(), l) };
+        }
+        0
+    }
+}
+
 /// A shrinker whose `count` says it holds everything and whose `scan`
 /// claims to have freed more than it was asked.
 struct Liar;
@@ -146,6 +183,56 @@ fn run_case() {
             }
             k.unregister_shrinker(&Liar);
         }
+        "growing_shrinker" => {
+            let grower: &'static Grower = Box::leak(Box::new(Grower {
+                group: std::sync::OnceLock::new(),
+                scans: AtomicUsize::new(0),
+                nested_ok: AtomicUsize::new(0),
+            }));
+            let _ = grower.group.set(g.clone());
+            k.register_shrinker(grower).unwrap();
+            // Grow one block by doubling in the 1 MiB group until its max
+            // refuses: the refused growth reclaims and calls the shrinker,
+            // whose own growth must fail at the max too, not recurse.
+            let a = g.allocator();
+            let mut l = Layout::from_size_align(8, 8).unwrap();
+            let mut p = a.allocate(l).unwrap();
+            // SAFETY: `p` is live with `l.size()` bytes.
+            unsafe { p.cast::<u8>().as_ptr().write_bytes(0x5a, l.size()) };
+            loop {
+                let bigger = Layout::from_size_align(l.size() * 2, 8).unwrap();
+                // SAFETY: `p` is live with layout `l`.
+                match unsafe { a.grow(p.cast(), l, bigger) } {
+                    Ok(q) => {
+                        // SAFETY: the new block holds the old contents and
+                        // `bigger.size()` bytes.
+                        unsafe {
+                            let q8 = q.cast::<u8>().as_ptr();
+                            assert!(std::slice::from_raw_parts(q8, l.size()).iter().all(|&b| b == 0x5a));
+                            q8.add(l.size()).write_bytes(0x5a, l.size());
+                        }
+                        (p, l) = (q, bigger);
+                    }
+                    Err(_) => break,
+                }
+                assert!(l.size() <= 1 << 20, "the max did not hold");
+            }
+            // The room a grown block was placed with is not charged: the
+            // group holds the block's pages and its header page. (With
+            // detection on, growth takes its usual path and the quarantine
+            // keeps the blocks it moved from charged for a while.)
+            if std::env::var_os("KMEMCG_DEBUG").is_none() {
+                assert!(g.usage() <= l.size() + 2 * 4096, "usage {} for a block of {}", g.usage(), l.size());
+            }
+            assert!(grower.scans.load(Ordering::Relaxed) > 0, "reclaim never called the shrinker");
+            assert_eq!(grower.nested_ok.load(Ordering::Relaxed), 0, "a nested growth passed the max");
+            // SAFETY: the refused growth left the block as it was.
+            unsafe {
+                assert!(std::slice::from_raw_parts(p.cast::<u8>().as_ptr(), l.size()).iter().all(|&b| b == 0x5a));
+                a.deallocate(p.cast(), l);
+            }
+            k.unregister_shrinker(grower);
+        }
         other => panic!("unknown case {other}"),
     }
     println!("case {case} done");
@@ -154,6 +241,12 @@ fn run_case() {
 #[test]
 fn a_shrinker_that_allocates_in_the_group_at_its_max_does_not_recurse() {
     let (ok, err) = child("reentrant_shrinker");
+    assert!(ok, "child failed: {err}");
+}
+
+#[test]
+fn a_shrinker_that_grows_a_block_at_the_max_does_not_recurse() {
+    let (ok, err) = child("growing_shrinker");
     assert!(ok, "child failed: {err}");
 }
 

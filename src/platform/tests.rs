@@ -366,3 +366,33 @@ fn yielding_lock_excludes_under_oversubscription() {
     assert_eq!(*m.lock(), threads * per);
     assert!(m.try_lock().is_some(), "the lock stays free after its last holder");
 }
+
+/// The default lock against a hostile user: `try_lock` fails while a
+/// guard lives, a forgotten guard keeps it locked (as any mutex) until
+/// `force_unlock`, and a waiter that spun past the yield threshold still
+/// gets the lock once its holder lets go.
+#[cfg(feature = "std")]
+#[test]
+fn yielding_lock_try_lock_forgotten_guards_and_long_waits() {
+    let m: lock_api::Mutex<DefaultRawMutex, u32> = lock_api::Mutex::new(0);
+    let g = m.lock();
+    assert!(m.is_locked());
+    std::thread::scope(|s| {
+        s.spawn(|| assert!(m.try_lock().is_none(), "try_lock while held"));
+    });
+    core::mem::forget(g);
+    assert!(m.is_locked() && m.try_lock().is_none(), "a forgotten guard unlocked");
+    // SAFETY: the forgotten guard's hold is ours, and nothing else holds it.
+    unsafe { m.force_unlock() };
+    *m.try_lock().expect("free again") += 1;
+    // A waiter that outlasts the spin and yields until the holder is done.
+    let held = m.lock();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| *m.lock() += 1);
+        std::thread::sleep(std::time::Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
+        assert!(!waiter.is_finished(), "the waiter got a held lock");
+        drop(held);
+        waiter.join().unwrap();
+    });
+    assert_eq!(*m.lock(), 2);
+}

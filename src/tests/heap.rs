@@ -490,3 +490,169 @@ fn slabinfo_rows_parse() {
     k.shrink();
     assert!(k.class_cache(100, 8).unwrap().stats().active_objects == 0);
 }
+
+/// A source over a fixed `Region` that asks for room anyway (a user's
+/// `room_to_grow` may say yes wrongly): growth by doubling still works,
+/// runs out cleanly when the memory fragments, and gives every page back.
+#[test]
+fn a_fixed_source_that_asks_for_room_only_runs_out_sooner() {
+    struct Roomy(&'static Region<DefaultRawMutex, 8>);
+    // SAFETY: every method forwards to the region, which keeps its
+    // guarantees; `room_to_grow` only steers which runs are asked for.
+    unsafe impl PageSource for Roomy {
+        fn alloc_pages(&self, order: u32, node: usize) -> Option<crate::PageRun> {
+            self.0.alloc_pages(order, node)
+        }
+        unsafe fn free_pages(&self, addr: NonNull<u8>, order: u32) {
+            // SAFETY: forwarded.
+            unsafe { self.0.free_pages(addr, order) }
+        }
+        fn ownership(&self, addr: usize) -> crate::Ownership {
+            self.0.ownership(addr)
+        }
+        fn stats(&self) -> SourceStats {
+            self.0.stats()
+        }
+        fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {
+            self.0.rebase(ptr)
+        }
+        fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
+            self.0.claim_pages(at, pages)
+        }
+        fn room_to_grow(&self) -> bool {
+            true
+        }
+    }
+    let region: &'static Region<DefaultRawMutex, 8> = Box::leak(Box::new(Region::new()));
+    region.add(arena(if cfg!(miri) { 4 << 20 } else { 16 << 20 }), 0).unwrap();
+    let k: &'static Kmem<Roomy> = Box::leak(Box::new(Kmem::new(Roomy(region))));
+    // Many blocks grown by doubling at once, until the region refuses.
+    let mut blocks: Vec<(*mut u8, usize, u8)> = Vec::new();
+    let mut refused = 0;
+    for round in 0..scaled(40, 6) {
+        let tag = round as u8;
+        let mut size = 8;
+        // SAFETY: valid layout.
+        let mut p = unsafe { k.alloc(Layout::from_size_align(size, 8).unwrap()) };
+        if p.is_null() {
+            refused += 1;
+            break;
+        }
+        // SAFETY: `p` is live with `size` bytes.
+        unsafe { p.write_bytes(tag, size) };
+        while size < 1 << 20 {
+            // SAFETY: `p` is live with this layout.
+            let q = unsafe { k.realloc(p, Layout::from_size_align(size, 8).unwrap(), size * 2) };
+            if q.is_null() {
+                refused += 1;
+                break;
+            }
+            // SAFETY: `q` holds the old contents and `size * 2` bytes.
+            unsafe {
+                assert!(core::slice::from_raw_parts(q, size).iter().all(|&b| b == tag), "contents lost");
+                q.add(size).write_bytes(tag, size);
+            }
+            p = q;
+            size *= 2;
+        }
+        blocks.push((p, size, tag));
+    }
+    region.check();
+    assert!(refused > 0, "the region never ran out");
+    for (p, size, tag) in blocks {
+        // SAFETY: live with `size` bytes, freed once with its layout.
+        unsafe {
+            assert!(core::slice::from_raw_parts(p, size).iter().step_by(61).all(|&b| b == tag), "blocks overlap");
+            k.dealloc(p, Layout::from_size_align(size, 8).unwrap());
+        }
+    }
+    k.shrink();
+    assert_eq!(region.stats().pages_in_use, 0, "pages leaked");
+    region.check();
+}
+
+/// Growth onto the page path with room, at the extremes: sizes whose
+/// rounding overflows, a size just past the largest class, and a shrink
+/// back below it; a refused growth leaves the block as it was.
+#[cfg(feature = "std")]
+#[test]
+fn growth_with_room_at_extreme_sizes() {
+    use allocator_api2::alloc::Allocator;
+    let k = os_kmem();
+    let l = Layout::from_size_align(MAX_CLASS_SIZE, 8).unwrap();
+    let p = k.allocate(l).unwrap().cast::<u8>();
+    // SAFETY: `p` is live with `l.size()` bytes.
+    unsafe { p.as_ptr().write_bytes(0x77, l.size()) };
+    for huge in [usize::MAX, usize::MAX - PAGE_SIZE, isize::MAX as usize, isize::MAX as usize - 7] {
+        // SAFETY: `p` is live with layout `l`.
+        assert!(unsafe { k.realloc(p.as_ptr(), l, huge) }.is_null(), "realloc to {huge}");
+        if let Ok(big) = Layout::from_size_align(huge, 8) {
+            // SAFETY: as above; `big` outgrows `l`.
+            assert!(unsafe { k.grow(p, l, big) }.is_err(), "grow to {huge}");
+        }
+    }
+    // SAFETY: the refusals left the block live and intact.
+    assert!(unsafe { core::slice::from_raw_parts(p.as_ptr(), l.size()) }.iter().all(|&b| b == 0x77));
+    // Just past the largest class: onto the page path, with room.
+    // SAFETY: `p` is live with layout `l`.
+    let q = unsafe { k.realloc(p.as_ptr(), l, MAX_CLASS_SIZE + 1) };
+    assert!(!q.is_null());
+    // SAFETY: `q` holds the old contents.
+    assert!(unsafe { core::slice::from_raw_parts(q, l.size()) }.iter().all(|&b| b == 0x77));
+    // Back below it, and freed.
+    let grown = Layout::from_size_align(MAX_CLASS_SIZE + 1, 8).unwrap();
+    // SAFETY: `q` is live with layout `grown`.
+    let r = unsafe { k.realloc(q, grown, 64) };
+    assert!(!r.is_null());
+    // SAFETY: the first 64 bytes survive; freed once.
+    unsafe {
+        assert!(core::slice::from_raw_parts(r, 64).iter().all(|&b| b == 0x77));
+        k.dealloc(r, Layout::from_size_align(64, 8).unwrap());
+    }
+    k.check();
+    k.shrink();
+    assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
+}
+
+/// Two threads grow blocks by doubling at once on one `OsPages`: the room
+/// one thread's block was placed with may be claimed by the other's growth
+/// or allocations, never both.
+#[cfg(all(feature = "std", not(miri)))]
+#[test]
+fn two_threads_growing_blocks_at_once_never_share_pages() {
+    let k = os_kmem();
+    std::thread::scope(|s| {
+        for tag in [0x11u8, 0x22] {
+            s.spawn(move || {
+                for _ in 0..scaled(200, 2) {
+                    let mut size = 8;
+                    // SAFETY: valid layout.
+                    let mut p = unsafe { k.alloc(Layout::from_size_align(size, 8).unwrap()) };
+                    assert!(!p.is_null());
+                    // SAFETY: `p` is live with `size` bytes.
+                    unsafe { p.write_bytes(tag, size) };
+                    while size < 1 << 20 {
+                        // SAFETY: `p` is live with this layout.
+                        let q = unsafe { k.realloc(p, Layout::from_size_align(size, 8).unwrap(), size * 2) };
+                        assert!(!q.is_null());
+                        // SAFETY: `q` holds the old contents and `2 * size` bytes.
+                        unsafe {
+                            assert!(core::slice::from_raw_parts(q, size).iter().all(|&b| b == tag), "pages shared");
+                            q.add(size).write_bytes(tag, size);
+                        }
+                        p = q;
+                        size *= 2;
+                    }
+                    // SAFETY: still ours alone, freed once.
+                    unsafe {
+                        assert!(core::slice::from_raw_parts(p, size).iter().all(|&b| b == tag), "pages shared");
+                        k.dealloc(p, Layout::from_size_align(size, 8).unwrap());
+                    }
+                }
+            });
+        }
+    });
+    k.check();
+    k.shrink();
+    assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
+}
