@@ -163,7 +163,10 @@ fn untag(token: *const ()) -> *const () {
 /// carries.
 pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const () {
     let marks = platform.current_group().addr() & TAGS;
-    platform.set_current_group(untag(token).map_addr(|a| a | marks))
+    // SAFETY: `token` is null or a group token whose reference the caller
+    // hands over (tagged with the context's own marks), and the caller
+    // takes the one returned.
+    unsafe { platform.set_current_group(untag(token).map_addr(|a| a | marks)) }
 }
 
 /// Sets (`on`) or clears the calling context's no-reclaim mark (the
@@ -174,7 +177,9 @@ pub(crate) fn set_no_reclaim<P: Platform>(platform: &P, on: bool) -> bool {
     let token = platform.current_group();
     let was = token.addr() & RECLAIMING != 0;
     if was != on {
-        platform.set_current_group(token.map_addr(|a| if on { a | RECLAIMING } else { a & !RECLAIMING }));
+        // SAFETY: the context's own token, retagged: the same group and
+        // reference.
+        unsafe { platform.set_current_group(token.map_addr(|a| if on { a | RECLAIMING } else { a & !RECLAIMING })) };
     }
     was
 }

@@ -247,7 +247,14 @@ pub unsafe trait PageSource: Sync {
     /// inaccessible (`off`) or accessible again, for detection's guard
     /// pages; returns whether it could. The default cannot (a `Region`
     /// has no page tables to change), and then detection does not sample.
-    fn protect(&self, _at: NonNull<u8>, _pages: usize, _off: bool) -> bool {
+    ///
+    /// # Safety
+    ///
+    /// The pages lie in a run of this source that the caller owns (a live
+    /// run it got from `alloc_pages` and has not freed), and nothing else
+    /// touches them while they are off; the caller turns them back on
+    /// before it frees the run.
+    unsafe fn protect(&self, _at: NonNull<u8>, _pages: usize, _off: bool) -> bool {
         false
     }
 
@@ -301,8 +308,9 @@ unsafe impl<S: PageSource> PageSource for &S {
     fn room_to_grow(&self) -> bool {
         (**self).room_to_grow()
     }
-    fn protect(&self, at: NonNull<u8>, pages: usize, off: bool) -> bool {
-        (**self).protect(at, pages, off)
+    unsafe fn protect(&self, at: NonNull<u8>, pages: usize, off: bool) -> bool {
+        // SAFETY: the caller upholds `protect`'s contract for `S`.
+        unsafe { (**self).protect(at, pages, off) }
     }
     #[inline(always)]
     fn rebase(&self, ptr: NonNull<u8>) -> NonNull<u8> {

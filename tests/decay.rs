@@ -28,17 +28,21 @@ unsafe impl Platform for Clocked {
     fn current_group(&self) -> *const () {
         self.0.current_group()
     }
-    fn set_current_group(&self, token: *const ()) -> *const () {
-        self.0.set_current_group(token)
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.0.set_current_group(token) }
     }
-    fn enter(&self) -> Option<usize> {
-        self.0.enter()
+    unsafe fn enter(&self) -> Option<usize> {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.0.enter() }
     }
-    fn try_enter(&self) -> Option<usize> {
-        self.0.try_enter()
+    unsafe fn try_enter(&self) -> Option<usize> {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.0.try_enter() }
     }
-    fn exit(&self, slot: usize) {
-        self.0.exit(slot)
+    unsafe fn exit(&self, slot: usize) {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.0.exit(slot) }
     }
     fn node_of(&self, slot: usize) -> usize {
         self.0.node_of(slot)
@@ -52,11 +56,13 @@ unsafe impl Platform for Clocked {
     fn heavy_barrier(&self) {
         self.0.heavy_barrier()
     }
-    fn steal(&self, slot: usize) -> bool {
-        self.0.steal(slot)
+    unsafe fn steal(&self, slot: usize) -> bool {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.0.steal(slot) }
     }
-    fn unsteal(&self, slot: usize) {
-        self.0.unsteal(slot)
+    unsafe fn unsteal(&self, slot: usize) {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.0.unsteal(slot) }
     }
     fn now_ms(&self) -> Option<u64> {
         Some(self.1.load(Ordering::SeqCst))

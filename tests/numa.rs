@@ -38,24 +38,24 @@ unsafe impl Platform for TwoNodes {
     fn current_group(&self) -> *const () {
         core::ptr::null()
     }
-    fn set_current_group(&self, _token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, _token: *const ()) -> *const () {
         core::ptr::null()
     }
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         let s = SLOT.with(Cell::get);
         (s != usize::MAX).then_some(s)
     }
-    fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, _slot: usize) {}
     fn node_of(&self, slot: usize) -> usize {
         slot % 2
     }
     fn nodes(&self) -> usize {
         2
     }
-    fn steal(&self, slot: usize) -> bool {
+    unsafe fn steal(&self, slot: usize) -> bool {
         !TAKEN[slot].swap(true, Ordering::AcqRel)
     }
-    fn unsteal(&self, slot: usize) {
+    unsafe fn unsteal(&self, slot: usize) {
         TAKEN[slot].store(false, Ordering::Release);
     }
 }

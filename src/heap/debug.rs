@@ -599,8 +599,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let pages = pages_for(size)?;
         let run = self.alloc_large(g, (pages + 1) * PAGE_SIZE, PAGE_SIZE, false)?;
         let guard = run.as_ptr().wrapping_add(pages * PAGE_SIZE);
-        // SAFETY: `guard` is the last page of the run we just made.
-        let protected = self.source.protect(unsafe { NonNull::new_unchecked(guard) }, 1, true);
+        // SAFETY: `guard` is the last page of the run we just made, which
+        // nothing else touches; it is turned back on before the run goes.
+        let protected = unsafe { self.source.protect(NonNull::new_unchecked(guard), 1, true) };
         let p = guard.wrapping_sub(size.next_multiple_of(align));
         let kept = protected && {
             let mut q = self.detect.quarantine.lock();
@@ -616,7 +617,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if !kept {
             if protected {
                 // SAFETY: as above; accessible again before it is freed.
-                self.source.protect(unsafe { NonNull::new_unchecked(guard) }, 1, false);
+                unsafe { self.source.protect(NonNull::new_unchecked(guard), 1, false) };
             }
             // SAFETY: the run we just made, unused.
             unsafe { self.free_large(run) };
@@ -696,7 +697,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // This CPU's quarantine first; a full one goes to the global one
         // whole.
         let per_cpu = d.quarantine / 8;
-        let batch = match self.platform.enter() {
+        // SAFETY: no slot is held here (frees hold none while they
+        // quarantine), and each arm below exits the one it gets.
+        let batch = match unsafe { self.platform.enter() } {
             Some(cpu) if per_cpu != 0 => {
                 // SAFETY: the platform keeps slots below MAX_CPUS.
                 let mut l = unsafe { self.detect.locals.get_unchecked(cpu) }.lock();
@@ -705,12 +708,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 let full = l.bytes > per_cpu;
                 let batch = if full { core::mem::replace(&mut *l, Fifo::EMPTY) } else { Fifo::EMPTY };
                 drop(l);
-                self.platform.exit(cpu);
+                // SAFETY: entered above.
+                unsafe { self.platform.exit(cpu) };
                 batch
             }
             cpu => {
                 if let Some(cpu) = cpu {
-                    self.platform.exit(cpu);
+                    // SAFETY: entered above.
+                    unsafe { self.platform.exit(cpu) };
                 }
                 one
             }

@@ -96,7 +96,9 @@ impl Slots {
     /// The holder's side: the caller's slot, or `None` for the shared path.
     #[inline(always)]
     pub(super) fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        self.handshake(plat, plat.enter()?, false)
+        // SAFETY: the allocator holds one slot at a time: the caller holds
+        // none, and `unhold` (or the handshake's refusal) exits this one.
+        self.handshake(plat, unsafe { plat.enter() }?, false)
     }
 
     /// [`Slots::hold`] for the fast paths: `None` also where the platform
@@ -106,7 +108,8 @@ impl Slots {
     /// holder's fence is a compiler fence without asking.
     #[inline(always)]
     pub(super) fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
-        self.handshake(plat, plat.try_enter()?, true)
+        // SAFETY: as in `hold`.
+        self.handshake(plat, unsafe { plat.try_enter() }?, true)
     }
 
     /// The holder's handshake on `slot`, which the caller entered;
@@ -125,7 +128,8 @@ impl Slots {
         // Acquire: if a drain just finished, see what it did to the slot.
         if s.drain.load(Ordering::Acquire) {
             s.state.store(USED, Ordering::Release);
-            plat.exit(slot);
+            // SAFETY: the caller entered `slot` and hands its hold over.
+            unsafe { plat.exit(slot) };
             return None;
         }
         Some(slot)
@@ -137,7 +141,8 @@ impl Slots {
         // Release: a drainer that sees `USED` sees our magazine writes.
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         unsafe { at(&self.sync, slot) }.state.store(USED, Ordering::Release);
-        plat.exit(slot);
+        // SAFETY: `slot` is the caller's, from `hold` or `try_hold`.
+        unsafe { plat.exit(slot) };
     }
 
     /// The drainer's side: exclusive access to `slot`'s magazines until
@@ -148,7 +153,9 @@ impl Slots {
         while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             spin_hint();
         }
-        if plat.steal(slot) {
+        // SAFETY: a drain: the slot's per-CPU state is what it empties, and
+        // `end_drain` gives a stolen slot back.
+        if unsafe { plat.steal(slot) } {
             return true;
         }
         s.drain.store(true, Ordering::Relaxed);
@@ -179,7 +186,8 @@ impl Slots {
     pub(super) fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
         let s = &self.sync[slot];
         if stolen {
-            plat.unsteal(slot);
+            // SAFETY: `begin_drain` stole it (`stolen`).
+            unsafe { plat.unsteal(slot) };
         } else {
             // Release: the next holder sees the emptied slot.
             s.drain.store(false, Ordering::Release);

@@ -45,7 +45,22 @@ pub unsafe trait Platform: Sync {
     fn current_group(&self) -> *const ();
     /// Makes `token` the calling context's current group; returns the
     /// previous token.
-    fn set_current_group(&self, token: *const ()) -> *const ();
+    ///
+    /// # Safety
+    ///
+    /// A token holds a reference on the group it names, and the allocator
+    /// follows it on every allocation, so the caller must:
+    /// 1. pass null, or a token this platform returned (from
+    ///    `current_group` or `set_current_group`) whose reference the
+    ///    caller owns and hands over: a kernel's context switch passes the
+    ///    token it saved for the incoming task, saved when that task was
+    ///    switched out (see [`crate::PerCpu`]), and a platform that wraps
+    ///    another forwards the allocator's own calls;
+    /// 2. take over the reference of the token it gets back (keep it, for
+    ///    the task switched out, and pass it back later), never drop it.
+    ///
+    /// The allocator makes its own calls through this contract.
+    unsafe fn set_current_group(&self, token: *const ()) -> *const ();
 
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
@@ -55,7 +70,14 @@ pub unsafe trait Platform: Sync {
     /// is not in use: `enter` may hand it another slot than last time,
     /// take its slot away, or make it wait for one (`Threads` does all
     /// three to share slots among more threads than [`MAX_CPUS`]).
-    fn enter(&self) -> Option<usize>;
+    ///
+    /// # Safety
+    ///
+    /// Only the allocator (or a platform forwarding the allocator's calls)
+    /// calls it: the calling context holds no slot of this platform, and
+    /// releases the one it gets with `exit` before it enters again; while
+    /// it holds it, nothing else on this context uses the platform's slots.
+    unsafe fn enter(&self) -> Option<usize>;
     /// [`Platform::enter`] for the allocator's fast paths, which order
     /// their half of the slot handshake with a compiler fence only: it
     /// returns a slot only while [`Platform::asymmetric`] is true (so a
@@ -64,12 +86,22 @@ pub unsafe trait Platform: Sync {
     /// the slot's use); the caller then takes its slow path, which calls
     /// `enter`. A slot it returns is held exactly as one from `enter`,
     /// until `exit`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Platform::enter`].
     #[inline(always)]
-    fn try_enter(&self) -> Option<usize> {
-        if self.asymmetric() { self.enter() } else { None }
+    unsafe fn try_enter(&self) -> Option<usize> {
+        // SAFETY: forwarded.
+        if self.asymmetric() { unsafe { self.enter() } } else { None }
     }
     /// Ends the hold of `slot` taken by `enter`.
-    fn exit(&self, slot: usize);
+    ///
+    /// # Safety
+    ///
+    /// `slot` was returned to the calling context by `enter` or
+    /// `try_enter`, and not exited since.
+    unsafe fn exit(&self, slot: usize);
     /// The NUMA node of `slot`.
     fn node_of(&self, _slot: usize) -> usize {
         0
@@ -85,11 +117,22 @@ pub unsafe trait Platform: Sync {
     /// A full barrier on every slot holder (only when `asymmetric`).
     fn heavy_barrier(&self) {}
     /// Takes a slot that nobody holds, to drain it; see the contract.
-    fn steal(&self, _slot: usize) -> bool {
+    ///
+    /// # Safety
+    ///
+    /// Only the allocator's drains call it: while the caller has the slot,
+    /// it may touch the slot's per-CPU state of this platform's allocator,
+    /// and it gives the slot back with `unsteal`.
+    unsafe fn steal(&self, _slot: usize) -> bool {
         false
     }
     /// Gives back a slot taken by `steal`.
-    fn unsteal(&self, _slot: usize) {}
+    ///
+    /// # Safety
+    ///
+    /// The caller took `slot` with `steal` (which returned `true`) and has
+    /// not given it back since.
+    unsafe fn unsteal(&self, _slot: usize) {}
     /// Whether the caller runs in interrupt context: its allocations are
     /// then *atomic* (no reclaim, no shrinkers, no tree lock) and charged
     /// to the root.
@@ -150,11 +193,11 @@ unsafe impl Platform for NoCpus {
     fn current_group(&self) -> *const () {
         self.current.load(Ordering::Relaxed)
     }
-    fn set_current_group(&self, token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         self.current.swap(token.cast_mut(), Ordering::Relaxed)
     }
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         None
     }
-    fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, _slot: usize) {}
 }

@@ -338,14 +338,14 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
     }
 
     /// `mprotect`; not under Miri, which does not model it.
-    fn protect(&self, at: NonNull<u8>, pages: usize, off: bool) -> bool {
+    unsafe fn protect(&self, at: NonNull<u8>, pages: usize, off: bool) -> bool {
         if cfg!(miri) {
             return false;
         }
         let prot = if off { libc::PROT_NONE } else { libc::PROT_READ | libc::PROT_WRITE };
-        // SAFETY: the caller passes pages of a live run of ours, mapped
-        // read-write by us; changing their protection touches no other
-        // mapping.
+        // SAFETY: the caller passes pages of a live run of ours that it
+        // owns (the contract), mapped read-write by us; changing their
+        // protection touches no other mapping.
         unsafe { libc::mprotect(at.as_ptr().cast(), pages * PAGE_SIZE, prot) == 0 }
     }
 

@@ -201,24 +201,24 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
         self.with_cpu(|c| c.map_or(core::ptr::null(), |c| c.group.load(Ordering::Relaxed).cast_const()))
     }
 
-    fn set_current_group(&self, token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         self.with_cpu(|c| {
             c.map_or(core::ptr::null(), |c| c.group.swap(token.cast_mut(), Ordering::Relaxed).cast_const())
         })
     }
 
     #[inline]
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         self.hold()
     }
 
     #[inline(always)]
-    fn try_enter(&self) -> Option<usize> {
+    unsafe fn try_enter(&self) -> Option<usize> {
         if C::BARRIER { self.hold() } else { None }
     }
 
     #[inline]
-    fn exit(&self, slot: usize) {
+    unsafe fn exit(&self, slot: usize) {
         // SAFETY: the holder's own CPU, interrupts still masked since
         // `enter` wrote it.
         let saved = self.cpus[slot].saved.with_mut(|p| unsafe { *p });

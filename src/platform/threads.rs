@@ -458,12 +458,12 @@ unsafe impl Platform for Threads {
         GROUP.try_with(Cell::get).unwrap_or(core::ptr::null())
     }
 
-    fn set_current_group(&self, token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         GROUP.try_with(|g| g.replace(token)).unwrap_or(core::ptr::null())
     }
 
     #[inline(always)]
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         // A const-initialised cell without a destructor never becomes
         // inaccessible, so `with` has no failure path here.
         let slot = SLOT.with(Cell::get);
@@ -475,7 +475,7 @@ unsafe impl Platform for Threads {
     /// accounting, are left to `enter` on the slow path, so the fast paths
     /// make no call and read no global.
     #[inline(always)]
-    fn try_enter(&self) -> Option<usize> {
+    unsafe fn try_enter(&self) -> Option<usize> {
         FAST.with(|f| {
             let v = f.get();
             if v & TICK_MASK == 0 {
@@ -487,7 +487,7 @@ unsafe impl Platform for Threads {
     }
 
     #[inline(always)]
-    fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, _slot: usize) {}
 
     #[inline(always)]
     fn asymmetric(&self) -> bool {
@@ -513,12 +513,12 @@ unsafe impl Platform for Threads {
         Some(ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000)
     }
 
-    fn steal(&self, slot: usize) -> bool {
+    unsafe fn steal(&self, slot: usize) -> bool {
         // Acquire: the drainer adopts the magazines, like a claimer.
         CLAIMED[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
-    fn unsteal(&self, slot: usize) {
+    unsafe fn unsteal(&self, slot: usize) {
         release(slot);
     }
 

@@ -116,11 +116,11 @@ unsafe impl Platform for Threads {
         GROUP.try_with(Cell::get).unwrap_or(core::ptr::null())
     }
 
-    fn set_current_group(&self, token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         GROUP.try_with(|g| g.replace(token)).unwrap_or(core::ptr::null())
     }
 
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         // A thread whose cell is already gone (in its other thread-locals'
         // destructors) takes the shared path.
         SLOT.try_with(|s| {
@@ -134,14 +134,14 @@ unsafe impl Platform for Threads {
         .flatten()
     }
 
-    fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, _slot: usize) {}
 
-    fn steal(&self, slot: usize) -> bool {
+    unsafe fn steal(&self, slot: usize) -> bool {
         // Acquire: the drainer adopts the magazines, like a claimer.
         CLAIMED[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
-    fn unsteal(&self, slot: usize) {
+    unsafe fn unsteal(&self, slot: usize) {
         release(&CLAIMED, slot);
     }
 }

@@ -43,16 +43,16 @@ unsafe impl Platform for LoomCpus {
     fn current_group(&self) -> *const () {
         core::ptr::null()
     }
-    fn set_current_group(&self, _token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, _token: *const ()) -> *const () {
         core::ptr::null()
     }
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         SLOT.with(|s| {
             let v = s.get();
             (v != usize::MAX).then_some(v)
         })
     }
-    fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, _slot: usize) {}
     fn node_of(&self, slot: usize) -> usize {
         slot % self.nodes
     }

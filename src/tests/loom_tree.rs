@@ -39,13 +39,13 @@ unsafe impl Platform for ModelCpus {
     fn current_group(&self) -> *const () {
         TOKEN.with(|t| t.get())
     }
-    fn set_current_group(&self, token: *const ()) -> *const () {
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         TOKEN.with(|t| t.replace(token))
     }
-    fn enter(&self) -> Option<usize> {
+    unsafe fn enter(&self) -> Option<usize> {
         None
     }
-    fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, _slot: usize) {}
 }
 
 /// A tree and what it runs over.

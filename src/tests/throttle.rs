@@ -27,14 +27,17 @@ unsafe impl Platform for Recorder {
     fn current_group(&self) -> *const () {
         self.inner.current_group()
     }
-    fn set_current_group(&self, token: *const ()) -> *const () {
-        self.inner.set_current_group(token)
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.inner.set_current_group(token) }
     }
-    fn enter(&self) -> Option<usize> {
-        self.inner.enter()
+    unsafe fn enter(&self) -> Option<usize> {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.inner.enter() }
     }
-    fn exit(&self, slot: usize) {
-        self.inner.exit(slot)
+    unsafe fn exit(&self, slot: usize) {
+        // SAFETY: forwarded: the caller upholds the contract.
+        unsafe { self.inner.exit(slot) }
     }
     fn in_interrupt(&self) -> bool {
         self.interrupt.load(Ordering::Relaxed)

@@ -66,7 +66,9 @@ impl<R: RawMutex> Tree<R> {
             return;
         }
         if marks {
-            platform.set_current_group(token.map_addr(|a| a | IN_HOOK | RECLAIMING));
+            // SAFETY: the context's own token, tagged: the same group and
+            // reference.
+            unsafe { platform.set_current_group(token.map_addr(|a| a | IN_HOOK | RECLAIMING)) };
         }
         // SAFETY: `event_hook` holds null or a function pointer of type
         // `EventHook` (only `set_event_hook` stores to it), and pointers to
@@ -78,7 +80,8 @@ impl<R: RawMutex> Tree<R> {
             // is current now (the hook may have entered and left groups;
             // each swap keeps the marks).
             let now = platform.current_group();
-            platform.set_current_group(now.map_addr(|a| (a & !TAGS) | (token.addr() & TAGS)));
+            // SAFETY: as above: the current token, retagged.
+            unsafe { platform.set_current_group(now.map_addr(|a| (a & !TAGS) | (token.addr() & TAGS))) };
         }
     }
 }

@@ -501,7 +501,8 @@ impl<R: RawMutex> Tree<R> {
         // The tagged token names the same group with the same reference,
         // so the platform slot's reference is untouched.
         let token = platform.current_group();
-        platform.set_current_group(token.map_addr(|a| a | RECLAIMING));
+        // SAFETY: the context's own token, tagged.
+        unsafe { platform.set_current_group(token.map_addr(|a| a | RECLAIMING)) };
         {
             let _read = self.read_guard();
             Self::plan(root, target, pass, |v, Visit { take, floor, .. }| {
@@ -534,7 +535,8 @@ impl<R: RawMutex> Tree<R> {
         // current, which keeps its reference either way.
         let now = platform.current_group();
         if now.addr() & RECLAIMING != 0 {
-            platform.set_current_group(now.map_addr(|a| a & !RECLAIMING));
+            // SAFETY: the current token, untagged.
+            unsafe { platform.set_current_group(now.map_addr(|a| a & !RECLAIMING)) };
         }
         (freed, held)
     }
