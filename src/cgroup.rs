@@ -312,6 +312,9 @@ pub(crate) struct Group<R: RawMutex> {
     /// are. `Relaxed`: a mark lost to a concurrent episode costs one more
     /// visit, within the episode's step bound.
     visited: AtomicU32,
+    /// The group's index in its tree's id table (`tree::ids`), set before
+    /// the group is published; `u32::MAX` for a root.
+    index: u32,
     /// References: one while the group is online, and one per handle,
     /// guard, allocator handle, child group, child cache and large object.
     /// The group's memory is reclaimed when it reaches zero.
@@ -370,6 +373,7 @@ impl<R: RawMutex> Group<R> {
                 name,
                 plan: atomic_u8(0),
                 visited: atomic_u32(0),
+                index: u32::MAX,
                 refs: atomic_usize(1),
                 first_child: atomic_null(),
                 next_sibling: atomic_null(),
@@ -408,6 +412,12 @@ impl<R: RawMutex> Group<R> {
         let head = TokenHead { owner, release, parent: parent_head, state: atomic_u8(ONLINE) };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
+    }
+
+    /// The group's index in its tree's id table (`u32::MAX`: a root).
+    #[inline]
+    pub(crate) fn index(&self) -> u32 {
+        self.index
     }
 
     /// The group a token names, if the tree `owner` made it.

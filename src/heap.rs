@@ -29,7 +29,7 @@ pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::{AtomicPtr, Ordering, Stat, at};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, at};
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -72,6 +72,10 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     /// The out-of-memory handler: null, or an [`OomHandler`] of this
     /// `Kmem`'s type (only `set_oom_handler` stores to it).
     oom: AtomicPtr<()>,
+    /// The address this `Kmem` was first used at (0 before): slab headers,
+    /// groups, tokens and large objects point back into it from then on,
+    /// so [`Kmem::settle`] refuses to run anywhere else. Set once, by CAS.
+    home: AtomicUsize,
 }
 
 /// Called when the page source cannot supply `pages` pages even after
@@ -171,6 +175,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 detect: debug::Detector::new(Detection::OFF),
                 decay: decay::Decayer::new(Decay::DEFAULT),
                 oom: crate::sync::atomic_null(),
+                home: crate::sync::atomic_usize(0),
             }
             .reading_env()
         }
@@ -208,10 +213,48 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         &self.platform
     }
 
-    /// The group tree.
+    /// The group tree, for the handles and reports: checked with
+    /// [`Kmem::settle`] (the allocation paths read the field itself).
     #[inline(always)]
     pub(crate) fn tree(&self) -> &Tree<R> {
+        self.settle();
         &self.tree
+    }
+
+    /// Stops the program if this `Kmem` was moved after its first use;
+    /// makes this address its home on first use. Every path but a
+    /// magazine hit calls it first (the slow paths, the page path, frees
+    /// that read a slab's owner, every handle and report through
+    /// [`Kmem::tree`]): from the first use on, slab headers name its
+    /// size-class caches, groups its root and tree, tokens and large
+    /// objects its groups, all by address. A magazine hit touches only the
+    /// slot's magazines, which are not inside the `Kmem`; the objects it
+    /// hands out still lead their frees to a check.
+    ///
+    /// Not `Pin`: a `static` never moves, and a `Kmem` built at run time
+    /// may move freely until it is first used (into a `Box`, say); only a
+    /// move after that stops the program, with a message, where it would
+    /// otherwise follow dangling pointers.
+    #[inline(always)]
+    fn settle(&self) {
+        let me = core::ptr::from_ref(self).addr();
+        // Relaxed: the address is only compared; a thread that reads 0
+        // here takes the CAS, which settles it for everyone.
+        if self.home.load(Ordering::Relaxed) != me {
+            self.settle_slow(me);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_slow(&self, me: usize) {
+        match self.home.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => {}
+            Err(home) if home == me => {}
+            Err(_) => crate::platform::fatal(
+                "kmemcg: a Kmem was moved after its first use; keep it where it was first used (a static, a leaked Box)",
+            ),
+        }
     }
 
     /// The node new slabs and runs should come from when no slot is held.
@@ -225,7 +268,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub fn current_group_id(&self) -> GroupId {
         // SAFETY: the current group is live (the context holds a reference).
         match unsafe { self.current().as_ref() } {
-            Some(g) => self.tree.group_id(g),
+            Some(g) => self.tree().group_id(g),
             None => GroupId::ROOT,
         }
     }
@@ -319,6 +362,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// trims the source. Returns the pages given back. (Linux
     /// `kmem_cache_shrink` on all caches.)
     pub fn shrink(&self) -> usize {
+        self.settle();
         self.flush_quarantine();
         let pages = self.tree.shrink(self);
         self.magazines.shrink(&crate::slab::Pages::plain(&self.source));
@@ -333,6 +377,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// just before a reap is the working set of that interval: the next
     /// reap returns it if it stays unused.
     pub fn reap(&self) -> usize {
+        self.settle();
         self.flush_quarantine();
         let idle = self.slots.reap_idle_mask();
         self.tree.reap(self, &idle) + self.source.trim()
@@ -407,6 +452,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_special(&self, g: *const Group<R>, size: usize, align: usize, handle: bool) -> Option<NonNull<u8>> {
+        self.settle();
         let m = self.resolve_mode();
         // SAFETY: callers pass null or a live group of this allocator.
         if m & mode::INJECT != 0 && unsafe { g.as_ref() }.is_some_and(|g| self.tree.inject_fails(g, handle)) {
@@ -455,6 +501,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_in_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+        self.settle();
         let cache = self.tree.cache_for(self, g, c, base)?;
         let p = self.alloc_from(cache).ok()?;
         hardened_on_alloc(cache, p);
@@ -476,6 +523,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_slow_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        self.settle();
         let grow = || match cache.alloc_slow(self) {
             Ok(p) => Ok(p),
             Err(e) => self.tree.grow_failed(self, cache, e),
@@ -583,6 +631,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// one of its child caches.
     #[inline(never)]
     unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
+        self.settle();
         // SAFETY: forwarded.
         unsafe { self.free_into(Self::owner(base, ptr), ptr) }
     }
@@ -596,6 +645,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     unsafe fn free_special(&self, ptr: NonNull<u8>, size: usize, align: usize, class: Option<usize>) {
+        self.settle();
         // SAFETY: forwarded.
         unsafe {
             if self.resolve_mode() & mode::DEBUG != 0 {
@@ -670,6 +720,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        self.settle();
         {
             let _read = self.tree.read_guard();
             // SAFETY: forwarded.
@@ -685,6 +736,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// only once. (Debug builds run it on every free, in a user's crate at
     /// its opt-level: kept to two lookups and one header read.)
     fn is_object_of(&self, base: &MagCache<R>, ptr: NonNull<u8>) -> bool {
+        self.settle();
         // The header is read at the start of the run a slab of this class
         // would occupy: the source must own that page too (a stray pointer
         // into a one-page run of its own must not make us read below it),
@@ -769,13 +821,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ) -> bool {
         let ptr = self.source.rebase(ptr);
         if self.tree.mode() & mode::DEBUG != 0 {
+            self.settle();
             // SAFETY: forwarded.
             return unsafe { self.resize_checked(ptr, old_size, align, new_size) };
         }
         match (class_of(old_size, align), class_of(new_size, align)) {
             (Some(a), Some(b)) => a == b,
-            // SAFETY: forwarded: a live large object.
-            (None, None) => unsafe { self.resize_large_in_place(ptr, new_size) },
+            (None, None) => {
+                self.settle();
+                // SAFETY: forwarded: a live large object.
+                unsafe { self.resize_large_in_place(ptr, new_size) }
+            }
             _ => false,
         }
     }
@@ -816,5 +872,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     #[inline(always)]
     fn root_counter(&self) -> &PageCounter {
         self.tree.root().counter()
+    }
+    #[inline(always)]
+    fn settle(&self) {
+        Kmem::settle(self)
     }
 }

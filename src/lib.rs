@@ -213,6 +213,42 @@
 //! the objects, so a write after free cannot redirect an allocation in
 //! any build, and a double free that reaches a slab is refused there.
 //!
+//! # Sound from safe code
+//!
+//! No sequence of safe calls reaches undefined behaviour. Where a public
+//! method could break an invariant, it is an `unsafe fn` with a
+//! `# Safety` section ([`Platform::set_current_group`], `enter`,
+//! `try_enter`, `exit`, `steal` and `unsteal`, reachable through
+//! [`Kmem::platform`]; [`PageSource::protect`] and `free_pages`, reachable
+//! through [`Kmem::source`]), or it validates its input
+//! ([`ShrinkControl::contains`] takes any [`GroupId`], even one of a group
+//! freed long ago; `PageSource::claim_pages` checks the pages are free).
+//! A `Kmem` may move until its first use; one moved after it stops the
+//! program with a message instead of following the addresses its slabs
+//! and groups hold (a `static` never moves).
+//!
+//! ```compile_fail,E0133
+//! use kmemcg::{Kmem, OsPages, Platform};
+//! static KMEM: Kmem = Kmem::new(OsPages::new());
+//! // A made-up token would be followed at the next allocation.
+//! KMEM.platform().set_current_group(8 as *const ());
+//! ```
+//!
+//! ```compile_fail,E0133
+//! use kmemcg::{Kmem, OsPages, Platform};
+//! static KMEM: Kmem = Kmem::new(OsPages::new());
+//! // Giving back a slot this thread does not hold.
+//! KMEM.platform().unsteal(0);
+//! ```
+//!
+//! ```compile_fail,E0133
+//! use kmemcg::{Kmem, OsPages, PageSource};
+//! static KMEM: Kmem = Kmem::new(OsPages::new());
+//! let v = vec![0u8; 8192];
+//! // Would make the pages of a live object inaccessible.
+//! KMEM.source().protect(core::ptr::NonNull::from(&v[4096]), 1, true);
+//! ```
+//!
 //! # Pointers and provenance
 //!
 //! No integer is ever cast to a pointer (Miri runs a subset of the tests

@@ -168,6 +168,12 @@ pub(crate) trait Env<R: RawMutex> {
     fn mags(&self) -> &Cache<R>;
     /// The counter of the root group, charged by [`Acct::Root`] caches.
     fn root_counter(&self) -> &PageCounter;
+    /// Called first on every slow path, before anything that slabs,
+    /// groups or descriptors point back to is touched: `Kmem` stops the
+    /// program there if it was moved after its first use (see
+    /// `Kmem::settle`).
+    #[inline(always)]
+    fn settle(&self) {}
 }
 
 /// Who a cache charges for its slabs.
@@ -444,6 +450,7 @@ impl<R: RawMutex> MagCache<R> {
     #[cold]
     #[inline(never)]
     pub(crate) fn alloc_slow<E: Env<R>>(&self, cx: &E) -> Result<NonNull<u8>, GrowError> {
+        cx.settle();
         let Some(slot) = cx.slots().hold(cx.plat()) else {
             return self.cache.alloc(&self.pages(cx, None), 0);
         };
@@ -597,6 +604,7 @@ impl<R: RawMutex> MagCache<R> {
     #[cold]
     #[inline(never)]
     pub(crate) unsafe fn free_slow<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) {
+        cx.settle();
         if let Some(slot) = cx.slots().hold(cx.plat()) {
             // SAFETY: `ptr` is a live object of this cache.
             let local =

@@ -56,16 +56,13 @@ pub type DefaultSource = Region;
 
 pub(crate) use buddy::for_each_block;
 
-/// Stops the program on heap misuse in hardened mode: writes `msg` to
-/// standard error (without allocating) and aborts; without `std`, panics
-/// with it. Outside hardened mode it returns (debug builds count the bad
-/// free and ignore it).
+/// Stops the program on a misuse that would otherwise be undefined
+/// behaviour (a `Kmem` moved after its first use): writes `msg` to
+/// standard error (without allocating) and aborts; without `std` (and
+/// under loom), panics with it, since `core` cannot abort.
 #[cold]
 #[inline(never)]
-pub(crate) fn hardened_abort(msg: &str) {
-    if !cfg!(feature = "hardened") {
-        return;
-    }
+pub(crate) fn fatal(msg: &str) -> ! {
     #[cfg(all(feature = "std", not(loom)))]
     // SAFETY: writing a valid buffer to fd 2 and aborting touch no memory of
     // ours; neither allocates.
@@ -76,6 +73,18 @@ pub(crate) fn hardened_abort(msg: &str) {
     }
     #[cfg(not(all(feature = "std", not(loom))))]
     panic!("{}", msg);
+}
+
+/// Stops the program on heap misuse in hardened mode: writes `msg` to
+/// standard error (without allocating) and aborts; without `std`, panics
+/// with it. Outside hardened mode it returns (debug builds count the bad
+/// free and ignore it).
+#[cold]
+#[inline(never)]
+pub(crate) fn hardened_abort(msg: &str) {
+    if cfg!(feature = "hardened") {
+        fatal(msg);
+    }
 }
 
 /// Stops the program on a memory error the debug checks found (always,

@@ -34,6 +34,7 @@ use crate::sync::{
 };
 
 mod events;
+mod ids;
 mod protection;
 mod reclaim;
 mod registry;
@@ -105,6 +106,8 @@ pub(crate) struct Tree<R: RawMutex> {
     injections: super::inject::Table,
     /// The event hook: null, or a [`EventHook`] (see `events`).
     pub(super) event_hook: AtomicPtr<()>,
+    /// Which index names which group, for ids handed back (see `ids`).
+    ids: ids::Ids,
 }
 
 /// The bits of [`Tree::mode`]. Zero: no group but the root exists and no
@@ -129,6 +132,8 @@ pub(crate) struct Limbo<R: RawMutex> {
     groups: *mut Group<R>,
     caches: *mut MagCache<R>,
     descs: *mut CacheDesc<R>,
+    /// The id table's pages, detached when the last group went.
+    ids: Option<ids::Detached>,
 }
 
 // SAFETY: what is in limbo is owned by the lists, which are only reached
@@ -137,11 +142,11 @@ unsafe impl<R: RawMutex> Send for Limbo<R> {}
 
 impl<R: RawMutex> Limbo<R> {
     const fn new() -> Self {
-        Limbo { groups: core::ptr::null_mut(), caches: core::ptr::null_mut(), descs: core::ptr::null_mut() }
+        Limbo { groups: core::ptr::null_mut(), caches: core::ptr::null_mut(), descs: core::ptr::null_mut(), ids: None }
     }
 
     fn is_empty(&self) -> bool {
-        self.groups.is_null() && self.caches.is_null() && self.descs.is_null()
+        self.groups.is_null() && self.caches.is_null() && self.descs.is_null() && self.ids.is_none()
     }
 
     /// Queues a child cache taken out of its group (the pointer the group
@@ -258,6 +263,7 @@ impl<R: RawMutex> Tree<R> {
                 episodes: atomic_u32(0),
                 injections: super::inject::Table::new(),
                 event_hook: atomic_null(),
+                ids: ids::Ids::new(),
             }
         }
     }
@@ -492,10 +498,17 @@ impl<R: RawMutex> Tree<R> {
             return Err(e);
         }
         let g = mem.cast::<Group<R>>();
+        let token = g.as_ptr().cast::<u8>().wrapping_add(super::HEAD_OFFSET).cast_const().cast::<()>();
+        let Some(index) = self.ids.insert(env.src(), token) else {
+            // SAFETY: ours, unused.
+            unsafe { self.groups.free(&Pages::plain(env.src()), mem) };
+            return Err(Error::OutOfMemory);
+        };
         // SAFETY: a fresh object of the group cache, sized and aligned for a
         // `Group`; the parent outlives it (it holds a reference on it).
         unsafe {
             g.as_ptr().write(Group::new_child(parent, self.id(), Self::release_token, name));
+            core::ptr::addr_of_mut!((*g.as_ptr()).index).write(index);
             // The way back from the counter, with the group's provenance;
             // before anyone can see the group.
             core::ptr::addr_of_mut!((*g.as_ptr()).counter.owner).write(g.as_ptr().cast_const().cast());
@@ -594,6 +607,8 @@ impl<R: RawMutex> Tree<R> {
                 // still linked in `all_groups`, so live.
                 let gr = unsafe { g.as_ref() };
                 z = gr.next_zombie.load(Ordering::Relaxed);
+                // Its id names nothing from here on (before the fence below).
+                self.ids.remove(gr.index);
                 // SAFETY: linked groups are live, and we hold the tree lock.
                 let g = unsafe { unlink(&self.all_groups, gr, |x| &x.next_all) };
                 // SAFETY: as above; `g` is the same group.
@@ -602,6 +617,11 @@ impl<R: RawMutex> Tree<R> {
             }
             if self.all_groups.load(Ordering::Relaxed).is_null() {
                 self.set_mode(mode::GROUPS, false);
+                // No id names a group now: the table's pages go too, once
+                // no lookup can be reading them (before the fence below).
+                if limbo.ids.is_none() {
+                    limbo.ids = self.ids.detach();
+                }
             }
             // Pairs with the fence in `read_guard`.
             fence(Ordering::SeqCst);
@@ -619,6 +639,11 @@ impl<R: RawMutex> Tree<R> {
             // now that no iteration runs), its cache empty, and is an
             // object of `descriptors`.
             unsafe { self.free_chain(env, descs, &self.descriptors, |d| &d.retired_next) };
+            if let Some(pages) = limbo.ids.take() {
+                // SAFETY: detached before the fence above, and no lookup
+                // runs (no reader): nothing can reach them.
+                unsafe { pages.free(env.src()) };
+            }
             let mut l = core::mem::replace(&mut limbo.groups, core::ptr::null_mut());
             while let Some(g) = NonNull::new(l) {
                 // SAFETY: unlinked, unreferenced, and no iteration can reach

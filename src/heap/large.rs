@@ -58,6 +58,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         align: usize,
         grown: bool,
     ) -> Option<NonNull<u8>> {
+        self.settle();
         let align = align.max(PAGE_SIZE);
         if size > isize::MAX as usize - align {
             return None;
@@ -136,6 +137,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `ptr` must be a live large object of this `Kmem`.
     #[inline(never)]
     pub(crate) unsafe fn free_large(&self, ptr: NonNull<u8>) {
+        self.settle();
         let Some(h) = self.large_header(ptr) else {
             self.bad_frees.add(1);
             super::hardened_abort("kmemcg: double free or foreign free of a large object");

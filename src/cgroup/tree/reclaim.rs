@@ -142,20 +142,22 @@ impl Episode {
 /// A group's identity for shrinkers: stable while the group has charged
 /// objects. It holds the address of the group's token head (null for the
 /// root) and is only compared, or followed up the tree by
-/// [`ShrinkControl::contains`] while the group is live.
+/// [`ShrinkControl::contains`] once that has found the group among the
+/// allocator's live groups: any id, even one of a group long freed (whose
+/// address a new group may have taken since), is safe to pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GroupId(pub(crate) *const ());
+pub struct GroupId(pub(crate) *const (), u32);
 
 // SAFETY: a `GroupId` is an identity: nothing dereferences it except
-// `ShrinkControl::contains`, whose contract requires the group to be live,
-// and groups are shared between threads (`Sync`) anyway.
+// `ShrinkControl::contains`, after finding it among the tree's groups
+// under a read guard, and groups are shared between threads anyway.
 unsafe impl Send for GroupId {}
 // SAFETY: as above; it has no interior mutability.
 unsafe impl Sync for GroupId {}
 
 impl GroupId {
     /// The root group.
-    pub const ROOT: GroupId = GroupId(core::ptr::null());
+    pub const ROOT: GroupId = GroupId(core::ptr::null(), u32::MAX);
 }
 
 /// What a shrinker is asked to shrink: objects on `node` charged to
@@ -167,6 +169,11 @@ pub struct ShrinkControl {
     target: GroupId,
     node: usize,
     own: bool,
+    /// The `Tree<R>` whose shrinkers run, erased (shrinkers are not
+    /// generic over the lock type), for `known`.
+    tree: *const (),
+    /// `Tree::<R>::knows` of that tree.
+    known: unsafe fn(*const (), GroupId) -> bool,
 }
 
 impl ShrinkControl {
@@ -191,35 +198,54 @@ impl ShrinkControl {
     /// Whether objects charged to `g` are in scope: `g` is the target or
     /// one of its descendants; with [`ShrinkControl::own_only`], `g` is the
     /// target or a removed group whose nearest live ancestor is the
-    /// target. `g` must be a group that still has charged objects (or a
-    /// live handle), as any group a shrinker's objects were charged to is.
+    /// target. Any id may be passed: one that names no group of this
+    /// allocator (freed since, or of another allocator) is out of scope,
+    /// unless the target is the root and scope is not `own_only`, where
+    /// every id is in. The target itself costs one comparison; another id
+    /// a walk of the allocator's groups (to find it among them) and then
+    /// of its ancestors.
     pub fn contains(&self, g: GroupId) -> bool {
+        if g == self.target {
+            return true;
+        }
+        if !self.own && self.target == GroupId::ROOT {
+            return true;
+        }
+        // SAFETY: `tree` and `known` were set together from one live tree,
+        // whose shrinker call this is (a `ShrinkControl` lives only as
+        // long as that call, which holds a read guard of the tree).
+        if !unsafe { (self.known)(self.tree, g) } {
+            return false;
+        }
+        // From here on `g` names a group still linked in the tree, and the
+        // read guard of this shrinker call keeps it (and its ancestors,
+        // which its references keep linked) from being freed.
         if self.own {
             return self.owns(g);
-        }
-        if self.target == GroupId::ROOT {
-            return true;
         }
         let mut cur = g.0.cast::<TokenHead>();
         while !cur.is_null() {
             if core::ptr::eq(cur.cast(), self.target.0) {
                 return true;
             }
-            // SAFETY: the caller's group is live (contract above), and a
-            // live group's ancestors are live; every group's head names its
+            // SAFETY: `g` is linked in the tree (checked above), so live
+            // while this shrinker call's read guard lasts, and a live
+            // group's ancestors are live; every group's head names its
             // parent's head, whatever the lock type.
             cur = unsafe { (*cur).parent };
         }
         false
     }
 
-    /// [`ShrinkControl::contains`] with [`ShrinkControl::own_only`].
+    /// [`ShrinkControl::contains`] with [`ShrinkControl::own_only`], for a
+    /// `g` found linked in the tree (or the root's null id).
     fn owns(&self, g: GroupId) -> bool {
         let mut cur = g.0.cast::<TokenHead>();
         loop {
-            // SAFETY: the caller's group is live (contract of `contains`),
-            // and so are its ancestors; every group's head names its
-            // parent's head and holds its state, whatever the lock type.
+            // SAFETY: `g` is live (found linked by `contains`, kept by the
+            // call's read guard), and so are its ancestors; every group's
+            // head names its parent's head and holds its state, whatever
+            // the lock type.
             if cur.is_null() || !unsafe { (*cur).is_offline() } {
                 break;
             }
@@ -335,7 +361,23 @@ impl<R: RawMutex> Tree<R> {
 
     /// The identity shrinkers see for `g`.
     pub(crate) fn group_id(&self, g: &Group<R>) -> GroupId {
-        GroupId(self.token(g))
+        GroupId(self.token(g), g.index())
+    }
+
+    /// Whether `id` is the root's or names a group linked in `tree`'s
+    /// `all_groups` (not yet reclaimed): its index in the id table still
+    /// names its address, so `id` is never followed to find out.
+    ///
+    /// # Safety
+    ///
+    /// `tree` points to a live `Tree<R>`.
+    unsafe fn knows(tree: *const (), id: GroupId) -> bool {
+        if id == GroupId::ROOT {
+            return true;
+        }
+        // SAFETY: the caller's contract.
+        let tree = unsafe { &*tree.cast::<Self>() };
+        tree.ids.names(id.1, id.0)
     }
 
     /// Charges `pages` to `g`'s counter (root's for null), reclaiming and
@@ -512,7 +554,13 @@ impl<R: RawMutex> Tree<R> {
                 let id = self.group_id(v);
                 for s in list.iter().flatten() {
                     for node in 0..platform.nodes().max(1) {
-                        let sc = ShrinkControl { target: id, node, own: take == Take::Own };
+                        let sc = ShrinkControl {
+                            target: id,
+                            node,
+                            own: take == Take::Own,
+                            tree: core::ptr::from_ref(self).cast(),
+                            known: Self::knows,
+                        };
                         // A share per round (at least one), as Linux scans
                         // at a priority rather than emptying a cache at once.
                         let n = s.count(&sc);
