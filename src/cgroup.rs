@@ -50,13 +50,13 @@ mod tree;
 pub use inject::{FailRule, FaultInjection, MAX_INJECTIONS};
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
+#[cfg(all(test, not(loom)))]
+pub(crate) use tree::delay;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
 pub use tree::{
     EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, MAX_SHRINKERS,
     ShrinkControl, Shrinker,
 };
-#[cfg(all(test, not(loom)))]
-pub(crate) use tree::{Memo, delay};
 
 /// `Group::state` of a live group.
 const ONLINE: u8 = 0;
@@ -554,7 +554,7 @@ impl<R: RawMutex> Group<R> {
     }
 
     /// The children, first to last.
-    fn children(&self) -> impl Iterator<Item = &Group<R>> {
+    pub(crate) fn children(&self) -> impl Iterator<Item = &Group<R>> {
         let mut cur = self.first_child.load(Ordering::Acquire);
         core::iter::from_fn(move || {
             let g = NonNull::new(cur)?;

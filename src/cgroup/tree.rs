@@ -36,8 +36,6 @@ use crate::sync::{
 mod events;
 mod ids;
 mod protection;
-#[cfg(all(test, not(loom)))]
-pub(crate) use protection::Memo;
 mod reclaim;
 mod registry;
 

@@ -28,13 +28,12 @@
 //!
 //! Linux keeps the children's claims summed on every charge
 //! (`propagate_protected_usage`); here they are summed when a reclaim
-//! asks, so charges pay nothing. A walk computes them as it goes
-//! ([`Memo`]): a group's from its parent's, which the walk reached just
-//! before, and each parent's children's claims once, so a walk costs in
-//! proportion to the groups it reaches (a 1,500-deep chain with `min` and
-//! `low` at every level used to cost `depth^3`). The values live in the
-//! walk's own memo, never in the groups, so concurrent reclaims with
-//! different roots never see each other's.
+//! asks, so charges pay nothing. The values are computed fresh for each
+//! group a walk reaches and never stored, so concurrent reclaims with
+//! different roots never see each other's, and a walk whose shrinkers
+//! free objects as it goes judges each group by the usage left when it
+//! gets there (a memo of the parents' values made a reclaim take one
+//! object below a parent's `min`).
 
 use core::ptr;
 
@@ -116,125 +115,8 @@ impl Take {
     }
 }
 
-/// Groups a [`Memo`] remembers (a few hundred bytes of stack each way).
-const MEMO: usize = 16;
-
-/// One remembered group: its effective protection, and (once asked) what
-/// its children claim together.
-#[derive(Clone, Copy)]
-struct Slot {
-    g: *const (),
-    e: Protection,
-    kids: Option<Protection>,
-}
-
-/// The effective protections one walk has computed, by group (a small
-/// direct-mapped table on the walker's stack): a walk that reaches a
-/// group after its parent, as a pre-order walk does, computes each
-/// group's from its parent's in one step.
-pub(crate) struct Memo<'a, R: RawMutex> {
-    root: &'a Group<R>,
-    slots: [Slot; MEMO],
-}
-
-impl<'a, R: RawMutex> Memo<'a, R> {
-    /// For a reclaim whose root is `root`.
-    pub(crate) fn new(root: &'a Group<R>) -> Self {
-        Memo { root, slots: [Slot { g: ptr::null(), e: Protection::NONE, kids: None }; MEMO] }
-    }
-
-    fn index(g: &Group<R>) -> usize {
-        let a = ptr::from_ref(g).addr();
-        ((a >> 6) ^ (a >> 12)) % MEMO
-    }
-
-    fn find(&self, g: &Group<R>) -> Option<Protection> {
-        let s = &self.slots[Self::index(g)];
-        ptr::eq(s.g, ptr::from_ref(g).cast()).then_some(s.e)
-    }
-
-    fn put(&mut self, g: &Group<R>, e: Protection) {
-        self.slots[Self::index(g)] = Slot { g: ptr::from_ref(g).cast(), e, kids: None };
-    }
-
-    /// What `p`'s children claim together (remembered with `p`'s slot
-    /// while it holds `p`).
-    fn kids(&mut self, p: &Group<R>) -> Protection {
-        let i = Self::index(p);
-        if ptr::eq(self.slots[i].g, ptr::from_ref(p).cast())
-            && let Some(k) = self.slots[i].kids
-        {
-            return k;
-        }
-        let mut sum = Protection::NONE;
-        for c in p.children() {
-            let (min, low) = c.counter.protected();
-            sum.min = sum.min.saturating_add(min);
-            sum.low = sum.low.saturating_add(low);
-        }
-        if ptr::eq(self.slots[i].g, ptr::from_ref(p).cast()) {
-            self.slots[i].kids = Some(sum);
-        }
-        sum
-    }
-
-    /// `g`'s effective protection (as [`Tree::protection`]): from its
-    /// parent's if the memo holds it, else from the nearest remembered
-    /// ancestor down, remembering each level on the way. An unremembered
-    /// stretch longer than the memo starts from [`Tree::protection`] of
-    /// its top.
-    pub(crate) fn protection(&mut self, g: &Group<R>) -> Protection {
-        if ptr::eq(self.root, g) {
-            return Protection::NONE;
-        }
-        if let Some(e) = self.find(g) {
-            return e;
-        }
-        let mut path: [*const Group<R>; MEMO] = [ptr::null(); MEMO];
-        let mut n = 0;
-        let mut cur = g;
-        // The effective protection of the parent of `path[n - 1]`; `None`
-        // when that parent is the root.
-        let top = loop {
-            path[n] = cur;
-            n += 1;
-            let Some(p) = cur.parent() else { return Protection::NONE };
-            if ptr::eq(p, self.root) {
-                break None;
-            }
-            if let Some(e) = self.find(p) {
-                break Some(e);
-            }
-            if n == MEMO {
-                let e = Tree::protection(self.root, p);
-                self.put(p, e);
-                break Some(e);
-            }
-            cur = p;
-        };
-        let mut e = top;
-        for &x in path[..n].iter().rev() {
-            // SAFETY: `g` and its ancestors, live while the walk runs (the
-            // caller's guard or lock, and the references children hold).
-            let x = unsafe { &*x };
-            let (min, low) = x.counter.protected();
-            let own = Protection { min, low };
-            let ex = match (e, x.parent()) {
-                (Some(pe), Some(p)) => {
-                    let sib = self.kids(p);
-                    Protection {
-                        min: effective_protection(own.min, pe.min, sib.min),
-                        low: effective_protection(own.low, pe.low, sib.low),
-                    }
-                }
-                _ => own,
-            };
-            self.put(x, ex);
-            e = Some(ex);
-        }
-        e.unwrap_or(Protection::NONE)
-    }
-}
+/// Levels [`Tree::protection`] holds on its stack at a time (512 bytes).
+const PATH: usize = 64;
 
 impl<R: RawMutex> Tree<R> {
     /// `g`'s effective protection in a reclaim whose root is `root` (an
@@ -242,10 +124,13 @@ impl<R: RawMutex> Tree<R> {
     /// group not below `root`. The caller holds the tree lock or a read
     /// guard (the children of `g`'s ancestors are summed).
     ///
-    /// Without recursion or allocation: the levels from `root`'s child down
-    /// to `g` are found by walking up from `g` once per level, which costs
-    /// `depth^2` steps, and only when every one of them claims protection
-    /// (else the answer is none, found in one walk up).
+    /// Without recursion or allocation, in `O(depth * depth / PATH)` steps:
+    /// the levels from `root`'s child down to `g` are taken [`PATH`] at a
+    /// time into a buffer on the stack, each batch found by one walk up
+    /// from `g`, and only when every one of them claims protection (else
+    /// the answer is none, found in one walk up). (It was `depth^2` per
+    /// group, `depth^3` for a walk of a chain: a 1,500-deep chain with
+    /// `min` and `low` at every level took 3-6 s for one reclaim.)
     pub(crate) fn protection(root: &Group<R>, g: &Group<R>) -> Protection {
         if ptr::eq(root, g) {
             return Protection::NONE;
@@ -273,32 +158,47 @@ impl<R: RawMutex> Tree<R> {
             Protection { min: if min_on { min } else { 0 }, low: if low_on { low } else { 0 } }
         };
         let mut e = Protection::NONE;
-        for level in 0..depth {
-            // The ancestor of `g` (or `g`) `level` levels below `root`.
+        let mut path: [*const Group<R>; PATH] = [ptr::null(); PATH];
+        // Levels below `root`: 0 is `root`'s child, `depth - 1` is `g`.
+        let mut level = 0;
+        while level < depth {
+            let end = (level + PATH).min(depth);
+            // The ancestor at level `end - 1`, then the batch up from it.
             let mut a = g;
-            for _ in level + 1..depth {
+            for _ in end..depth {
                 a = a.parent().unwrap_or(a);
             }
-            let own = claim(a);
-            e = if level == 0 {
-                own
-            } else {
-                let mut siblings = Protection::NONE;
-                if let Some(p) = a.parent() {
-                    for c in p.children() {
-                        let x = claim(c);
-                        siblings.min = siblings.min.saturating_add(x.min);
-                        siblings.low = siblings.low.saturating_add(x.low);
-                    }
-                }
-                Protection {
-                    min: effective_protection(own.min, e.min, siblings.min),
-                    low: effective_protection(own.low, e.low, siblings.low),
-                }
-            };
-            if e == Protection::NONE {
-                break;
+            for slot in path[..end - level].iter_mut().rev() {
+                *slot = a;
+                a = a.parent().unwrap_or(a);
             }
+            for (i, &x) in path[..end - level].iter().enumerate() {
+                // SAFETY: `g` or one of its ancestors, which the caller's
+                // lock or guard (and the references children hold on their
+                // parents) keep alive.
+                let x = unsafe { &*x };
+                let own = claim(x);
+                e = if level + i == 0 {
+                    own
+                } else {
+                    let mut siblings = Protection::NONE;
+                    if let Some(p) = x.parent() {
+                        for c in p.children() {
+                            let s = claim(c);
+                            siblings.min = siblings.min.saturating_add(s.min);
+                            siblings.low = siblings.low.saturating_add(s.low);
+                        }
+                    }
+                    Protection {
+                        min: effective_protection(own.min, e.min, siblings.min),
+                        low: effective_protection(own.low, e.low, siblings.low),
+                    }
+                };
+                if e == Protection::NONE {
+                    return e;
+                }
+            }
+            level = end;
         }
         e
     }
@@ -309,9 +209,8 @@ impl<R: RawMutex> Tree<R> {
     /// caller holds the tree lock, or a read guard and a reference on
     /// `target`.
     pub(super) fn plan(root: &Group<R>, target: &Group<R>, pass: &mut Pass, mut f: impl FnMut(&Group<R>, Visit)) {
-        let mut memo = Memo::new(root);
         target.walk_pruned(|v| {
-            let e = memo.protection(v);
+            let e = Self::protection(root, v);
             let u = v.counter.usage();
             let within_min = e.min != 0 && u <= e.min;
             let within_low = e.low != 0 && u <= e.low;

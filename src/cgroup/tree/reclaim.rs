@@ -38,7 +38,7 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Tree;
-use super::protection::{Memo, Pass, Take, Visit};
+use super::protection::{Pass, Take, Visit};
 use crate::cgroup::{Event, Group, RECLAIMING, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
@@ -730,13 +730,8 @@ impl<R: RawMutex> Tree<R> {
         let mut best: Option<&Group<R>> = None;
         let mut best_score = 0;
         let mut online = 0usize;
-        // In tree order (parents first), so each group's protection comes
-        // from its parent's (`Memo`); removed groups are not in the tree,
-        // and would be passed over anyway.
-        let _read = self.read_guard();
-        let mut memo = Memo::new(&self.root);
-        self.root.walk_subtree(|g| {
-            if self.is_root(g) || g.is_offline() {
+        self.for_each_group(|g| {
+            if g.is_offline() {
                 return;
             }
             online += 1;
@@ -744,7 +739,7 @@ impl<R: RawMutex> Tree<R> {
                 return;
             }
             let u = g.counter.usage();
-            let e = memo.protection(g);
+            let e = Self::protection(&self.root, g);
             let score = if e.min != 0 && u <= e.min {
                 0
             } else if mode != Mode::BreachLow && e.low != 0 && u <= e.low {
