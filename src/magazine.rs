@@ -168,6 +168,11 @@ pub(crate) trait Env<R: RawMutex> {
     fn mags(&self) -> &Cache<R>;
     /// The counter of the root group, charged by [`Acct::Root`] caches.
     fn root_counter(&self) -> &PageCounter;
+    /// Gives back to their caches the objects freed by their users but
+    /// held back from them (the heap's detection quarantine), so that
+    /// reclaim and cache destruction that follow can empty their slabs.
+    /// Called with no allocator lock held, never in atomic context.
+    fn flush_deferred(&self) {}
 }
 
 /// Who a cache charges for its slabs.
