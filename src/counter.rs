@@ -253,6 +253,20 @@ impl PageCounter {
     /// level over its `max`: then nothing stays charged and the refusing
     /// level is returned (its `failcnt` counts the refusal).
     pub fn try_charge(&self, n: usize) -> Result<(), &PageCounter> {
+        self.try_charge_counting(n, true)
+    }
+
+    /// [`PageCounter::try_charge`] whose refusal is not a failure, so
+    /// `failcnt` does not count it: an attempt the caller follows with
+    /// another way to get its memory (a guard-page sample that falls back
+    /// to a slab).
+    pub fn try_charge_quiet(&self, n: usize) -> Result<(), &PageCounter> {
+        self.try_charge_counting(n, false)
+    }
+
+    /// `try_charge`, counting a refusal in `failcnt` if `count`.
+    #[inline(always)]
+    fn try_charge_counting(&self, n: usize, count: bool) -> Result<(), &PageCounter> {
         let mut c = Some(self);
         while let Some(k) = c {
             let new = k.usage.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
@@ -261,7 +275,9 @@ impl PageCounter {
             fence(Ordering::SeqCst);
             if new > k.max.load(Ordering::Relaxed) || new < n {
                 k.usage.fetch_sub(n, Ordering::Relaxed);
-                k.failcnt.fetch_add(1, Ordering::Relaxed);
+                if count {
+                    k.failcnt.fetch_add(1, Ordering::Relaxed);
+                }
                 // Roll back the levels below the refusing one.
                 let mut u = Some(self);
                 while let Some(l) = u.filter(|l| !core::ptr::eq(*l, k)) {

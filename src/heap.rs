@@ -877,4 +877,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     fn settle(&self) {
         Kmem::settle(self)
     }
+    /// The quarantine holds freed objects, charged, in their slabs: reclaim
+    /// and cache destruction empty it first (issue 26, items 7 and 8).
+    fn flush_deferred(&self) {
+        if self.tree.mode() & mode::DEBUG != 0 {
+            self.flush_quarantine();
+        }
+    }
 }

@@ -131,6 +131,8 @@
 //! 6. a page source's lock (`Region`: per node; `OsPages`: its pool);
 //! 7. detection's quarantine lock, a leaf: objects are linked and
 //!    unlinked under it, and checked and freed after it is dropped.
+//!    Reclaim and cache destruction give the quarantine back to its caches
+//!    (`Env::flush_deferred`) before they take locks 1 and 2.
 //!
 //! A cache calls its page source and charges its counter *without*
 //! holding its list lock when it grows; it releases slabs after dropping

@@ -174,6 +174,11 @@ pub(crate) trait Env<R: RawMutex> {
     /// `Kmem::settle`).
     #[inline(always)]
     fn settle(&self) {}
+    /// Gives back to their caches the objects freed by their users but
+    /// held back from them (the heap's detection quarantine), so that
+    /// reclaim and cache destruction that follow can empty their slabs.
+    /// Called with no allocator lock held, never in atomic context.
+    fn flush_deferred(&self) {}
 }
 
 /// Who a cache charges for its slabs.

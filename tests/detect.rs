@@ -125,6 +125,61 @@ fn run_case() {
             p.add(24).write(1);
             eprintln!("the guard page did not fault");
         },
+        // Issue 26, item 5: resizing a sampled object within its class
+        // read a slab header and a trailer it does not have (SIGSEGV).
+        // SAFETY: each block is live with the layout passed, freed once.
+        "resize_sampled_in_place" => unsafe {
+            use kmemcg::allocator_api2::alloc::Allocator;
+            let l40 = Layout::from_size_align(40, 8).unwrap();
+            let p = GUARDED.alloc(l40);
+            assert!((p.addr() + 40).is_multiple_of(4096), "sampled");
+            p.write_bytes(7, 40);
+            // `realloc` smaller in the same class (40 and 39 bytes: 64).
+            let q = GUARDED.realloc(p, l40, 39);
+            assert!(!q.is_null() && (0..39).all(|i| q.add(i).read() == 7));
+            let l39 = Layout::from_size_align(39, 8).unwrap();
+            // Same rounded size: it stays, still before its guard page.
+            let r = GUARDED.realloc(q, l39, 40);
+            assert!(!r.is_null() && (0..39).all(|i| r.add(i).read() == 7));
+            GUARDED.dealloc(r, l40);
+            // `Allocator::shrink` and `grow` within the class.
+            let a = &GUARDED;
+            let b = a.allocate(l40).unwrap().cast::<u8>();
+            b.as_ptr().write_bytes(9, 40);
+            let l33 = Layout::from_size_align(33, 8).unwrap();
+            let c = Allocator::shrink(&a, b, l40, l33).unwrap().cast::<u8>();
+            let d = Allocator::grow(&a, c, l33, l39).unwrap().cast::<u8>();
+            assert!((0..33).all(|i| d.as_ptr().add(i).read() == 9));
+            a.deallocate(d, l39);
+            assert_eq!(GUARDED.stats().large_objects, 0, "every sampled run was freed");
+        },
+        // Issue 26, item 9: a size-class object's write after free, with a
+        // typed cache of the class's geometry (64 bytes, aligned to 64).
+        // SAFETY: deliberate misuse, as above.
+        "write_after_free_beside_a_typed_cache" => unsafe {
+            let _c = KMEM.create_cache::<[u8; 40]>("same-geometry", CacheFlags::HWCACHE_ALIGN).unwrap();
+            let l40 = Layout::from_size_align(40, 8).unwrap();
+            let p = KMEM.alloc(l40);
+            KMEM.dealloc(p, l40);
+            p.add(3).write(0);
+            KMEM.shrink();
+        },
+        // The same from a group's child cache of the class.
+        // SAFETY: deliberate misuse, as above.
+        "write_after_free_in_a_group_beside_a_typed_cache" => unsafe {
+            let _c = KMEM
+                .create_cache::<[u8; 40]>("same-geometry", CacheFlags::HWCACHE_ALIGN | CacheFlags::ACCOUNT)
+                .unwrap();
+            let g = KMEM.root().create_child("uaf").unwrap();
+            let l40 = Layout::from_size_align(40, 8).unwrap();
+            let p = {
+                let _in = g.enter();
+                KMEM.alloc(l40)
+            };
+            KMEM.dealloc(p, l40);
+            p.add(3).write(0);
+            KMEM.shrink();
+        },
         other => panic!("unknown case {other}"),
     }
     std::process::exit(0);
@@ -177,6 +232,26 @@ fn an_overflow_into_a_guard_page_faults_at_the_write() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.signal(), Some(libc_sigsegv()), "{err}");
     assert!(err.contains("last byte written") && !err.contains("did not fault"), "{err}");
+}
+
+/// Issue 26, item 5: `realloc`, `Allocator::shrink` and `grow` of a
+/// sampled object within its size class (a SIGSEGV before the fix).
+#[test]
+fn a_sampled_object_resizes_within_its_class() {
+    let (ok, err) = child("resize_sampled_in_place");
+    assert!(ok, "the child failed:\n{err}");
+}
+
+/// Issue 26, item 9: a write after free names the cache the object is
+/// in, not a typed cache of the same geometry.
+#[test]
+fn a_write_after_free_names_the_objects_own_cache() {
+    for case in ["write_after_free_beside_a_typed_cache", "write_after_free_in_a_group_beside_a_typed_cache"] {
+        let (ok, err) = child(case);
+        assert!(!ok, "{case}: the child did not abort; stderr:\n{err}");
+        assert!(err.contains("write after free: cache kmalloc-64,"), "{case}: {err}");
+        assert!(!err.contains("same-geometry"), "{case}: {err}");
+    }
 }
 
 /// SIGSEGV on the targets the tests run on.
@@ -332,4 +407,101 @@ fn detection_settings_parse_from_the_environment_value() {
     assert_eq!(Detection::from_env_value(b"1"), Detection::ALL);
     assert_eq!(Detection::from_env_value(b"poison,quarantine=2m"), Detection::OFF.poison(true).quarantine(2 << 20));
     assert_eq!(Detection::from_env_value(b"redzone,bogus,quarantine=x"), Detection::OFF.redzones(true));
+}
+
+fn leak(k: Kmem) -> &'static Kmem {
+    Box::leak(Box::new(k))
+}
+
+/// Issue 26, item 7: the quarantine holds freed objects, charged, in their
+/// slabs; reclaim for a limit, `Cgroup::reclaim` and `set_max` give them
+/// back. Before the fix, allocation 241 of a group at 256 KiB failed with
+/// one 1,000-byte object live at a time, `reclaim` returned 0 and
+/// `set_max(64 KiB)` gave `LimitBelowUsage` with nothing live.
+#[test]
+fn the_quarantine_gives_way_to_limits_and_reclaim() {
+    use kmemcg::allocator_api2::alloc::Allocator;
+    let k = leak(Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(0)));
+    let g = k.root().create_child("capped").unwrap();
+    g.set_max(256 << 10).unwrap();
+    let a = g.allocator();
+    let l = Layout::from_size_align(1000, 8).unwrap();
+    let cycle = |n: usize| {
+        for i in 0..n {
+            let p = a.allocate(l).unwrap_or_else(|_| panic!("allocation {i} failed: {}", g.stat()));
+            // SAFETY: just allocated with this layout.
+            unsafe { a.deallocate(p.cast(), l) };
+        }
+    };
+    cycle(2000);
+    cycle(100);
+    assert!(k.stats().quarantined.0 > 0, "freed objects wait in the quarantine");
+    assert!(g.usage() > 0);
+    assert!(g.reclaim(1 << 20) > 0, "reclaim gives the quarantined objects' slabs back");
+    assert_eq!(g.usage(), 0, "{}", g.stat());
+    cycle(100);
+    assert_eq!(g.set_max(64 << 10), Ok(()), "nothing is live");
+    cycle(2000);
+    g.assert_empty();
+}
+
+/// Issue 26, item 8: dropping a typed cache whose freed objects sit in the
+/// quarantine gives its accounting index back (before the fix the 22nd
+/// `create_cache` gave `TooManyAccountedCaches`).
+#[test]
+fn a_dropped_cache_with_quarantined_objects_gives_its_index_back() {
+    let k = leak(Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(0)));
+    let g = k.root().create_child("typed").unwrap();
+    for i in 0..60 {
+        let c = k
+            .create_cache::<[u64; 4]>(&format!("acct-{i}"), CacheFlags::ACCOUNT)
+            .unwrap_or_else(|e| panic!("create_cache {i}: {e}"));
+        let _in = (i % 2 == 0).then(|| g.enter());
+        let b = c.alloc([i; 4]).unwrap();
+        drop(b);
+    }
+    assert_eq!(k.stats().quarantined, (0, 0));
+    g.assert_empty();
+}
+
+static EVENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count_event(_: kmemcg::GroupId, _: kmemcg::Event) {
+    EVENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Issue 26, item 10: a guard-page sample refused at a group's max is only
+/// a try (the allocation comes from a slab): no `max` or `oom` event, no
+/// `failcnt`, no hook call.
+#[test]
+fn a_refused_sample_raises_no_limit_event() {
+    use kmemcg::allocator_api2::alloc::Allocator;
+    let k = leak(Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(1)));
+    k.set_event_hook(Some(count_event));
+    let g = k.root().create_child("sampled").unwrap();
+    let a = g.allocator();
+    let l = Layout::from_size_align(40, 8).unwrap();
+    let at_page_end = |p: std::ptr::NonNull<[u8]>| (p.cast::<u8>().as_ptr().addr() + 40).is_multiple_of(4096);
+    let mut sampled: Vec<_> = (0..kmemcg::GUARDED_MAX).map(|_| a.allocate(l).unwrap()).collect();
+    assert!(sampled.iter().all(|&p| at_page_end(p)), "every one sampled");
+    // The table is full: from a slab, which the group is charged for.
+    let from_slab = a.allocate(l).unwrap();
+    assert!(!at_page_end(from_slab));
+    // SAFETY: allocated above with this layout.
+    unsafe { a.deallocate(sampled.pop().unwrap().cast(), l) };
+    // The group at its max exactly (stocks drained by the first call).
+    g.set_max(1 << 40).unwrap();
+    g.set_max(g.usage()).unwrap();
+    let (failcnt, events) = (g.failcnt(), g.stat().events);
+    EVENTS.store(0, std::sync::atomic::Ordering::Relaxed);
+    // A sample is tried (the table has room) and refused; the slab serves.
+    let p = a.allocate(l).unwrap();
+    assert!(!at_page_end(p));
+    assert_eq!(g.failcnt(), failcnt, "failcnt");
+    assert_eq!(g.stat().events, events, "events");
+    assert_eq!(EVENTS.load(std::sync::atomic::Ordering::Relaxed), 0, "hook calls");
+    for q in sampled.into_iter().chain([from_slab, p]) {
+        // SAFETY: allocated above with this layout, freed once.
+        unsafe { a.deallocate(q.cast(), l) };
+    }
 }

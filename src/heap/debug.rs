@@ -563,13 +563,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let Some(padded) = size.checked_add(TRAILER) else {
             report_abort(format_args!("kmemcg: free of {p:p} with an impossible size {size}"))
         };
+        // A sampled object first, whatever the size says: it has no slab
+        // header nor trailer, and its run is no plain large object.
+        if self.detect.guarded_live.load(Ordering::Acquire) != 0 && self.free_guarded(p, size, align) {
+            return;
+        }
         let Some(c) = class_of(padded, align) else {
             // SAFETY: forwarded.
             return unsafe { self.free_large_checked(ptr, size, padded) };
         };
-        if self.detect.guarded_live.load(Ordering::Acquire) != 0 && self.free_guarded(p) {
-            return;
-        }
         // SAFETY: `class_of` returns indices below NCLASSES.
         let base = unsafe { self.tree.classes().get_unchecked(c) };
         if !self.is_object_of(base, ptr) {
@@ -597,7 +599,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return None;
         }
         let pages = pages_for(size)?;
-        let run = self.alloc_large(g, (pages + 1) * PAGE_SIZE, PAGE_SIZE, false)?;
+        // Only a try: refused, the caller allocates from a slab, so a
+        // refusal here is no limit event (issue 26, item 10).
+        let run = self.try_alloc_large_sample(g, (pages + 1) * PAGE_SIZE)?;
         let guard = run.as_ptr().wrapping_add(pages * PAGE_SIZE);
         // SAFETY: `guard` is the last page of the run we just made, which
         // nothing else touches; it is turned back on before the run goes.
@@ -627,24 +631,47 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Frees `p` if it is a live sampled object; returns whether it was.
+    /// Aborts if it is one but `size` and `align` are not its layout's.
     #[cold]
-    fn free_guarded(&self, p: *mut u8) -> bool {
+    fn free_guarded(&self, p: *mut u8, size: usize, align: usize) -> bool {
         let run = {
             let mut q = self.detect.quarantine.lock();
             let Some(e) = q.guarded.iter_mut().find(|e| e.0 == p) else { return false };
             let run = e.1;
+            if size.checked_next_multiple_of(align) != Some(self.guard_of(run).addr() - p.addr()) {
+                drop(q);
+                report_abort(format_args!(
+                    "kmemcg: free of {p:p} ({size} bytes, align {align}), a sampled object of another size"
+                ));
+            }
             *e = (core::ptr::null_mut(), core::ptr::null_mut());
             self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed);
             run
         };
         // SAFETY: the run of a live sampled object (the table said so),
-        // now ours: its guard page (its last) made accessible, then freed.
+        // now ours: its guard page made accessible, then freed.
         unsafe {
-            let pages = self.large_pages_of(NonNull::new_unchecked(run)).unwrap_or(1);
-            self.source.protect(NonNull::new_unchecked(run.add((pages - 1) * PAGE_SIZE)), 1, false);
+            self.source.protect(NonNull::new_unchecked(self.guard_of(run)), 1, false);
             self.free_large(NonNull::new_unchecked(run));
         }
         true
+    }
+
+    /// The guard page of the sampled object in `run` (its last page).
+    fn guard_of(&self, run: *mut u8) -> *mut u8 {
+        // SAFETY: `run` is a sampled object's run, from the table: a live
+        // large object of ours, so not null.
+        let pages = self.large_pages_of(unsafe { NonNull::new_unchecked(run) }).unwrap_or(1);
+        run.wrapping_add((pages - 1) * PAGE_SIZE)
+    }
+
+    /// If `p` is a live sampled object, the bytes from it to its guard
+    /// page (its size rounded up to its alignment).
+    #[cold]
+    fn guarded_room(&self, p: *mut u8) -> Option<usize> {
+        let q = self.detect.quarantine.lock();
+        let e = q.guarded.iter().find(|e| e.0 == p)?;
+        Some(self.guard_of(e.1).addr() - p.addr())
     }
 
     /// A large object's free with detection.
@@ -823,6 +850,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// As for `resize_in_place`.
     pub(crate) unsafe fn resize_checked(&self, ptr: NonNull<u8>, old: usize, align: usize, new: usize) -> bool {
+        // A sampled object has neither slab header nor trailer: it stays
+        // only if it still ends at its guard page, else it moves (and its
+        // free finds it in the table).
+        if self.detect.guarded_live.load(Ordering::Acquire) != 0
+            && let Some(room) = self.guarded_room(ptr.as_ptr())
+        {
+            if old.checked_next_multiple_of(align) != Some(room) {
+                report_abort(format_args!(
+                    "kmemcg: resize of {:p} ({old} bytes, align {align}), a sampled object of another size",
+                    ptr.as_ptr()
+                ));
+            }
+            return new.checked_next_multiple_of(align) == Some(room);
+        }
         let (Some(po), Some(pn)) = (old.checked_add(TRAILER), new.checked_add(TRAILER)) else { return false };
         let (Some(a), Some(b)) = (class_of(po, align), class_of(pn, align)) else { return false };
         if a != b {
@@ -895,17 +936,32 @@ fn slot_name(padded: usize, align: usize) -> Name {
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// The name of `cache`: its size class's, or its typed cache's.
+    /// The name of `cache`, found by identity (a typed cache may have a
+    /// size class's geometry): its size class's, its typed cache's, or
+    /// for a group's child cache, that of the cache it was made from.
     fn cache_name(&self, cache: &MagCache<R>) -> Name {
-        let geo = cache.cache.geometry();
-        let mut found =
-            class_of(geo.size, geo.align).filter(|&c| GEOMETRIES[c] == *geo).map_or(Name::UNKNOWN, class_name);
+        let is = |c: &MagCache<R>| core::ptr::eq(c, cache);
+        if let Some(c) = self.tree.classes().iter().position(is) {
+            return class_name(c);
+        }
+        let mut found = None;
         self.tree.for_each_desc(|d| {
-            if d.cache.cache.geometry() == geo {
-                found = d.name;
+            if is(&d.cache) {
+                found = Some(d.name);
             }
         });
-        found
+        if let Some(name) = found {
+            return name;
+        }
+        let mut idx = None;
+        self.tree.for_each_group(|g| {
+            g.for_each_cache(|i, c| {
+                if is(c) {
+                    idx = Some(i);
+                }
+            })
+        });
+        idx.map_or(Name::UNKNOWN, |i| self.tree.acct_name(i))
     }
 }
 

@@ -58,6 +58,31 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         align: usize,
         grown: bool,
     ) -> Option<NonNull<u8>> {
+        self.alloc_large_as(g, size, align, grown, false)
+    }
+
+    /// [`Kmem::alloc_large`] for a guard-page sample (`debug`), which is
+    /// only a try: the caller allocates from a slab when it fails. So a
+    /// refused charge neither reclaims nor counts (no `max` or `oom`
+    /// event, no `failcnt`), and an exhausted page source gets neither
+    /// contention reclaim nor the out-of-memory handler.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn try_alloc_large_sample(&self, g: *const Group<R>, size: usize) -> Option<NonNull<u8>> {
+        self.alloc_large_as(g, size, PAGE_SIZE, false, true)
+    }
+
+    /// [`Kmem::alloc_large`], or with `sample` its try
+    /// ([`Kmem::try_alloc_large_sample`]).
+    #[inline(always)]
+    fn alloc_large_as(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+        grown: bool,
+        sample: bool,
+    ) -> Option<NonNull<u8>> {
         self.settle();
         let align = align.max(PAGE_SIZE);
         if size > isize::MAX as usize - align {
@@ -65,14 +90,26 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
-        let counter = self.tree.charge(self, g, pages + 1).ok()?;
+        let counter = if sample {
+            // SAFETY: callers pass null or a live group of this allocator.
+            let counter = unsafe { g.as_ref() }.map_or(self.tree.root().counter(), |g| g.counter());
+            counter.try_charge_quiet(pages + 1).ok()?;
+            counter
+        } else {
+            self.tree.charge(self, g, pages + 1).ok()?
+        };
         let room = if grown && self.source.room_to_grow() { pages.saturating_mul(3) } else { 0 };
         let alloc = || alloc_exact(&self.source, lead + pages, room, align, self.node());
-        // An exhausted page source: contention reclaim, step by step.
-        let Some((run, node)) = alloc()
-            .or_else(|| self.tree.under_contention(self, alloc))
-            .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })
-        else {
+        // An exhausted page source: contention reclaim, step by step (not
+        // for a sample, which falls back to a slab).
+        let run = if sample {
+            alloc()
+        } else {
+            alloc()
+                .or_else(|| self.tree.under_contention(self, alloc))
+                .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })
+        };
+        let Some((run, node)) = run else {
             counter.uncharge(pages + 1);
             return None;
         };

@@ -440,6 +440,11 @@ impl<R: RawMutex> Tree<R> {
     /// time, calling `retry` after each, until it gives something or
     /// nothing is left to reclaim.
     pub(crate) fn under_contention<T, E: Env<R>>(&self, env: &E, mut retry: impl FnMut() -> Option<T>) -> Option<T> {
+        if !reclaiming(env) {
+            // As in `reclaim`: quarantined objects first, so the steps'
+            // drains can give their slabs back.
+            env.flush_deferred();
+        }
         let mut episode = self.episode();
         while self.contention_step(env, &mut episode) {
             if let Some(x) = retry() {
@@ -468,6 +473,10 @@ impl<R: RawMutex> Tree<R> {
         if reclaiming(env) {
             return 0;
         }
+        // Objects waiting in the detection quarantine are charged and keep
+        // their slabs: give them back first, so the drain below can free
+        // those slabs (else a group at its max with nothing live fails).
+        env.flush_deferred();
         // Progress is what the counter shows: pages drained from caches
         // that other charges refill at once are no progress.
         let start = g.counter.usage();

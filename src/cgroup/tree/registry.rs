@@ -138,6 +138,10 @@ impl<R: RawMutex> Tree<R> {
         // rejects the drop of a protected descriptor).
         // SAFETY: live until freed below (caller contract); not used after.
         let desc = unsafe { desc.as_ref() };
+        // Objects of the cache waiting in the detection quarantine still
+        // sit in its slabs: give them back before the drain below (with no
+        // lock held), or the cache looks leaked and keeps its index.
+        env.flush_deferred();
         let mut indices = self.registry_lock.lock();
         desc.live.store(false, Ordering::Relaxed);
         let idx = desc.acct_idx;
