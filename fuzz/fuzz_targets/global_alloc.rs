@@ -1,5 +1,8 @@
 //! The `GlobalAlloc` surface with hostile layouts: every call must give
-//! null or a correct block, never panic or corrupt a live block.
+//! null or a correct block, never panic or corrupt a live block. The
+//! input's first byte picks the allocator: the plain one, or one with
+//! detection on over `OsPages` (red zones, poison, a quarantine, and one
+//! size-class allocation in four on a guard page).
 
 #![no_main]
 
@@ -7,7 +10,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::mem::MaybeUninit;
 
 use arbitrary::Arbitrary;
-use kmemcg::{Kmem, PageSource, Region};
+use kmemcg::{Detection, Kmem, OsPages, PageSource, Region};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -18,14 +21,32 @@ struct Call {
     keep: bool,
 }
 
-fuzz_target!(|calls: Vec<Call>| {
-    // One allocator per process: every input ends with everything freed.
+fuzz_target!(|input: (bool, Vec<Call>)| {
+    // One allocator of each kind per process: every input ends with
+    // everything freed.
     static K: std::sync::OnceLock<&'static Kmem<Region>> = std::sync::OnceLock::new();
-    let k = *K.get_or_init(|| {
-        let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
-        k.source().add(Box::leak(vec![MaybeUninit::uninit(); 4 << 20].into_boxed_slice()), 0).unwrap();
-        k
-    });
+    static D: std::sync::OnceLock<&'static Kmem<OsPages>> = std::sync::OnceLock::new();
+    let (detect, calls) = input;
+    if detect {
+        run(
+            *D.get_or_init(|| {
+                Box::leak(Box::new(Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(4))))
+            }),
+            calls,
+        )
+    } else {
+        run(
+            *K.get_or_init(|| {
+                let k: &'static Kmem<Region> = Box::leak(Box::new(Kmem::new(Region::new())));
+                k.source().add(Box::leak(vec![MaybeUninit::uninit(); 4 << 20].into_boxed_slice()), 0).unwrap();
+                k
+            }),
+            calls,
+        )
+    }
+});
+
+fn run<S: PageSource>(k: &Kmem<S>, calls: Vec<Call>) {
     // A live block that hostile calls must not disturb.
     let anchor = Layout::from_size_align(100, 8).unwrap();
     // SAFETY: valid layout.
@@ -76,4 +97,4 @@ fuzz_target!(|calls: Vec<Call>| {
     unsafe { k.dealloc(a, anchor) };
     k.shrink();
     assert_eq!(k.source().stats().pages_in_use, 0);
-});
+}

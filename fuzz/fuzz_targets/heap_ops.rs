@@ -1,6 +1,9 @@
 //! Alloc/free/realloc of arbitrary sizes and alignments through `Kmem` on a
 //! small `Region`, checked against a shadow model for overlap, alignment and
 //! content; ends by freeing everything and checking every page came back.
+//! The input's first byte picks the allocator: the plain one, or one with
+//! detection on over `OsPages` (red zones, poison, a quarantine, and one
+//! size-class allocation in four on a guard page).
 
 #![no_main]
 
@@ -9,7 +12,7 @@ use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 
 use arbitrary::Arbitrary;
-use kmemcg::{Kmem, PageSource, Region};
+use kmemcg::{Detection, Kmem, OsPages, PageSource, Region};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -34,8 +37,18 @@ fn kmem() -> &'static Kmem<Region> {
     })
 }
 
-fuzz_target!(|ops: Vec<Op>| {
-    let k = kmem();
+/// The detecting allocator, one per process like the plain one.
+fn detecting() -> &'static Kmem<OsPages> {
+    static K: std::sync::OnceLock<&'static Kmem<OsPages>> = std::sync::OnceLock::new();
+    K.get_or_init(|| Box::leak(Box::new(Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(4)))))
+}
+
+fuzz_target!(|input: (bool, Vec<Op>)| {
+    let (detect, ops) = input;
+    if detect { run(detecting(), ops) } else { run(kmem(), ops) }
+});
+
+fn run<S: PageSource>(k: &Kmem<S>, ops: Vec<Op>) {
     // (address -> (size, align, tag))
     let mut live: BTreeMap<usize, (usize, usize, u8)> = BTreeMap::new();
     let mut order: Vec<usize> = Vec::new();
@@ -107,4 +120,4 @@ fuzz_target!(|ops: Vec<Op>| {
     k.shrink();
     assert_eq!(k.stats().bad_frees, 0);
     assert_eq!(k.source().stats().pages_in_use, 0, "pages not returned");
-});
+}
