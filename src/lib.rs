@@ -139,8 +139,10 @@
 //! held, so a report may be formatted into memory from this allocator.
 //! Locks are [`lock_api::RawMutex`] implementations chosen by the user
 //! (by default `YieldingRawMutex` with `std`, a spin lock whose waiters
-//! yield the CPU after a short spin, since an OS may preempt a holder; and
-//! `spin`'s spin lock without). A kernel passes [`IrqSpinLock`] (to `Kmem` and
+//! yield the CPU after a short spin, since an OS may preempt a holder, and
+//! which a waiter cannot starve in: one that has spun out marks itself
+//! starving and the next unlock hands the lock to it; and `spin`'s spin
+//! lock without). A kernel passes [`IrqSpinLock`] (to `Kmem` and
 //! `Region`) with the [`PerCpu`] platform:
 //!
 //! * every lock masks local interrupts from before it is taken until after
@@ -188,6 +190,8 @@
 //! | injection table slots | `Table::arm` under the tree lock (rule first, then the group pointer) | `Release` | `Acquire` in `Table::find` |
 //! | `Kmem::oom`, `Tree::event_hook` | their setters | `Release` | `Acquire` before the call |
 //! | decay `ticks`, `last`, `running` | slow paths; the decaying context (CAS on `running`) | `Relaxed` (ticks: load + store, lost updates only delay), `Acquire`/`Release` on `running` | one decay reap at a time |
+//! | `YieldingRawMutex::state` | lockers (CAS from `UNLOCKED`; from `HANDOFF` only by the starving waiter), the holder's unlock | `Acquire` CAS, `Release` store | each other: one holder at a time |
+//! | `YieldingRawMutex::starving` | the one waiter that marks itself (CAS), and clears it once it holds the lock | `Acquire` CAS, `Release` clear | `Relaxed` in unlock (a missed mark costs one acquisition's fairness); the next marker's `Acquire` |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
 //!
 //! # Catching memory bugs
