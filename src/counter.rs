@@ -92,6 +92,17 @@ pub struct PageCounter {
     /// pages are on none. Noted by the callers that know the node, after
     /// the charge; a statistic.
     node_pages: [AtomicUsize; MAX_NODES],
+    /// Bytes of live objects charged to this counter's subtree, counted
+    /// while the heap tracks bytes (see [`PageCounter::add_bytes`]): a
+    /// wrapping, signed count, as an object allocated before tracking
+    /// began may be freed after it. A statistic (`Relaxed`).
+    bytes: AtomicUsize,
+    /// Largest positive `bytes` since [`PageCounter::track_bytes`] or
+    /// [`PageCounter::reset_bytes_peak`] (`fetch_max`, so no concurrent
+    /// peak is lost).
+    bytes_peak: AtomicUsize,
+    /// Set once [`PageCounter::track_bytes`] was called on this counter.
+    tracks_bytes: AtomicBool,
 }
 
 impl core::fmt::Debug for PageCounter {
@@ -156,6 +167,9 @@ impl PageCounter {
                 owner: core::ptr::null(),
                 stock: repeat!(atomic_u32(0); MAX_CPUS),
                 node_pages: repeat!(atomic_usize(0); MAX_NODES),
+                bytes: atomic_usize(0),
+                bytes_peak: atomic_usize(0),
+                tracks_bytes: atomic_bool(false),
             }
         }
     }
@@ -192,6 +206,59 @@ impl PageCounter {
     /// Sets the watermark to the current usage; the usage is untouched.
     pub fn reset_watermark(&self) {
         self.watermark.store(self.usage(), Ordering::Relaxed);
+    }
+
+    /// Adds `n` bytes of a live object to this counter and its ancestors,
+    /// raising each one's byte peak. `Relaxed`: a statistic, read by tests
+    /// after the code they measure (after a join, for other threads).
+    pub(crate) fn add_bytes(&self, n: usize) {
+        let mut c = Some(self);
+        while let Some(pc) = c {
+            let now = pc.bytes.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
+            if (now as isize) > 0 {
+                pc.bytes_peak.fetch_max(now, Ordering::Relaxed);
+            }
+            c = pc.parent();
+        }
+    }
+
+    /// Takes `n` bytes of a freed object off this counter and its
+    /// ancestors.
+    pub(crate) fn sub_bytes(&self, n: usize) {
+        let mut c = Some(self);
+        while let Some(pc) = c {
+            pc.bytes.fetch_sub(n, Ordering::Relaxed);
+            c = pc.parent();
+        }
+    }
+
+    /// Bytes of live objects counted in this subtree (0 if frees of
+    /// objects from before tracking outweigh what was counted since).
+    pub(crate) fn bytes(&self) -> usize {
+        (self.bytes.load(Ordering::Relaxed) as isize).max(0) as usize
+    }
+
+    /// The largest [`PageCounter::bytes`] since tracking began or the last
+    /// [`PageCounter::reset_bytes_peak`].
+    pub(crate) fn bytes_peak(&self) -> usize {
+        self.bytes_peak.load(Ordering::Relaxed)
+    }
+
+    /// Restarts the byte peak from the current byte count.
+    pub(crate) fn reset_bytes_peak(&self) {
+        self.bytes_peak.store(self.bytes(), Ordering::Relaxed);
+    }
+
+    /// Marks this counter as one whose byte peak a test reads, and
+    /// restarts its peak.
+    pub(crate) fn track_bytes(&self) {
+        self.reset_bytes_peak();
+        self.tracks_bytes.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`PageCounter::track_bytes`] was called on this counter.
+    pub(crate) fn tracks_bytes(&self) -> bool {
+        self.tracks_bytes.load(Ordering::Relaxed)
     }
 
     /// Sets `high` (pages).

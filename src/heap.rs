@@ -23,7 +23,7 @@ use lock_api::RawMutex;
 use crate::cgroup::{EventHook, Group, GroupId, Shrinker, Tree, mode};
 use crate::counter::PageCounter;
 use crate::error::Error;
-use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{Acct, Env, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::page::pages_for;
 pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
@@ -136,7 +136,7 @@ pub(crate) fn hardened_on_free<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>)
 }
 
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
-const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV;
+const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV | mode::BYTES;
 
 /// A dangling, aligned pointer for zero-size blocks.
 #[inline]
@@ -461,7 +461,46 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if m & mode::DEBUG != 0 && size != 0 {
             return self.alloc_checked(g, size, align);
         }
-        self.alloc_pow2(g, size, align)
+        let p = self.alloc_pow2(g, size, align)?;
+        if m & mode::BYTES != 0 {
+            // SAFETY: `p` is a live object of `size` and `align` from
+            // `alloc_pow2` (no detection).
+            if let Some(c) = unsafe { self.charged_counter(p, size, align) } {
+                c.add_bytes(self.usable_size(size, align));
+            }
+        }
+        Some(p)
+    }
+
+    /// The counter an object is charged to, for byte tracking (detection
+    /// off): its cache's group for a size-class object, its header's for a
+    /// large one (the root's for both when charged to the root); `None`
+    /// for an unaccounted cache's. Read from the object itself at both
+    /// allocation and free, so the two always name the same counter.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live object of this `Kmem` allocated with `size` (non-zero)
+    /// and `align`, with detection off.
+    unsafe fn charged_counter(&self, p: NonNull<u8>, size: usize, align: usize) -> Option<&PageCounter> {
+        let root = self.tree.root().counter();
+        match class_of(size, align) {
+            Some(c) => {
+                // SAFETY: `class_of` returns indices below NCLASSES.
+                let base = unsafe { at(self.tree.classes(), c) };
+                // SAFETY: a live object of `base`'s class (caller).
+                match unsafe { Self::owner(base, p) }.acct {
+                    // SAFETY: a child cache's group, and so its counter,
+                    // outlives the cache, which outlives its live objects.
+                    Acct::Counter(pc) => Some(unsafe { &*pc }),
+                    Acct::Root => Some(root),
+                    Acct::None => None,
+                }
+            }
+            // SAFETY: a live large object (caller); its reference keeps its
+            // group alive.
+            None => Some(unsafe { self.large_group(p) }?.map_or(root, |g| g.counter())),
+        }
     }
 
     /// [`Kmem::alloc_in`] for an `align` known to be a power of two, with
@@ -593,7 +632,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
     #[inline(always)]
     unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
-        if m & (mode::DEBUG | mode::ENV) != 0 {
+        if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
             // SAFETY: forwarded.
             return unsafe { self.free_special(ptr, size, align, class) };
         }
@@ -646,13 +685,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     unsafe fn free_special(&self, ptr: NonNull<u8>, size: usize, align: usize, class: Option<usize>) {
         self.settle();
+        let m = self.resolve_mode();
         // SAFETY: forwarded.
         unsafe {
-            if self.resolve_mode() & mode::DEBUG != 0 {
-                self.free_checked(ptr, size, align)
-            } else {
-                self.free_grouped(class, ptr)
+            if m & mode::DEBUG != 0 {
+                return self.free_checked(ptr, size, align);
             }
+            if m & mode::BYTES != 0
+                && let Some(c) = self.charged_counter(ptr, size, align)
+            {
+                c.sub_bytes(self.usable_size(size, align));
+            }
+            self.free_grouped(class, ptr)
         }
     }
 
@@ -827,6 +871,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         match (class_of(old_size, align), class_of(new_size, align)) {
             (Some(a), Some(b)) => a == b,
+            // Byte tracking counts a large object's pages at allocation
+            // and free: it moves instead.
+            (None, None) if self.tree.mode() & mode::BYTES != 0 => false,
             (None, None) => {
                 self.settle();
                 // SAFETY: forwarded: a live large object.

@@ -141,8 +141,10 @@
 //! held, so a report may be formatted into memory from this allocator.
 //! Locks are [`lock_api::RawMutex`] implementations chosen by the user
 //! (by default `YieldingRawMutex` with `std`, a spin lock whose waiters
-//! yield the CPU after a short spin, since an OS may preempt a holder; and
-//! `spin`'s spin lock without). A kernel passes [`IrqSpinLock`] (to `Kmem` and
+//! yield the CPU after a short spin, since an OS may preempt a holder, and
+//! which a waiter cannot starve in: one that has spun out marks itself
+//! starving and the next unlock hands the lock to it; and `spin`'s spin
+//! lock without). A kernel passes [`IrqSpinLock`] (to `Kmem` and
 //! `Region`) with the [`PerCpu`] platform:
 //!
 //! * every lock masks local interrupts from before it is taken until after
@@ -185,11 +187,14 @@
 //! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
 //! | `MagCache::unbuffered` | the free or removal that finds a dead cache's objects out of its slabs within what its slots can buffer (a swap: one caller wins), then `fence(SeqCst)` and a drain of every slot | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees it and buffers nothing more, or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
-//! | `Tree::mode` | `GROUPS`: `create_child` and `reclaim_groups` under the tree lock, after `all_groups`; `DEBUG`/`ENV`: the first allocation reading `KMEMCG_DEBUG` (or `with_detection`, before any); `INJECT`: `inject_faults` | `Release` RMW | `Relaxed` on the fast paths (as `all_groups` was: `GROUPS` as before; `DEBUG` is fixed before the first object exists); the special paths re-read it with `Acquire` before reading detection settings |
+//! | `Tree::mode` | `GROUPS`: `create_child` and `reclaim_groups` under the tree lock, after `all_groups`; `DEBUG`/`ENV`: the first allocation reading `KMEMCG_DEBUG` (or `with_detection`, before any); `INJECT`: `inject_faults`; `BYTES`: `track_bytes` | `Release` RMW | `Relaxed` on the fast paths (as `all_groups` was: `GROUPS` as before; `DEBUG` is fixed before the first object exists); the special paths re-read it with `Acquire` before reading detection settings |
 //! | `Detector` settings | `read_env` before clearing `ENV` | `Relaxed` | ordered by the `Release`/`Acquire` pair on `Tree::mode` |
 //! | injection table slots | `Table::arm` under the tree lock (rule first, then the group pointer) | `Release` | `Acquire` in `Table::find` |
 //! | `Kmem::oom`, `Tree::event_hook` | their setters | `Release` | `Acquire` before the call |
 //! | decay `ticks`, `last`, `running` | slow paths; the decaying context (CAS on `running`) | `Relaxed` (ticks: load + store, lost updates only delay), `Acquire`/`Release` on `running` | one decay reap at a time |
+//! | `YieldingRawMutex::state` | lockers (CAS from `UNLOCKED`; from `HANDOFF` only by the starving waiter), the holder's unlock | `Acquire` CAS, `Release` store | each other: one holder at a time |
+//! | `YieldingRawMutex::starving` | the one waiter that marks itself (CAS), and clears it once it holds the lock | `Acquire` CAS, `Release` clear | `Relaxed` in unlock (a missed mark costs one acquisition's fairness); the next marker's `Acquire` |
+//! | `PageCounter::bytes`, `bytes_peak`, `tracks_bytes` | the special paths while `BYTES` is set (RMW up the ancestors; the peak by `fetch_max`), `track_bytes`, `reset_peak` | `Relaxed` | nothing: statistics a test reads after the code it measures |
 //! | statistics (`Stat`) | many | `Relaxed` | nothing: never used for a safety decision |
 //!
 //! # Catching memory bugs

@@ -132,7 +132,8 @@ pub const MAX_ORDER: u32 = if usize::BITS < 64 { 20 } else { 28 };
 
 /// The default lock: a spin lock whose waiters yield the CPU after a short
 /// spin, with `std` ([`YieldingRawMutex`](crate::YieldingRawMutex):
-/// a preempted holder then gets the CPU back at once), and a spinning
+/// a preempted holder then gets the CPU back at once; a waiter that has
+/// spun out is handed the lock next, so none starves), and a spinning
 /// mutex from `spin` without. A kernel supplies its own
 /// [`lock_api::RawMutex`] that also disables interrupts, so that allocation
 /// from an interrupt handler cannot deadlock against the code it interrupted.

@@ -145,27 +145,88 @@ unsafe impl lock_api::RawMutex for LoomRawMutex {
 }
 
 /// The default lock with `std` (outside loom): a spin lock whose waiters
-/// give the CPU up. It spins 128 times, for the short
-/// critical sections of two threads on two CPUs, then calls
-/// `sched_yield` between attempts: with more runnable threads than CPUs a
-/// lock holder can be preempted, and pure spinners then burn whole time
-/// slices before it runs again (`benches/alloc.rs`, `threads100-pair`:
-/// threads without a CPU slot share the slab locks).
+/// give the CPU up, and that a waiter cannot starve in.
+///
+/// A waiter spins [`SPINS_BEFORE_YIELD`] times, for the short critical
+/// sections of two threads on two CPUs, then calls
+/// [`std::thread::yield_now`] between attempts: with more runnable threads
+/// than CPUs a lock holder can be preempted, and pure spinners then burn
+/// whole time slices before it runs again (`benches/alloc.rs`,
+/// `threads100-pair`: threads without a CPU slot share the slab locks).
+///
+/// Fairness (parking_lot's idea, with a handoff instead of a queue): a
+/// plain test-and-set lock lets a thread that re-locks in a tight loop take
+/// the lock again before a yielding waiter looks, so a third thread against
+/// two re-lockers waited up to 3 s for it. A waiter that has failed
+/// [`SPINS_BEFORE_STARVING`] times marks itself *starving* (one such waiter
+/// at a time); an unlock that sees the mark hands the lock over
+/// (`HANDOFF`) instead of freeing it, so no fresh locker can take it first,
+/// and only the starving waiter takes a handed-over lock. Once marked, a
+/// waiter is bypassed by at most the acquisitions whose unlock read the
+/// mark before it was visible: in practice at most one.
+///
+/// | `state` | meaning | who moves it |
+/// | --- | --- | --- |
+/// | `UNLOCKED` | free | any locker: CAS to `LOCKED` (Acquire) |
+/// | `LOCKED` | held | its holder: store `UNLOCKED`, or `HANDOFF` if `starving` (Release) |
+/// | `HANDOFF` | released to the starving waiter, not yet taken | only that waiter: CAS to `LOCKED` (Acquire) |
+///
+/// `starving` is set iff a waiter has marked itself (CAS `false` → `true`,
+/// Acquire, pairing with the clear below) and not yet returned from `lock`;
+/// that waiter clears it (Release) after taking the lock, before it
+/// returns, so its own unlock, and every later holder's (ordered after it
+/// through the lock's Release/Acquire chain), reads the clear or a newer
+/// mark. An unlock reads it `Relaxed`: a mark set after that read is missed
+/// for that one unlock only, which costs fairness for one acquisition,
+/// never exclusion (the lock is still taken only by a CAS from `UNLOCKED`
+/// or, by the marked waiter alone, from `HANDOFF`), and never progress
+/// (`HANDOFF` is stored only while the marked waiter is still waiting).
+///
+/// Uncontended, `lock` + `unlock` cost one CAS and one Release store (plus
+/// a load of `starving`, from the cache line the CAS just took).
 #[cfg(all(feature = "std", not(loom)))]
-pub struct YieldingRawMutex(AtomicBool);
+pub struct YieldingRawMutex {
+    /// `UNLOCKED`, `LOCKED` or `HANDOFF` (table above).
+    state: AtomicU8,
+    /// Set iff a waiter has marked itself starving and not yet returned
+    /// from `lock`.
+    starving: AtomicBool,
+}
+
+/// [`YieldingRawMutex::state`]: free.
+#[cfg(all(feature = "std", not(loom)))]
+const UNLOCKED: u8 = 0;
+/// [`YieldingRawMutex::state`]: held.
+#[cfg(all(feature = "std", not(loom)))]
+const LOCKED: u8 = 1;
+/// [`YieldingRawMutex::state`]: released to the starving waiter, which
+/// alone may take it.
+#[cfg(all(feature = "std", not(loom)))]
+const HANDOFF: u8 = 2;
 
 /// Failed attempts a [`YieldingRawMutex`] waiter spins through before it
 /// starts yielding.
 #[cfg(all(feature = "std", not(loom)))]
 const SPINS_BEFORE_YIELD: u32 = 128;
 
-// SAFETY: `lock` returns only after swapping the flag from false to true
-// with Acquire, `unlock` stores false with Release: one holder at a time,
-// and each holder sees what the previous one wrote.
+/// Failed attempts after which a [`YieldingRawMutex`] waiter marks itself
+/// starving: when it stops spinning and starts giving its CPU up. Two
+/// threads contending on two CPUs keep the unfair lock's throughput (their
+/// waits end within the spin), and a waiter never yields unmarked: a yield
+/// can hand its CPU to a re-locker for a whole time slice, and an unmarked
+/// waiter would be passed over throughout it.
+#[cfg(all(feature = "std", not(loom)))]
+const SPINS_BEFORE_STARVING: u32 = SPINS_BEFORE_YIELD;
+
+// SAFETY: the lock is taken only by a CAS from `UNLOCKED` (Acquire), or,
+// by the one waiter that marked itself starving, by a CAS from `HANDOFF`
+// (Acquire); `unlock`, by the holder alone, stores `UNLOCKED` or `HANDOFF`
+// with Release. So one holder at a time, and each holder sees what the
+// previous one wrote.
 #[cfg(all(feature = "std", not(loom)))]
 unsafe impl lock_api::RawMutex for YieldingRawMutex {
     #[allow(clippy::declare_interior_mutable_const)]
-    const INIT: Self = YieldingRawMutex(AtomicBool::new(false));
+    const INIT: Self = YieldingRawMutex { state: AtomicU8::new(UNLOCKED), starving: AtomicBool::new(false) };
     type GuardMarker = lock_api::GuardSend;
     #[inline]
     fn lock(&self) {
@@ -175,15 +236,19 @@ unsafe impl lock_api::RawMutex for YieldingRawMutex {
     }
     #[inline]
     fn try_lock(&self) -> bool {
-        self.0.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        self.state.compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
     #[inline]
     unsafe fn unlock(&self) {
-        self.0.store(false, Ordering::Release);
+        // Relaxed: a mark this misses costs one acquisition's fairness
+        // (type docs); the clear of an earlier mark is ordered before us
+        // by the lock's Release/Acquire chain.
+        let next = if self.starving.load(Ordering::Relaxed) { HANDOFF } else { UNLOCKED };
+        self.state.store(next, Ordering::Release);
     }
     #[inline]
     fn is_locked(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.state.load(Ordering::Relaxed) != UNLOCKED
     }
 }
 
@@ -192,27 +257,44 @@ impl YieldingRawMutex {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) {
-        use lock_api::RawMutex as _;
-        let mut spins = 0;
+        let mut fails: u32 = 0;
+        let mut marked = false;
         loop {
-            // Wait with loads, not swaps, so waiters do not take the line
+            // Wait with loads, not CASes, so waiters do not take the line
             // from the holder.
-            while self.0.load(Ordering::Relaxed) {
-                if spins < SPINS_BEFORE_YIELD {
-                    spins += 1;
-                    core::hint::spin_loop();
-                } else {
-                    // SAFETY: `sched_yield` takes no arguments, touches no
-                    // memory of ours and cannot fail in a way we act on.
-                    unsafe { libc::sched_yield() };
-                }
+            let from = match self.state.load(Ordering::Relaxed) {
+                UNLOCKED => Some(UNLOCKED),
+                // Ours alone while marked: no one else moves it.
+                HANDOFF if marked => Some(HANDOFF),
+                _ => None,
+            };
+            if let Some(from) = from
+                && self.state.compare_exchange(from, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                break;
             }
-            if self.try_lock() {
-                return;
+            fails = fails.saturating_add(1);
+            if !marked && fails >= SPINS_BEFORE_STARVING {
+                // Acquire pairs with the previous marked waiter's clear,
+                // so we never read its `HANDOFF` as ours.
+                marked = self.starving.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
             }
+            if fails < SPINS_BEFORE_YIELD {
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if marked {
+            // Release: a waiter that marks itself next (Acquire) sees
+            // `state` moved off our `HANDOFF` first.
+            self.starving.store(false, Ordering::Release);
         }
     }
 }
+
+#[cfg(all(test, feature = "std", not(loom)))]
+mod tests;
 
 /// One step of a spin-wait loop: a CPU pause hint normally, a yield to the
 /// scheduler under loom (so a model with a spinning thread still terminates).

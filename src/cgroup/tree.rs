@@ -121,6 +121,9 @@ pub(crate) mod mode {
     pub(crate) const INJECT: usize = 4;
     /// The heap has not yet read its debug settings from the environment.
     pub(crate) const ENV: usize = 8;
+    /// Some group asked for its object bytes to be counted (sticky): the
+    /// heap's special paths count them (`Cgroup::track_bytes`).
+    pub(crate) const BYTES: usize = 16;
 }
 
 /// What waits for no iteration to be in progress before it is freed:
@@ -337,6 +340,17 @@ impl<R: RawMutex> Tree<R> {
             self.set_mode(mode::INJECT, true);
         }
         Ok(())
+    }
+
+    /// Starts counting the bytes of live objects for `g`'s byte peak: marks
+    /// its counter and sends every allocation and free of this allocator
+    /// through the heap's special paths from now on (sticky, as
+    /// injection is).
+    pub(crate) fn track_bytes(&self, g: &Group<R>) {
+        g.counter().track_bytes();
+        if self.mode() & mode::BYTES == 0 {
+            self.set_mode(mode::BYTES, true);
+        }
     }
 
     /// Whether group `g`'s fault-injection rule fails this allocation

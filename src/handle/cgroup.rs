@@ -282,9 +282,48 @@ impl<'k, K: Heap> Cgroup<'k, K> {
         to_bytes(self.g().counter().watermark())
     }
 
-    /// Restarts peak tracking from the current usage (which is kept).
+    /// Restarts peak tracking from the current usage (which is kept): the
+    /// page peak ([`Cgroup::peak`]) and the byte peak
+    /// ([`Cgroup::peak_bytes`]).
     pub fn reset_peak(&self) {
         self.g().counter().reset_watermark();
+        self.g().counter().reset_bytes_peak();
+    }
+
+    /// Starts counting the bytes of the objects this group's subtree holds,
+    /// for [`Cgroup::peak_bytes`] and [`Cgroup::assert_peak_at_most`]:
+    /// call it before the code under test allocates.
+    ///
+    /// [`Cgroup::usage`] and [`Cgroup::peak`] count pages charged, which
+    /// include whole slabs (a group's first object of a size class charges
+    /// a slab), the CPU stocks' pre-charged pages and magazine refills: one
+    /// boxed `u64` peaks at tens of KiB there. The byte count is what the
+    /// objects themselves take: each object's size class (a large object's
+    /// whole pages, without its header page), added when it is allocated
+    /// and taken off when it is freed, on the group charged and all its
+    /// ancestors. It covers the size classes and large objects
+    /// (`GlobalAlloc`, [`Cgroup::allocator`]), not typed caches, and is not
+    /// kept while memory-error detection is on.
+    ///
+    /// Cost: from the first call on, every allocation and free of this
+    /// allocator takes its special path (as with fault injection), and large
+    /// objects are not resized in place; nothing changes for allocators
+    /// that never call it. Objects already live when counting began are
+    /// not counted (freeing them lowers the count, never below 0).
+    pub fn track_bytes(&self) {
+        self.kmem.tree().track_bytes(self.g());
+    }
+
+    /// Bytes of live objects counted in this group's subtree since
+    /// [`Cgroup::track_bytes`] (0 before it).
+    pub fn object_bytes(&self) -> usize {
+        self.g().counter().bytes()
+    }
+
+    /// The largest [`Cgroup::object_bytes`] since [`Cgroup::track_bytes`]
+    /// or [`Cgroup::reset_peak`].
+    pub fn peak_bytes(&self) -> usize {
+        self.g().counter().bytes_peak()
     }
 
     /// The hard limit in bytes (`usize::MAX`: none).
@@ -346,11 +385,34 @@ impl<'k, K: Heap> Cgroup<'k, K> {
         }
     }
 
-    /// Asserts that the group's peak usage (since creation or
+    /// Asserts that the group's subtree held at most `bytes` at once;
+    /// panics with the group's [`GroupStat`] otherwise.
+    ///
+    /// After [`Cgroup::track_bytes`] (and with detection off) this is the
+    /// byte peak, [`Cgroup::peak_bytes`]: the size-class bytes of the
+    /// objects live at once, since `track_bytes` or [`Cgroup::reset_peak`].
+    /// Otherwise it is the page peak, as [`Cgroup::assert_page_peak_at_most`].
+    #[track_caller]
+    pub fn assert_peak_at_most(&self, bytes: usize) {
+        if !self.g().counter().tracks_bytes() || self.kmem.detecting() {
+            return self.assert_page_peak_at_most(bytes);
+        }
+        let peak = self.peak_bytes();
+        if peak > bytes {
+            panic!(
+                "kmemcg: group {}'s objects peaked at {peak} bytes, over its budget of {bytes}:\n{}",
+                self.name(),
+                self.stat()
+            );
+        }
+    }
+
+    /// Asserts that the group's peak usage ([`Cgroup::peak`]: pages
+    /// charged, whole slabs and stocks included, since creation or
     /// [`Cgroup::reset_peak`]) stayed at most `bytes`; panics with the
     /// group's [`GroupStat`] otherwise.
     #[track_caller]
-    pub fn assert_peak_at_most(&self, bytes: usize) {
+    pub fn assert_page_peak_at_most(&self, bytes: usize) {
         let peak = self.peak();
         if peak > bytes {
             panic!(

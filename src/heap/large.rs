@@ -167,6 +167,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         Some(unsafe { core::ptr::addr_of!((*h).pages).read() })
     }
 
+    /// The group a live large object is charged to (`None` inside: the
+    /// root); `None` if debug builds or `hardened` find no large object at
+    /// `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live large object of this `Kmem`.
+    pub(crate) unsafe fn large_group(&self, ptr: NonNull<u8>) -> Option<Option<&Group<R>>> {
+        let h = self.large_header(ptr)?;
+        // SAFETY: a live object's header; its reference keeps its group
+        // (a live group of this allocator, or null) alive.
+        Some(unsafe { (*h).group.cast::<Group<R>>().as_ref() })
+    }
+
     /// Frees a large object and uncharges its group.
     ///
     /// # Safety
