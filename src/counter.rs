@@ -55,7 +55,8 @@ static_assertions::const_assert!(STOCK_MAX <= u32::MAX as usize);
 ///
 /// Invariants: `usage` of a counter equals the pages charged to it and its
 /// descendants and not yet uncharged (including stocked pages); it never
-/// exceeds `max` through `try_charge` (a forced `charge` may exceed it).
+/// exceeds `max` through `try_charge` (a forced `charge` may exceed it,
+/// and `try_charge_over` by as much as it is allowed).
 pub struct PageCounter {
     /// Pages charged: written on every charge, so on its own cache line.
     usage: CachePadded<AtomicUsize>,
@@ -252,14 +253,23 @@ impl PageCounter {
     /// Charges `n` pages here and at every ancestor, unless that takes a
     /// level over its `max`: then nothing stays charged and the refusing
     /// level is returned (its `failcnt` counts the refusal).
+    #[inline]
     pub fn try_charge(&self, n: usize) -> Result<(), &PageCounter> {
+        self.try_charge_over(n, 0)
+    }
+
+    /// [`PageCounter::try_charge`] letting each level go up to `extra`
+    /// pages past its `max` (a bounded overdraft: the allocator's callbacks
+    /// charge this way when a `max` refuses them, Linux's `PF_MEMALLOC`).
+    #[inline]
+    pub fn try_charge_over(&self, n: usize, extra: usize) -> Result<(), &PageCounter> {
         let mut c = Some(self);
         while let Some(k) = c {
             let new = k.usage.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
             // Pairs with the fence in `set_max`: either we see its new max,
             // or it sees our add and retries.
             fence(Ordering::SeqCst);
-            if new > k.max.load(Ordering::Relaxed) || new < n {
+            if new > k.max.load(Ordering::Relaxed).saturating_add(extra) || new < n {
                 k.usage.fetch_sub(n, Ordering::Relaxed);
                 k.failcnt.fetch_add(1, Ordering::Relaxed);
                 // Roll back the levels below the refusing one.

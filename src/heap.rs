@@ -78,7 +78,16 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
 /// reclaim ([`Kmem::set_oom_handler`]); returns whether it added memory
 /// (a kernel adds a region), and then the allocation retries once. It runs
 /// with no allocator lock held, in the allocating context; allocations it
-/// makes are atomic (no reclaim, and no nested handler call).
+/// makes are atomic (no reclaim, and no nested handler call) and may
+/// overdraw a group's `max` as a shrinker's do
+/// ([`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT)).
+///
+/// If it panics and the panic unwinds (with `panic = abort` nothing
+/// does), the panic goes on up the allocation that called it: the
+/// context's marks are restored, no allocator lock is held, and the
+/// allocation takes back its charge and makes nothing; the handler is
+/// called again at the next out-of-memory. Through `GlobalAlloc`, which
+/// must not unwind, the panic aborts the program instead.
 pub type OomHandler<K> = fn(&K, usize) -> bool;
 
 /// A [`Kmem`] type, named by one parameter: the handles ([`crate::Cgroup`],
@@ -289,18 +298,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if f.is_null() || self.platform.in_interrupt() {
             return false;
         }
-        // The no-reclaim mark makes the handler's own allocations atomic,
-        // and a nested out-of-memory skips the handler.
-        if crate::cgroup::set_no_reclaim(&self.platform, true) {
+        // The callback marks make the handler's own allocations atomic
+        // (and let them overdraw a `max`), and a nested out-of-memory (or
+        // one in a shrinker or an atomic scope) skips the handler. The
+        // guard restores the marks when the handler returns or unwinds.
+        let marks = crate::cgroup::callback_marks(&self.platform);
+        if marks.saved() & crate::cgroup::RECLAIMING != 0 {
             return false;
         }
         // SAFETY: `oom` holds null or an `OomHandler<Self>` (only
         // `set_oom_handler` stores to it), and pointers to data and to
         // functions have one size here.
         let f = unsafe { core::mem::transmute::<*mut (), OomHandler<Self>>(f) };
-        let added = f(self, pages);
-        crate::cgroup::set_no_reclaim(&self.platform, false);
-        added
+        f(self, pages)
     }
 
     /// Sets the function called with every memory event of every group

@@ -26,6 +26,7 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use crate::cgroup::Group;
+use crate::counter::PageCounter;
 use crate::page::{alloc_exact, free_exact, pages_for};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 
@@ -65,16 +66,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
         let counter = self.tree.charge(self, g, pages + 1).ok()?;
+        // Uncharged unless the run is found: also when a shrinker or the
+        // out-of-memory handler unwinds.
+        let charge = Uncharge { counter, pages: pages + 1 };
         let room = if grown && self.source.room_to_grow() { pages.saturating_mul(3) } else { 0 };
         let alloc = || alloc_exact(&self.source, lead + pages, room, align, self.node());
         // An exhausted page source: contention reclaim, step by step.
-        let Some((run, node)) = alloc()
+        let (run, node) = alloc()
             .or_else(|| self.tree.under_contention(self, alloc))
-            .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })
-        else {
-            counter.uncharge(pages + 1);
-            return None;
-        };
+            .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })?;
+        core::mem::forget(charge);
         counter.add_node_pages(node, pages + 1);
         let obj = run.as_ptr().wrapping_add(align);
         let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
@@ -244,5 +245,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         self.large_pages.add(extra);
         true
+    }
+}
+
+/// Pages charged for a large object whose run is still to be found:
+/// uncharged when dropped, unless forgotten once the run is there.
+struct Uncharge<'a> {
+    counter: &'a PageCounter,
+    pages: usize,
+}
+
+impl Drop for Uncharge<'_> {
+    fn drop(&mut self) {
+        self.counter.uncharge(self.pages);
     }
 }
