@@ -140,6 +140,26 @@ pub(crate) fn hardened_on_free<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>)
     }
 }
 
+/// An object just taken from `cache` and not yet handed out: freed back
+/// when dropped, which happens only if a callback (a shrinker, the event
+/// hook) reached before it is handed out unwinds; forgotten otherwise.
+struct FreeOnUnwind<'a, S: PageSource, R: RawMutex, P: Platform> {
+    kmem: &'a Kmem<S, R, P>,
+    cache: &'a MagCache<R>,
+    p: NonNull<u8>,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for FreeOnUnwind<'_, S, R, P> {
+    #[cold]
+    fn drop(&mut self) {
+        // Hardened mode checks the free against the allocation mark.
+        hardened_on_alloc(self.cache, self.p);
+        // SAFETY: an object `cache` handed out and nobody else has; freed
+        // once (detection has not handed it out, so it frees plainly).
+        unsafe { self.kmem.free_into(self.cache, self.p) };
+    }
+}
+
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
 const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV;
 
@@ -496,8 +516,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Err(Error::OutOfMemory) if self.out_of_memory(1 << cache.cache.geometry().order) => grow(),
             r => r,
         };
-        if r.is_ok() {
+        if let Ok(p) = r {
+            // `high` reclaim and contention may call shrinkers and the
+            // event hook: if one unwinds, the object goes back.
+            let undo = FreeOnUnwind { kmem: self, cache, p };
             self.tree.after_refill(self, cache);
+            core::mem::forget(undo);
         }
         self.decay_tick();
         r

@@ -339,3 +339,30 @@ fn a_shrinker_that_allocates_at_the_max_overdraws_it_within_the_bound() {
     unsafe { a.deallocate(p.cast(), OBJ) };
     free_all(&a, held);
 }
+
+fn high_hook(_: GroupId, e: Event) {
+    if e == Event::High {
+        panic!("planned: high");
+    }
+}
+
+/// Item 11: a hook that panics at `high`, which is checked after the
+/// allocation took its object (a slab object, or a large object), makes
+/// the allocation give the object back as the panic unwinds.
+#[test]
+fn an_allocation_whose_high_hook_panics_gives_its_object_back() {
+    quiet();
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    g.set_high(0).unwrap();
+    k.set_event_hook(Some(high_hook));
+    let a = g.allocator();
+    for l in [Layout::from_size_align(64, 8).unwrap(), OBJ] {
+        let r = catch_unwind(AssertUnwindSafe(|| a.allocate(l)));
+        assert!(r.is_err(), "the hook did not panic for {l:?}");
+        k.shrink();
+        assert_eq!(g.usage(), 0, "the object of {l:?} stayed allocated");
+    }
+    k.set_event_hook(None);
+    g.remove().unwrap();
+}

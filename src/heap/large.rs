@@ -100,9 +100,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: `g` is null or a live group of ours (the object's
         // reference keeps it so).
         let grp = unsafe { g.as_ref() }.unwrap_or(self.tree.root());
-        self.tree.over_high(self, grp);
         // SAFETY: inside the run, so not null.
-        Some(unsafe { NonNull::new_unchecked(obj) })
+        let obj = unsafe { NonNull::new_unchecked(obj) };
+        // `high` reclaim may call shrinkers and the event hook: if one
+        // unwinds, the object goes back.
+        let undo = FreeLargeOnUnwind { kmem: self, obj };
+        self.tree.over_high(self, grp);
+        core::mem::forget(undo);
+        Some(obj)
     }
 
     /// The header of the large object at `ptr`, if it looks live.
@@ -258,5 +263,21 @@ struct Uncharge<'a> {
 impl Drop for Uncharge<'_> {
     fn drop(&mut self) {
         self.counter.uncharge(self.pages);
+    }
+}
+
+/// A large object not yet handed out: freed when dropped, which happens
+/// only if a callback reached before it is handed out unwinds.
+struct FreeLargeOnUnwind<'a, S: PageSource, R: RawMutex, P: Platform> {
+    kmem: &'a Kmem<S, R, P>,
+    obj: NonNull<u8>,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for FreeLargeOnUnwind<'_, S, R, P> {
+    #[cold]
+    fn drop(&mut self) {
+        // SAFETY: a live large object of ours that nobody else has; freed
+        // once.
+        unsafe { self.kmem.free_large(self.obj) };
     }
 }
