@@ -140,14 +140,95 @@ static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounte
 /// makes skips reclaim instead of re-entering it. A tagged token names the
 /// same group, with the same reference, as the untagged one (groups are
 /// aligned to at least 8).
-const RECLAIMING: usize = 1;
+pub(crate) const RECLAIMING: usize = 1;
 
 /// The next bit: set while its context runs the event hook, so events the
 /// hook's own allocations raise are counted but not reported to it again.
 const IN_HOOK: usize = 2;
 
+/// The next bit: set while its context runs a callback of the allocator
+/// (a shrinker, the event hook, the out-of-memory handler), Linux's
+/// `PF_MEMALLOC`: a charge it makes that a `max` refuses is made anyway,
+/// up to [`RECLAIM_OVERDRAFT`] pages past the `max` of each level, and
+/// counted there (`GroupStat::overdrafts`), rather than failing. (Interrupt
+/// context, where the platform keeps no marks, never has it.)
+const MEMALLOC: usize = 4;
+
 /// The tags of a token.
-const TAGS: usize = RECLAIMING | IN_HOOK;
+const TAGS: usize = RECLAIMING | IN_HOOK | MEMALLOC;
+
+// The tags live in the low bits of a group's head address.
+static_assertions::const_assert!(core::mem::align_of::<Group<crate::platform::DefaultRawMutex>>() > TAGS);
+static_assertions::const_assert!(HEAD_OFFSET.is_multiple_of(TAGS + 1));
+
+/// Pages a charge made inside a callback of the allocator (a shrinker,
+/// the event hook, the out-of-memory handler) may take each level of the
+/// group tree past its `max`, all such charges of a group together, when
+/// the `max` refuses it (Linux forces the charges of a task in reclaim,
+/// `PF_MEMALLOC`, past `memory.max`): 256 KiB, room for a shrinker's list
+/// of victims. A charge that would go further fails as before; the page
+/// source is never overdrawn. The pages are counted in the group's
+/// [`GroupStat::overdrafts`](crate::GroupStat::overdrafts), and the limit
+/// holds again on the way back: the allocation that started the reclaim
+/// charges within `max` or fails, and the next reclaim of the group
+/// aims to take it back under its `max`.
+pub const RECLAIM_OVERDRAFT: usize = 64;
+
+/// The calling context's marks ([`RECLAIMING`], [`IN_HOOK`],
+/// [`MEMALLOC`]) with some added, for the length of a callback: dropping
+/// the guard restores the marks the context had when it was made, on
+/// whatever token is current then (the callback may have entered and left
+/// groups; each swap keeps the marks). A drop guard, so a callback that
+/// panics and unwinds leaves its context as it found it.
+pub(crate) struct Marks<'p, P: Platform> {
+    platform: &'p P,
+    /// The context's marks before.
+    saved: usize,
+}
+
+impl<'p, P: Platform> Marks<'p, P> {
+    /// Adds `tags` to the calling context's marks until the guard drops.
+    pub(crate) fn add(platform: &'p P, tags: usize) -> Self {
+        let token = platform.current_group();
+        if token.addr() & tags != tags {
+            // SAFETY: the context's own token, tagged: the same group and
+            // reference.
+            unsafe { platform.set_current_group(token.map_addr(|a| a | tags)) };
+        }
+        Marks { platform, saved: token.addr() & TAGS }
+    }
+
+    /// The context's marks from before the guard.
+    pub(crate) fn saved(&self) -> usize {
+        self.saved
+    }
+}
+
+impl<P: Platform> Drop for Marks<'_, P> {
+    fn drop(&mut self) {
+        let now = self.platform.current_group();
+        if now.addr() & TAGS != self.saved {
+            // SAFETY: the context's current token, retagged: the same group
+            // and reference.
+            unsafe { self.platform.set_current_group(now.map_addr(|a| (a & !TAGS) | self.saved)) };
+        }
+    }
+}
+
+/// Marks the calling context as running a callback that is not the event
+/// hook (a shrinker, the out-of-memory handler) until the guard drops:
+/// its allocations skip reclaim and may overdraw a `max`
+/// ([`RECLAIM_OVERDRAFT`]).
+pub(crate) fn callback_marks<P: Platform>(platform: &P) -> Marks<'_, P> {
+    Marks::add(platform, RECLAIMING | MEMALLOC)
+}
+
+/// Whether the calling context runs a callback of the allocator, whose
+/// refused charges may overdraw (see [`MEMALLOC`]).
+#[inline]
+pub(crate) fn in_callback<P: Platform>(platform: &P) -> bool {
+    !platform.in_interrupt() && platform.current_group().addr() & MEMALLOC != 0
+}
 
 /// `token` without its tags.
 #[inline(always)]
@@ -258,6 +339,10 @@ pub(crate) struct Events {
     /// microseconds.
     pub(crate) throttled: Stat,
     pub(crate) throttled_us: Stat,
+    /// Charges a `max` here refused that a callback of the allocator made
+    /// anyway ([`RECLAIM_OVERDRAFT`]), and their pages.
+    pub(crate) overdrafts: Stat,
+    pub(crate) overdraft_pages: Stat,
 }
 
 impl Events {
@@ -270,6 +355,8 @@ impl Events {
                 soft_pages: Stat::new(),
                 throttled: Stat::new(),
                 throttled_us: Stat::new(),
+                overdrafts: Stat::new(),
+                overdraft_pages: Stat::new(),
             }
         }
     }

@@ -55,7 +55,8 @@ static_assertions::const_assert!(STOCK_MAX <= u32::MAX as usize);
 ///
 /// Invariants: `usage` of a counter equals the pages charged to it and its
 /// descendants and not yet uncharged (including stocked pages); it never
-/// exceeds `max` through `try_charge` (a forced `charge` may exceed it).
+/// exceeds `max` through `try_charge` (a forced `charge` may exceed it,
+/// and `try_charge_over` by as much as it is allowed).
 pub struct PageCounter {
     /// Pages charged: written on every charge, so on its own cache line.
     usage: CachePadded<AtomicUsize>,
@@ -319,8 +320,9 @@ impl PageCounter {
     /// Charges `n` pages here and at every ancestor, unless that takes a
     /// level over its `max`: then nothing stays charged and the refusing
     /// level is returned (its `failcnt` counts the refusal).
+    #[inline]
     pub fn try_charge(&self, n: usize) -> Result<(), &PageCounter> {
-        self.try_charge_counting(n, true)
+        self.try_charge_with(n, 0, true)
     }
 
     /// [`PageCounter::try_charge`] whose refusal is not a failure, so
@@ -328,19 +330,28 @@ impl PageCounter {
     /// another way to get its memory (a guard-page sample that falls back
     /// to a slab).
     pub fn try_charge_quiet(&self, n: usize) -> Result<(), &PageCounter> {
-        self.try_charge_counting(n, false)
+        self.try_charge_with(n, 0, false)
     }
 
-    /// `try_charge`, counting a refusal in `failcnt` if `count`.
+    /// [`PageCounter::try_charge`] letting each level go up to `extra`
+    /// pages past its `max` (a bounded overdraft: the allocator's callbacks
+    /// charge this way when a `max` refuses them, Linux's `PF_MEMALLOC`).
+    #[inline]
+    pub fn try_charge_over(&self, n: usize, extra: usize) -> Result<(), &PageCounter> {
+        self.try_charge_with(n, extra, true)
+    }
+
+    /// `try_charge` with `extra` pages allowed past each level's `max`,
+    /// counting a refusal in `failcnt` if `count`.
     #[inline(always)]
-    fn try_charge_counting(&self, n: usize, count: bool) -> Result<(), &PageCounter> {
+    fn try_charge_with(&self, n: usize, extra: usize, count: bool) -> Result<(), &PageCounter> {
         let mut c = Some(self);
         while let Some(k) = c {
             let new = k.usage.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
             // Pairs with the fence in `set_max`: either we see its new max,
             // or it sees our add and retries.
             fence(Ordering::SeqCst);
-            if new > k.max.load(Ordering::Relaxed) || new < n {
+            if new > k.max.load(Ordering::Relaxed).saturating_add(extra) || new < n {
                 k.usage.fetch_sub(n, Ordering::Relaxed);
                 if count {
                     k.failcnt.fetch_add(1, Ordering::Relaxed);

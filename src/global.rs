@@ -13,14 +13,39 @@ use crate::handle::CgroupAllocator;
 use crate::heap::{Heap, Kmem, dangling};
 use crate::platform::{PageSource, Platform};
 
+/// Stops the program if a callback of the allocator (a shrinker, the
+/// event hook, the out-of-memory handler), called on an allocation path,
+/// panics and unwinds out of a `GlobalAlloc` method: `GlobalAlloc` must
+/// not unwind (its callers, `alloc::alloc` and the collections, assume
+/// it never does). Made before the call and forgotten after it, so it
+/// costs the fast paths nothing; with `panic = abort` it never drops.
+struct NoUnwind;
+
+impl Drop for NoUnwind {
+    #[cold]
+    fn drop(&mut self) {
+        // Only reached while unwinding: without `std` this panics again,
+        // which aborts.
+        crate::platform::report_abort(format_args!(
+            "kmemcg: a callback (shrinker, event hook or out-of-memory handler) panicked inside GlobalAlloc, \
+             which must not unwind; aborting"
+        ));
+    }
+}
+
 // SAFETY: `alloc_layout` returns null or a block of at least `layout.size()`
 // bytes aligned to `layout.align()` that overlaps no live block; `dealloc`
 // and `realloc` accept exactly what `alloc` returned with the same layout,
-// and realloc keeps the old block intact when it fails. Nothing unwinds.
+// and realloc keeps the old block intact when it fails. Nothing unwinds:
+// the allocator itself never panics, and a callback that unwinds through
+// `alloc` or `realloc` (the paths that call them) aborts ([`NoUnwind`]).
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, P> {
     #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        self.alloc_layout(layout).map_or(ptr::null_mut(), NonNull::as_ptr)
+        let guard = NoUnwind;
+        let p = self.alloc_layout(layout).map_or(ptr::null_mut(), NonNull::as_ptr);
+        core::mem::forget(guard);
+        p
     }
 
     #[cfg_attr(not(debug_assertions), inline)]
@@ -34,8 +59,12 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, 
     #[cfg_attr(not(debug_assertions), inline)]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let Some(p) = NonNull::new(ptr) else { return ptr::null_mut() };
+        let guard = NoUnwind;
         // SAFETY: the caller passes a block of ours with its layout.
-        unsafe { self.realloc_raw(p, layout.size(), layout.align(), new_size) }.map_or(ptr::null_mut(), NonNull::as_ptr)
+        let q = unsafe { self.realloc_raw(p, layout.size(), layout.align(), new_size) }
+            .map_or(ptr::null_mut(), NonNull::as_ptr);
+        core::mem::forget(guard);
+        q
     }
 }
 

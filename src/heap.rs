@@ -82,7 +82,16 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
 /// reclaim ([`Kmem::set_oom_handler`]); returns whether it added memory
 /// (a kernel adds a region), and then the allocation retries once. It runs
 /// with no allocator lock held, in the allocating context; allocations it
-/// makes are atomic (no reclaim, and no nested handler call).
+/// makes are atomic (no reclaim, and no nested handler call) and may
+/// overdraw a group's `max` as a shrinker's do
+/// ([`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT)).
+///
+/// If it panics and the panic unwinds (with `panic = abort` nothing
+/// does), the panic goes on up the allocation that called it: the
+/// context's marks are restored, no allocator lock is held, and the
+/// allocation takes back its charge and makes nothing; the handler is
+/// called again at the next out-of-memory. Through `GlobalAlloc`, which
+/// must not unwind, the panic aborts the program instead.
 pub type OomHandler<K> = fn(&K, usize) -> bool;
 
 /// A [`Kmem`] type, named by one parameter: the handles ([`crate::Cgroup`],
@@ -132,6 +141,26 @@ pub(crate) fn hardened_on_free<R: RawMutex>(cache: &MagCache<R>, p: NonNull<u8>)
     // mode).
     if cfg!(feature = "hardened") && !unsafe { cache.cache.mark_freed(p.as_ptr()) } {
         hardened_abort("kmemcg: double free");
+    }
+}
+
+/// An object just taken from `cache` and not yet handed out: freed back
+/// when dropped, which happens only if a callback (a shrinker, the event
+/// hook) reached before it is handed out unwinds; forgotten otherwise.
+struct FreeOnUnwind<'a, S: PageSource, R: RawMutex, P: Platform> {
+    kmem: &'a Kmem<S, R, P>,
+    cache: &'a MagCache<R>,
+    p: NonNull<u8>,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for FreeOnUnwind<'_, S, R, P> {
+    #[cold]
+    fn drop(&mut self) {
+        // Hardened mode checks the free against the allocation mark.
+        hardened_on_alloc(self.cache, self.p);
+        // SAFETY: an object `cache` handed out and nobody else has; freed
+        // once (detection has not handed it out, so it frees plainly).
+        unsafe { self.kmem.free_into(self.cache, self.p) };
     }
 }
 
@@ -332,18 +361,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if f.is_null() || self.platform.in_interrupt() {
             return false;
         }
-        // The no-reclaim mark makes the handler's own allocations atomic,
-        // and a nested out-of-memory skips the handler.
-        if crate::cgroup::set_no_reclaim(&self.platform, true) {
+        // The callback marks make the handler's own allocations atomic
+        // (and let them overdraw a `max`), and a nested out-of-memory (or
+        // one in a shrinker or an atomic scope) skips the handler. The
+        // guard restores the marks when the handler returns or unwinds.
+        let marks = crate::cgroup::callback_marks(&self.platform);
+        if marks.saved() & crate::cgroup::RECLAIMING != 0 {
             return false;
         }
         // SAFETY: `oom` holds null or an `OomHandler<Self>` (only
         // `set_oom_handler` stores to it), and pointers to data and to
         // functions have one size here.
         let f = unsafe { core::mem::transmute::<*mut (), OomHandler<Self>>(f) };
-        let added = f(self, pages);
-        crate::cgroup::set_no_reclaim(&self.platform, false);
-        added
+        f(self, pages)
     }
 
     /// Sets the function called with every memory event of every group
@@ -573,8 +603,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Err(Error::OutOfMemory) if self.out_of_memory(1 << cache.cache.geometry().order) => grow(),
             r => r,
         };
-        if r.is_ok() {
+        if let Ok(p) = r {
+            // `high` reclaim and contention may call shrinkers and the
+            // event hook: if one unwinds, the object goes back.
+            let undo = FreeOnUnwind { kmem: self, cache, p };
             self.tree.after_refill(self, cache);
+            core::mem::forget(undo);
         }
         self.decay_tick();
         r

@@ -84,6 +84,15 @@
 //!   ([`Kmem::set_event_hook`]), called outside every lock.
 //! * **reclaim**: giving back what a group subtree holds unused: its
 //!   magazines, empty slabs and stocks, then what its shrinkers free.
+//! * **reclaim context**: a shrinker, the event hook or the out-of-memory
+//!   handler running (Linux's `PF_MEMALLOC`): its allocations never
+//!   reclaim, and a charge a `max` refuses is made anyway, at most
+//!   [`RECLAIM_OVERDRAFT`] pages past the `max` of each level, counted in
+//!   [`GroupStat::overdrafts`]; the allocation that started the reclaim
+//!   still charges within `max` or fails, and the next reclaim of the group
+//!   takes the overdraft back. The context's marks are drop guards', so a
+//!   callback that panics and unwinds leaves them as they were (through
+//!   `GlobalAlloc`, which must not unwind, it aborts instead).
 //! * **decay**: the allocator's own periodic reap (once a second with a
 //!   clock, [`Decay`]), so idle memory goes back without a `reap()` call.
 //! * **detection**: red zones, poison, a quarantine of freed objects and
@@ -180,7 +189,7 @@
 //! | `Tree::readers` | read guards (iterations of groups, caches and descriptors; slow frees): `fetch_add`, then `fence(SeqCst)`; `Release` dec | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
 //! | `Group::visited`, `Tree::episodes` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound; episode ids need only be unique (an RMW) |
 //! | `PageCounter::setting` | limit setters (a spin flag) | `Acquire` CAS, `Release` store | the previous setter's writes to the limits |
-//! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), shrinker calls (the `RECLAIMING` bit) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
+//! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), callbacks (the `RECLAIMING`, `IN_HOOK` and `MEMALLOC` bits, set and restored by the `Marks` drop guard) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
 //! | `TokenHead::state` (a group's) | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path and in `ShrinkControl::contains` |
 //! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
 //! | `Group::high_mark` | the `high` throttle (a swap per delay) | `Relaxed` | nothing: concurrent tasks each take the growth they see; it only sizes a delay |
@@ -330,7 +339,8 @@ pub use allocator_api2;
 pub use allocator_api2_04;
 pub use cgroup::{
     Event, EventHook, FailRule, FaultInjection, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS,
-    HIGH_DELAY_NS, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES, MAX_SHRINKERS, ShrinkControl, Shrinker,
+    HIGH_DELAY_NS, MAX_ACCOUNTED_CACHES, MAX_INJECTIONS, MAX_PRESSURES, MAX_SHRINKERS, RECLAIM_OVERDRAFT,
+    ShrinkControl, Shrinker,
 };
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};

@@ -422,7 +422,7 @@ impl<R: RawMutex> MagCache<R> {
         // A dead cache's group takes no stock: its pages are uncharged at
         // once, so nothing stays charged once the last object is freed.
         let slot = if self.cache.is_dead() { None } else { slot };
-        Pages { src: cx.src(), counter, slot, owner: (self as *const Self).cast() }
+        Pages { src: cx.src(), counter, slot, owner: (self as *const Self).cast(), overdraft: 0 }
     }
 
     /// One object: from this CPU's loaded magazine when it holds a slot

@@ -91,19 +91,27 @@ pub(crate) struct Pages<'a, S> {
     /// that structure's provenance, so the owner found from an object can
     /// be used as a whole; null: the cache itself.
     pub(crate) owner: *const (),
+    /// Pages each level of `counter` may go past its `max` for a grow (0:
+    /// none); an overdrawn grow takes no stock (`slot` is then `None`).
+    pub(crate) overdraft: usize,
 }
 
 impl<'a, S: PageSource> Pages<'a, S> {
     /// Unaccounted pages from `src`.
     #[inline]
     pub(crate) fn plain(src: &'a S) -> Self {
-        Pages { src, counter: None, slot: None, owner: ptr::null() }
+        Pages { src, counter: None, slot: None, owner: ptr::null(), overdraft: 0 }
     }
 
     /// A run for a new slab, charged first.
     fn grow(&self, order: u32, node: usize) -> Result<PageRun, GrowError> {
         if let Some(c) = self.counter {
-            c.try_charge_stocked(self.slot, 1 << order).map_err(|k| GrowError::Limit(k))?;
+            let r = if self.overdraft == 0 {
+                c.try_charge_stocked(self.slot, 1 << order)
+            } else {
+                c.try_charge_over(1 << order, self.overdraft)
+            };
+            r.map_err(|k| GrowError::Limit(k))?;
         }
         match self.src.alloc_pages(order, node) {
             Some(run) => {

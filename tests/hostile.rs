@@ -6,7 +6,7 @@
 //! so each case runs in a child process (this test binary, re-run with an
 //! environment variable) and the parent checks that it exited cleanly.
 
-use std::alloc::Layout;
+use std::alloc::{GlobalAlloc, Layout};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -131,6 +131,34 @@ impl Shrinker for Liar {
     }
 }
 
+/// A shrinker that collects its victims in a `Vec` in the group being
+/// reclaimed (at its max), as a program would; a refused allocation there
+/// calls `handle_alloc_error`, which aborts.
+struct VecShrinker {
+    group: std::sync::OnceLock<Cgroup<'static, Kmem<OsPages>>>,
+    scans: AtomicUsize,
+}
+
+impl Shrinker for VecShrinker {
+    fn count(&self, _: &ShrinkControl) -> usize {
+        1
+    }
+    fn scan(&self, _: &ShrinkControl, nr: usize) -> usize {
+        self.scans.fetch_add(1, Ordering::Relaxed);
+        if let Some(g) = self.group.get() {
+            let mut victims = allocator_api2::vec::Vec::with_capacity_in(nr.clamp(4096, 8192), g.allocator());
+            victims.extend((0..victims.capacity()).map(|i| i as u64));
+            assert!(!victims.is_empty());
+        }
+        0
+    }
+}
+
+/// An event hook that panics.
+fn panicking_hook(_: kmemcg::GroupId, _: kmemcg::Event) {
+    panic!("hook panics");
+}
+
 /// The child's side: does what `KMEMCG_HOSTILE_CASE` says, and panics if
 /// something is wrong.
 #[test]
@@ -152,14 +180,19 @@ fn run_case() {
             let a = g.allocator();
             let mut held = Vec::new();
             // Fill the group to its max: the last allocations reclaim, call
-            // the shrinker, whose own allocation must fail instead of
-            // reclaiming again.
+            // the shrinker, whose own allocations must not reclaim again:
+            // they overdraw the max (issue 26, item 13: a refused
+            // allocation would abort a program that collects victims in a
+            // `Vec`), within `RECLAIM_OVERDRAFT`, and are freed at once.
             while let Ok(p) = a.allocate(OBJ) {
                 held.push(p);
                 assert!(held.len() < 64, "the max did not hold");
             }
             assert!(greedy.scans.load(Ordering::Relaxed) > 0, "reclaim never called the shrinker");
-            assert_eq!(greedy.nested_ok.load(Ordering::Relaxed), 0, "a nested allocation passed the max");
+            assert!(greedy.nested_ok.load(Ordering::Relaxed) > 0, "the shrinker's allocations failed at the max");
+            assert!(g.stat().overdrafts > 0);
+            // The allocation that started the reclaim was held to the max.
+            assert!(held.len() * (OBJ.size() + 4096) <= g.max());
             for p in held {
                 // SAFETY: allocated above with this layout.
                 unsafe { a.deallocate(p.cast(), OBJ) };
@@ -233,6 +266,40 @@ fn run_case() {
             }
             k.unregister_shrinker(grower);
         }
+        "vec_shrinker" => {
+            let v: &'static VecShrinker =
+                Box::leak(Box::new(VecShrinker { group: std::sync::OnceLock::new(), scans: AtomicUsize::new(0) }));
+            let _ = v.group.set(g.clone());
+            k.register_shrinker(v).unwrap();
+            let a = g.allocator();
+            let mut held = Vec::new();
+            while let Ok(p) = a.allocate(OBJ) {
+                held.push(p);
+                assert!(held.len() < 64, "the max did not hold");
+            }
+            assert!(v.scans.load(Ordering::Relaxed) > 0, "reclaim never called the shrinker");
+            assert!(g.stat().overdrafts > 0);
+            for p in held {
+                // SAFETY: allocated above with this layout.
+                unsafe { a.deallocate(p.cast(), OBJ) };
+            }
+            k.unregister_shrinker(v);
+        }
+        "panic_in_global_alloc" => {
+            k.set_event_hook(Some(panicking_hook));
+            let _in = g.enter();
+            let mut held = Vec::new();
+            // GlobalAlloc must not unwind: the hook's panic aborts here.
+            loop {
+                // SAFETY: a valid layout.
+                let p = unsafe { GlobalAlloc::alloc(k, OBJ) };
+                if p.is_null() {
+                    break;
+                }
+                held.push(p);
+            }
+            unreachable!("the hook was not called");
+        }
         other => panic!("unknown case {other}"),
     }
     println!("case {case} done");
@@ -254,4 +321,17 @@ fn a_shrinker_that_grows_a_block_at_the_max_does_not_recurse() {
 fn a_shrinker_whose_counts_lie_does_not_break_reclaim() {
     let (ok, err) = child("lying_shrinker");
     assert!(ok, "child failed: {err}");
+}
+
+#[test]
+fn a_shrinker_that_collects_victims_in_a_vec_at_the_max_does_not_abort() {
+    let (ok, err) = child("vec_shrinker");
+    assert!(ok, "child failed: {err}");
+}
+
+#[test]
+fn a_callback_that_panics_inside_global_alloc_aborts_instead_of_unwinding() {
+    let (ok, err) = child("panic_in_global_alloc");
+    assert!(!ok);
+    assert!(err.contains("inside GlobalAlloc, which must not unwind"), "child did not abort: {err}");
 }

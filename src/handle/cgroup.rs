@@ -445,6 +445,8 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
             throttled: ev.throttled.get(),
             throttled_us: ev.throttled_us.get(),
+            overdrafts: ev.overdrafts.get(),
+            overdraft_bytes: to_bytes(ev.overdraft_pages.get()),
             stocked: to_bytes(c.stocked()),
             nodes: t.node_pages(g).map(to_bytes),
             large: to_bytes(g.large_pages().get()),
@@ -687,6 +689,15 @@ pub struct GroupStat {
     pub throttled: usize,
     /// See [`GroupStat::throttled`].
     pub throttled_us: usize,
+    /// Charges this group's `max` refused that a callback of the
+    /// allocator (a shrinker, the event hook, the out-of-memory handler)
+    /// made anyway, past the `max` by at most
+    /// [`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT) pages (Linux lets a
+    /// task in reclaim, `PF_MEMALLOC`, go past `memory.max`), and their
+    /// bytes.
+    pub overdrafts: usize,
+    /// See [`GroupStat::overdrafts`].
+    pub overdraft_bytes: usize,
     /// Bytes pre-charged in CPU stocks.
     pub stocked: usize,
     /// Bytes charged to the group and its descendants that back slabs and
@@ -736,6 +747,8 @@ impl fmt::Display for GroupStat {
         writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
         writeln!(f, "throttled {}", self.throttled)?;
         writeln!(f, "throttled_us {}", self.throttled_us)?;
+        writeln!(f, "overdrafts {}", self.overdrafts)?;
+        writeln!(f, "overdraft_bytes {}", self.overdraft_bytes)?;
         writeln!(f, "stocked {}", self.stocked)?;
         write!(f, "usage_nodes")?;
         for (node, bytes) in self.nodes.iter().enumerate() {

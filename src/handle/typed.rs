@@ -246,18 +246,38 @@ impl<T, K: Heap> DerefMut for CacheBox<'_, T, K> {
 }
 
 impl<T, K: Heap> Drop for CacheBox<'_, T, K> {
+    /// Drops the `T` and frees its object. If `T::drop` panics, the object
+    /// is freed all the same while the panic unwinds (as `Box` does): its
+    /// group is uncharged and the cache can go.
     #[inline]
     fn drop(&mut self) {
-        // SAFETY: the box owns a live `T` in an object of `desc.cache` or of
-        // a group's child cache of it; nothing uses it after.
+        let ptr = self.ptr;
+        // Frees the object after the `T` is dropped, also when that unwinds.
+        let _free = FreeOnDrop(self);
+        // SAFETY: the box owns a live `T`; nothing uses it after (the
+        // guard only frees its memory).
+        unsafe { ptr.as_ptr().drop_in_place() };
+    }
+}
+
+/// Frees a [`CacheBox`]'s object when dropped; its `T` is dropped (or its
+/// drop unwound) by then.
+struct FreeOnDrop<'a, 'c, T, K: Heap>(&'a CacheBox<'c, T, K>);
+
+impl<T, K: Heap> Drop for FreeOnDrop<'_, '_, T, K> {
+    #[inline]
+    fn drop(&mut self) {
+        let b = self.0;
+        // SAFETY: the box's object of `desc.cache` or of a group's child
+        // cache of it, whose `T` was dropped (or its drop unwound, which
+        // leaves nothing to drop again); nothing uses it after.
         unsafe {
-            self.ptr.as_ptr().drop_in_place();
-            let ptr = self.kmem.source().rebase(self.ptr.cast());
-            let owner = KmemOf::<K>::owner(&self.desc.cache, ptr);
-            if self.kmem.special() && self.kmem.detecting() {
-                self.kmem.free_typed_checked(owner, ptr, size_of::<T>());
+            let ptr = b.kmem.source().rebase(b.ptr.cast());
+            let owner = KmemOf::<K>::owner(&b.desc.cache, ptr);
+            if b.kmem.special() && b.kmem.detecting() {
+                b.kmem.free_typed_checked(owner, ptr, size_of::<T>());
             } else {
-                self.kmem.free_into(owner, ptr);
+                b.kmem.free_into(owner, ptr);
             }
         }
     }

@@ -26,6 +26,7 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use crate::cgroup::Group;
+use crate::counter::PageCounter;
 use crate::page::{alloc_exact, free_exact, pages_for};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 
@@ -98,6 +99,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         } else {
             self.tree.charge(self, g, pages + 1).ok()?
         };
+        // Uncharged unless the run is found: also when a shrinker or the
+        // out-of-memory handler unwinds.
+        let charge = Uncharge { counter, pages: pages + 1 };
         let room = if grown && self.source.room_to_grow() { pages.saturating_mul(3) } else { 0 };
         let alloc = || alloc_exact(&self.source, lead + pages, room, align, self.node());
         // An exhausted page source: contention reclaim, step by step (not
@@ -109,10 +113,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 .or_else(|| self.tree.under_contention(self, alloc))
                 .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })
         };
-        let Some((run, node)) = run else {
-            counter.uncharge(pages + 1);
-            return None;
-        };
+        let (run, node) = run?;
+        core::mem::forget(charge);
         counter.add_node_pages(node, pages + 1);
         let obj = run.as_ptr().wrapping_add(align);
         let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
@@ -137,9 +139,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: `g` is null or a live group of ours (the object's
         // reference keeps it so).
         let grp = unsafe { g.as_ref() }.unwrap_or(self.tree.root());
-        self.tree.over_high(self, grp);
         // SAFETY: inside the run, so not null.
-        Some(unsafe { NonNull::new_unchecked(obj) })
+        let obj = unsafe { NonNull::new_unchecked(obj) };
+        // `high` reclaim may call shrinkers and the event hook: if one
+        // unwinds, the object goes back.
+        let undo = FreeLargeOnUnwind { kmem: self, obj };
+        self.tree.over_high(self, grp);
+        core::mem::forget(undo);
+        Some(obj)
     }
 
     /// The header of the large object at `ptr`, if it looks live.
@@ -297,5 +304,34 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         self.large_pages.add(extra);
         true
+    }
+}
+
+/// Pages charged for a large object whose run is still to be found:
+/// uncharged when dropped, unless forgotten once the run is there.
+struct Uncharge<'a> {
+    counter: &'a PageCounter,
+    pages: usize,
+}
+
+impl Drop for Uncharge<'_> {
+    fn drop(&mut self) {
+        self.counter.uncharge(self.pages);
+    }
+}
+
+/// A large object not yet handed out: freed when dropped, which happens
+/// only if a callback reached before it is handed out unwinds.
+struct FreeLargeOnUnwind<'a, S: PageSource, R: RawMutex, P: Platform> {
+    kmem: &'a Kmem<S, R, P>,
+    obj: NonNull<u8>,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for FreeLargeOnUnwind<'_, S, R, P> {
+    #[cold]
+    fn drop(&mut self) {
+        // SAFETY: a live large object of ours that nobody else has; freed
+        // once.
+        unsafe { self.kmem.free_large(self.obj) };
     }
 }

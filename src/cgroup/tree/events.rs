@@ -9,17 +9,19 @@
 //! reclaim, always with no allocator lock held (a reclaim walk may hold a
 //! read guard, which is no lock), possibly in interrupt context or an
 //! atomic scope. While it runs, its context is marked as if it ran a
-//! shrinker (an allocation it makes anyway is atomic: no reclaim) and as
-//! running the hook (events that allocation raises are counted, not
-//! reported again); in interrupt context, where the platform keeps no
-//! per-context marks, neither holds.
+//! shrinker (an allocation it makes anyway is atomic: no reclaim; one a
+//! `max` refuses overdraws it, see `RECLAIM_OVERDRAFT`) and as running
+//! the hook (events that allocation raises are counted, not reported
+//! again); in interrupt context, where the platform keeps no per-context
+//! marks, neither holds. The marks are a drop guard's, so a hook that
+//! panics and unwinds leaves its context's marks as they were.
 
 use core::ptr;
 
 use lock_api::RawMutex;
 
 use super::Tree;
-use crate::cgroup::{Event, Group, GroupId, IN_HOOK, RECLAIMING, TAGS};
+use crate::cgroup::{Event, Group, GroupId, IN_HOOK, MEMALLOC, Marks, RECLAIMING};
 use crate::magazine::Env;
 use crate::platform::Platform;
 use crate::sync::Ordering;
@@ -35,8 +37,18 @@ use crate::sync::Ordering;
 /// not allocate from the allocator (nor panic): a kernel would set a flag
 /// or wake a task, a program bump a counter or write to a pipe. An
 /// allocation it makes anyway outside interrupt context is atomic (it
-/// never reclaims) and the events it raises are counted but not reported
-/// to the hook again; in interrupt context nothing guards against that.
+/// never reclaims; a `max` that refuses it is overdrawn instead, by at
+/// most [`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT) pages, as for a
+/// shrinker) and the events it raises are counted but not reported to the
+/// hook again; in interrupt context nothing guards against that.
+///
+/// If the hook panics and the panic unwinds (with `panic = abort` nothing
+/// does), it goes on up the allocation or reclaim that raised the event:
+/// the event is counted, the context's marks are restored, no allocator
+/// lock is held, and the allocation (or reclaim) stops there, having
+/// taken back any charge it made; the hook is called again with the next
+/// event. Through `GlobalAlloc`, which must not unwind, the panic aborts
+/// the program instead.
 /// The [`GroupId`] is the one [`Cgroup::id`](crate::Cgroup::id) returns
 /// ([`GroupId::ROOT`] for the root); compare it, do not keep it past the
 /// group's life.
@@ -60,28 +72,23 @@ impl<R: RawMutex> Tree<R> {
             return;
         }
         let platform = env.plat();
-        let marks = !platform.in_interrupt();
-        let token = if marks { platform.current_group() } else { ptr::null() };
-        if token.addr() & IN_HOOK != 0 {
-            return;
-        }
-        if marks {
-            // SAFETY: the context's own token, tagged: the same group and
-            // reference.
-            unsafe { platform.set_current_group(token.map_addr(|a| a | IN_HOOK | RECLAIMING)) };
-        }
+        // In interrupt context the platform keeps no per-context marks.
+        let _marks = if platform.in_interrupt() {
+            None
+        } else {
+            let m = Marks::add(platform, IN_HOOK | RECLAIMING | MEMALLOC);
+            if m.saved() & IN_HOOK != 0 {
+                // Raised by the hook's own allocation: counted, not reported.
+                return;
+            }
+            Some(m)
+        };
         // SAFETY: `event_hook` holds null or a function pointer of type
         // `EventHook` (only `set_event_hook` stores to it), and pointers to
         // data and to functions have one size here.
         let f = unsafe { core::mem::transmute::<*mut (), EventHook>(hook) };
+        // The marks guard restores the context's marks when the hook
+        // returns or unwinds.
         f(self.group_id(g), e);
-        if marks {
-            // The context's marks as before the call, on whatever token
-            // is current now (the hook may have entered and left groups;
-            // each swap keeps the marks).
-            let now = platform.current_group();
-            // SAFETY: as above: the current token, retagged.
-            unsafe { platform.set_current_group(now.map_addr(|a| (a & !TAGS) | (token.addr() & TAGS))) };
-        }
     }
 }

@@ -39,7 +39,7 @@ use lock_api::RawMutex;
 
 use super::Tree;
 use super::protection::{Pass, Take, Visit};
-use crate::cgroup::{Event, Group, RECLAIMING, TokenHead};
+use crate::cgroup::{Event, Group, RECLAIM_OVERDRAFT, RECLAIMING, TokenHead, callback_marks, in_callback};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
 use crate::magazine::{Acct, Env, MagCache, drain_many};
@@ -322,12 +322,35 @@ fn ask(n: usize, share: usize, u: usize, floor: usize, bound: usize) -> usize {
 /// node-aware shrinkers): a dentry LRU, a connection pool.
 ///
 /// Shrinkers are called with no allocator lock held, from whatever thread
-/// is reclaiming; they may free objects (which is the point), but should
-/// not allocate.
+/// is reclaiming; they may free objects (which is the point).
+///
+/// **Allocating.** A shrinker had better not allocate, but may (a list of
+/// victims, say): its allocations never reclaim (reclaim does not re-enter
+/// itself), and one that a group's `max` refuses is charged past it, by at
+/// most [`RECLAIM_OVERDRAFT`] pages per group, and counted in the group's
+/// [`GroupStat::overdrafts`](crate::GroupStat::overdrafts) (Linux's
+/// `PF_MEMALLOC`), so a program does not abort for a failed allocation in
+/// its shrinker. The limit holds on the way back: the allocation that
+/// started the reclaim charges within `max` or fails, and the group's next
+/// reclaim takes back what was overdrawn. Beyond the overdraft, or with
+/// the page source exhausted, its allocations fail.
+///
+/// **Panicking.** A shrinker should not panic. If `count` or `scan`
+/// panics and the panic unwinds (with `panic = abort` nothing does), the
+/// reclaim that called it stops there and the panic goes on up the
+/// allocation (or [`Cgroup::reclaim`](crate::Cgroup::reclaim),
+/// [`Cgroup::set_max`](crate::Cgroup::set_max)) that reclaimed: the
+/// thread's marks are restored, no allocator lock is held, the refused
+/// charge was already taken back, and the allocation makes nothing; a
+/// `catch_unwind` around it finds the allocator as before, and the
+/// shrinker is called again by the next reclaim. Through `GlobalAlloc`,
+/// which must not unwind, the panic aborts the program instead.
 pub trait Shrinker: Sync {
-    /// How many objects in scope could be freed.
+    /// How many objects in scope could be freed. See the trait docs for
+    /// what happens if it panics.
     fn count(&self, sc: &ShrinkControl) -> usize;
-    /// Frees up to `nr` objects in scope; returns how many it freed.
+    /// Frees up to `nr` objects in scope; returns how many it freed. See
+    /// the trait docs for what happens if it allocates or panics.
     fn scan(&self, sc: &ShrinkControl, nr: usize) -> usize;
 }
 
@@ -386,8 +409,48 @@ impl<R: RawMutex> Tree<R> {
         // SAFETY: callers pass a live group of this tree or null.
         let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
         let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
+        if in_callback(env.plat()) {
+            // A callback's charge: overdrawn, or refused (no reclaim).
+            return match counter.try_charge_over(pages, RECLAIM_OVERDRAFT) {
+                Ok(()) => {
+                    self.overdrawn(k, pages);
+                    Ok(counter)
+                }
+                Err(k) => Err(self.refused(env, GrowError::Limit(k))),
+            };
+        }
         self.reclaim_refuser(env, k, pages);
         counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
+    }
+
+    /// Counts an overdraft of `pages` in the group whose counter `k`
+    /// refused them within its `max`.
+    fn overdrawn(&self, k: *const PageCounter, pages: usize) {
+        // SAFETY: every counter that refuses a charge is a group's.
+        let g = unsafe { self.group_of_counter(k) };
+        g.events.overdrafts.add(1);
+        g.events.overdraft_pages.add(pages);
+    }
+
+    /// A slab for `cache` in a callback of the allocator, whose grow a
+    /// `max` refused at counter `k`: charged up to [`RECLAIM_OVERDRAFT`]
+    /// pages past the `max` of each level (through the shared path, no
+    /// stock), or refused.
+    fn grow_overdrawn<E: Env<R>>(
+        &self,
+        env: &E,
+        cache: &MagCache<R>,
+        k: *const PageCounter,
+    ) -> Result<NonNull<u8>, Error> {
+        let mut pages = cache.pages(env, None);
+        pages.overdraft = RECLAIM_OVERDRAFT;
+        match cache.cache.alloc(&pages, 0) {
+            Ok(p) => {
+                self.overdrawn(k, cache.cache.geometry().slab_pages());
+                Ok(p)
+            }
+            Err(e) => Err(self.refused(env, e)),
+        }
     }
 
     /// A cache could not grow: for a refused charge, reclaim the refusing
@@ -404,6 +467,7 @@ impl<R: RawMutex> Tree<R> {
         e: GrowError,
     ) -> Result<NonNull<u8>, Error> {
         match e {
+            GrowError::Limit(k) if in_callback(env.plat()) => return self.grow_overdrawn(env, cache, k),
             GrowError::Limit(k) => self.reclaim_refuser(env, k, cache.cache.geometry().slab_pages()),
             GrowError::OutOfMemory => {
                 if let Some(p) = self.under_contention(env, || cache.alloc(env).ok()) {
@@ -518,9 +582,11 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// The goal of a reclaim after `g` refused a charge of `pages`: the
-    /// charge plus a batch of 1/32 of its usage.
+    /// charge, what callbacks overdrew past its `max` (see
+    /// [`RECLAIM_OVERDRAFT`]), and a batch of 1/32 of its usage.
     fn reclaim_goal(g: &Group<R>, pages: usize) -> usize {
-        pages.saturating_add(g.counter.usage() / 32)
+        let usage = g.counter.usage();
+        pages.saturating_add(usage.saturating_sub(g.counter.max())).saturating_add(usage / 32)
     }
 
     /// Calls every shrinker on every node for what a pass of a reclaim
@@ -530,8 +596,9 @@ impl<R: RawMutex> Tree<R> {
     /// clamped (a `scan` frees at most what it was asked for; sums
     /// saturate), so a shrinker that lies cannot make reclaim overflow or
     /// loop. While they run, the context's current group token carries
-    /// the [`RECLAIMING`] tag: an allocation a shrinker makes charges as
-    /// usual but skips reclaim. A read guard keeps the groups the walk
+    /// the [`RECLAIMING`] and `MEMALLOC` tags: an allocation a shrinker
+    /// makes charges as usual but skips reclaim, and may overdraw a `max`
+    /// ([`RECLAIM_OVERDRAFT`]). A read guard keeps the groups the walk
     /// reaches from being freed meanwhile (it only defers freeing group
     /// metadata; nothing waits for it).
     fn run_shrinkers<E: Env<R>>(
@@ -550,10 +617,11 @@ impl<R: RawMutex> Tree<R> {
         }
         let platform = env.plat();
         // The tagged token names the same group with the same reference,
-        // so the platform slot's reference is untouched.
-        let token = platform.current_group();
-        // SAFETY: the context's own token, tagged.
-        unsafe { platform.set_current_group(token.map_addr(|a| a | RECLAIMING)) };
+        // so the platform slot's reference is untouched. The guards restore
+        // the context's marks and release the read guard when the
+        // shrinkers return or one of them unwinds (nothing else is held
+        // across the calls, and `freed`, `held` and the goal are ours).
+        let _marks = callback_marks(platform);
         {
             let _read = self.read_guard();
             Self::plan(root, target, pass, |v, Visit { take, floor, .. }| {
@@ -586,14 +654,6 @@ impl<R: RawMutex> Tree<R> {
                     }
                 }
             });
-        }
-        // Clear the tag of whatever is current now: the token set above,
-        // or (if a shrinker dropped guards out of order) the group it left
-        // current, which keeps its reference either way.
-        let now = platform.current_group();
-        if now.addr() & RECLAIMING != 0 {
-            // SAFETY: the current token, untagged.
-            unsafe { platform.set_current_group(now.map_addr(|a| a & !RECLAIMING)) };
         }
         (freed, held)
     }
@@ -690,8 +750,9 @@ impl<R: RawMutex> Tree<R> {
                 }
             }
             let Some(b) = self.candidate(episode, mode) else { continue };
+            // Put back when the step ends, also if a shrinker unwinds.
+            let _held = Held { tree: self, g: b };
             if !episode.may_step() {
-                self.put_group(b);
                 break;
             }
             // Contention reclaim takes a little at a time (1/16 of what
@@ -717,7 +778,6 @@ impl<R: RawMutex> Tree<R> {
                 b.visited.store(episode.mark(mode), Ordering::Relaxed);
             }
             episode.steps += 1;
-            self.put_group(b);
             return true;
         }
         if episode.root {
@@ -910,6 +970,19 @@ impl<R: RawMutex> Tree<R> {
     pub(crate) fn finish_reclaim<E: Env<R>>(&self, env: &E) {
         self.release_empty_dead();
         self.reclaim_groups(env, &mut self.lock.lock());
+    }
+}
+
+/// A reference on a group that a walk took (`try_get`), put back when
+/// dropped: also when a shrinker called while it is held unwinds.
+struct Held<'a, R: RawMutex> {
+    tree: &'a Tree<R>,
+    g: &'a Group<R>,
+}
+
+impl<R: RawMutex> Drop for Held<'_, R> {
+    fn drop(&mut self) {
+        self.tree.put_group(self.g);
     }
 }
 
