@@ -10,45 +10,23 @@ use lock_api::RawMutex;
 
 use crate::cgroup::Group;
 use crate::handle::CgroupAllocator;
-use crate::heap::{Heap, Kmem, dangling};
+use crate::heap::{Heap, Kmem, NoUnwind, dangling};
 use crate::platform::{PageSource, Platform};
-
-/// Stops the program if a callback of the allocator (a shrinker, the
-/// event hook, the out-of-memory handler), called on an allocation path,
-/// panics and unwinds out of a `GlobalAlloc` method: `GlobalAlloc` must
-/// not unwind (its callers, `alloc::alloc` and the collections, assume
-/// it never does). Made before the call and forgotten after it, so it
-/// costs the fast paths nothing; with `panic = abort` it never drops.
-struct NoUnwind;
-
-impl Drop for NoUnwind {
-    #[cold]
-    fn drop(&mut self) {
-        // Only reached while unwinding: without `std` this panics again,
-        // which aborts.
-        crate::platform::report_abort(format_args!(
-            "kmemcg: a callback (shrinker, event hook or out-of-memory handler) panicked inside GlobalAlloc, \
-             which must not unwind; aborting"
-        ));
-    }
-}
 
 // SAFETY: `alloc_layout` returns null or a block of at least `layout.size()`
 // bytes aligned to `layout.align()` that overlaps no live block; `dealloc`
 // and `realloc` accept exactly what `alloc` returned with the same layout,
 // and realloc keeps the old block intact when it fails. Nothing unwinds:
 // the allocator itself never panics, and a callback that unwinds through
-// `alloc` or `realloc` (the paths that call them) aborts ([`NoUnwind`]).
+// `alloc` (its slow paths, `Kmem::no_unwind_special`) or `realloc` aborts
+// ([`NoUnwind`]).
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, P> {
-    #[cfg_attr(not(debug_assertions), inline)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let guard = NoUnwind;
-        let p = self.alloc_layout(layout).map_or(ptr::null_mut(), NonNull::as_ptr);
-        core::mem::forget(guard);
-        p
+        self.alloc_layout_global(layout).map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
-    #[cfg_attr(not(debug_assertions), inline)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if let Some(p) = NonNull::new(ptr) {
             // SAFETY: the caller passes a block of ours with its layout.
@@ -56,7 +34,7 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, 
         }
     }
 
-    #[cfg_attr(not(debug_assertions), inline)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let Some(p) = NonNull::new(ptr) else { return ptr::null_mut() };
         let guard = NoUnwind;
@@ -70,17 +48,17 @@ unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for Kmem<S, R, 
 
 // SAFETY: forwards to the `GlobalAlloc` of `Kmem`, which is sound.
 unsafe impl<S: PageSource, R: RawMutex, P: Platform> GlobalAlloc for &Kmem<S, R, P> {
-    #[cfg_attr(not(debug_assertions), inline)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded.
         unsafe { (**self).alloc(layout) }
     }
-    #[cfg_attr(not(debug_assertions), inline)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded.
         unsafe { (**self).dealloc(ptr, layout) }
     }
-    #[cfg_attr(not(debug_assertions), inline)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded.
         unsafe { (**self).realloc(ptr, layout, new_size) }

@@ -164,6 +164,38 @@ impl<S: PageSource, R: RawMutex, P: Platform> Drop for FreeOnUnwind<'_, S, R, P>
     }
 }
 
+/// Stops the program if a callback of the allocator (a shrinker, the
+/// event hook, the out-of-memory handler), called on an allocation path,
+/// panics and unwinds out of a `GlobalAlloc` method: `GlobalAlloc` must
+/// not unwind (its callers, `alloc::alloc` and the collections, assume
+/// it never does). Made before the call and forgotten after it; the
+/// allocation paths make it only in their out-of-line slow paths
+/// ([`Kmem::no_unwind_special`]), so the fast path needs no landing pad (and no
+/// stack frame); with `panic = abort` it never drops.
+pub(crate) struct NoUnwind;
+
+impl Drop for NoUnwind {
+    #[cold]
+    fn drop(&mut self) {
+        // Only reached while unwinding: without `std` this panics again,
+        // which aborts.
+        crate::platform::report_abort(format_args!(
+            "kmemcg: a callback (shrinker, event hook or out-of-memory handler) panicked inside GlobalAlloc, \
+             which must not unwind; aborting"
+        ));
+    }
+}
+
+/// Stops the program: a `Kmem` was moved after its first use (see
+/// `Kmem::settle`).
+#[cold]
+#[inline(never)]
+fn moved() -> ! {
+    crate::platform::fatal(
+        "kmemcg: a Kmem was moved after its first use; keep it where it was first used (a static, a leaked Box)",
+    )
+}
+
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
 const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV | mode::BYTES;
 
@@ -280,9 +312,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match self.home.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => {}
             Err(home) if home == me => {}
-            Err(_) => crate::platform::fatal(
-                "kmemcg: a Kmem was moved after its first use; keep it where it was first used (a static, a leaked Box)",
-            ),
+            Err(_) => moved(),
+        }
+    }
+
+    /// [`Kmem::settle`] where the first use has certainly happened (a free
+    /// of an object this `Kmem` made): a compare and a branch to a call
+    /// that does not return, so the caller keeps no registers for it.
+    #[inline(always)]
+    fn check_home(&self) {
+        if self.home.load(Ordering::Relaxed) != core::ptr::from_ref(self).addr() {
+            moved()
         }
     }
 
@@ -421,24 +461,82 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if !align.is_power_of_two() {
             return None;
         }
-        self.alloc_current(size, align)
+        self.alloc_current::<false>(size, align)
     }
 
     /// [`Kmem::alloc_raw`] for a `Layout`, whose alignment is a power of
-    /// two: the `GlobalAlloc` and `Allocator` entry, inlined into them.
+    /// two: the `Allocator` entry, inlined into it (a callback that
+    /// panics unwinds through it).
     #[inline(always)]
     pub(crate) fn alloc_layout(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
-        self.alloc_current(layout.size(), layout.align())
+        self.alloc_current::<false>(layout.size(), layout.align())
+    }
+
+    /// [`Kmem::alloc_layout`] for `GlobalAlloc`, which must not unwind: a
+    /// callback that panics on one of its slow paths aborts there
+    /// ([`Kmem::no_unwind_special`]).
+    #[inline(always)]
+    pub(crate) fn alloc_layout_global(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
+        self.alloc_current::<true>(layout.size(), layout.align())
+    }
+
+    /// The slow paths of an allocation that must not unwind
+    /// (`GlobalAlloc`'s), each with a [`NoUnwind`] guard: a callback
+    /// (shrinker, event hook, out-of-memory handler) that panics in one
+    /// aborts the program there. Out of line and cold, with their
+    /// arguments in registers, so the guard's landing pad is not on the
+    /// fast path, which then needs no stack frame.
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_special(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_special_current(size, align);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_in_new_child(g, c, base);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_slow(&self, cache: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_slow_opt(cache);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_large(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_large(g, size, align, false);
+        core::mem::forget(guard);
+        r
     }
 
     /// An allocation for the current group: one test of the mode word
     /// takes the plain path (no groups, no detection, no injection).
+    /// `NOUNWIND`: for `GlobalAlloc` (see [`Kmem::no_unwind_special`]).
     #[inline(always)]
-    fn alloc_current(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+    fn alloc_current<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         let m = self.tree.mode();
         let g = if m == 0 {
             core::ptr::null()
         } else if m & SPECIAL != 0 {
+            if NOUNWIND {
+                return self.no_unwind_special(size, align);
+            }
             return self.alloc_special_current(size, align);
         } else if self.platform.in_interrupt() {
             // Interrupt context charges the root, not the interrupted task.
@@ -446,7 +544,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         } else {
             self.tree.charged_for(self.platform.current_group())
         };
-        self.alloc_pow2(g, size, align)
+        self.alloc_pow2::<NOUNWIND>(g, size, align)
     }
 
     /// [`Kmem::alloc_layout`] charging group `g` (null: root).
@@ -462,7 +560,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if self.tree.mode() & SPECIAL != 0 {
             return self.alloc_special(g, size, align, true);
         }
-        self.alloc_pow2(g, size, align)
+        self.alloc_pow2::<false>(g, size, align)
     }
 
     /// [`Kmem::alloc_special`] for the current group, which it looks up
@@ -491,7 +589,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if m & mode::DEBUG != 0 && size != 0 {
             return self.alloc_checked(g, size, align);
         }
-        let p = self.alloc_pow2(g, size, align)?;
+        let p = self.alloc_pow2::<false>(g, size, align)?;
         if m & mode::BYTES != 0 {
             // SAFETY: `p` is a live object of `size` and `align` from
             // `alloc_pow2` (no detection).
@@ -536,7 +634,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`Kmem::alloc_in`] for an `align` known to be a power of two, with
     /// no detection or injection.
     #[inline(always)]
-    pub(crate) fn alloc_pow2(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc_pow2<const NOUNWIND: bool>(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
         if size == 0 {
             return None;
         }
@@ -550,16 +653,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     // SAFETY: callers pass a live group of this allocator.
                     match unsafe { &*g }.child_cache(c) {
                         Some(child) => child,
+                        None if NOUNWIND => return self.no_unwind_new_child(g, c, base),
                         None => return self.alloc_in_new_child(g, c, base),
                     }
                 };
                 let p = match cache.alloc_fast(self) {
                     Some(p) => p,
+                    None if NOUNWIND => self.no_unwind_slow(cache)?,
                     None => self.alloc_slow_opt(cache)?,
                 };
                 hardened_on_alloc(cache, p);
                 Some(p)
             }
+            None if NOUNWIND => self.no_unwind_large(g, size, align),
             None => self.alloc_large(g, size, align, false),
         }
     }
@@ -704,7 +810,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// one of its child caches.
     #[inline(never)]
     unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
-        self.settle();
+        self.check_home();
         // SAFETY: forwarded.
         unsafe { self.free_into(Self::owner(base, ptr), ptr) }
     }

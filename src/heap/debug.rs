@@ -489,7 +489,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         {
             return Some(p);
         }
-        let p = self.alloc_pow2(g, padded, align)?;
+        let p = self.alloc_pow2::<false>(g, padded, align)?;
         let (slot, birth) = match class_of(padded, align) {
             Some(c) => {
                 // SAFETY: `p` is a fresh object of class `c`, in a slab of

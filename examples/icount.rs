@@ -1,0 +1,70 @@
+//! Run with: `cargo run --release --example icount -- <case> [N]`
+//!
+//! The loops whose instructions per operation CI holds to a budget
+//! (`scripts/icount.sh`, `.ci/icount-budget`): run under
+//! `valgrind --tool=callgrind` at N and 2N operations, (2N - N) / N is the
+//! cost of one, start-up cancelled. kmemcg is the global allocator. Cases:
+//!
+//! * `generic`: 64-byte alloc+free pairs through `GlobalAlloc`, in a loop
+//!   generic over the allocator (as a user's code inlines it);
+//! * `box`: a `Box<u64>` made and dropped (through `#[global_allocator]`);
+//! * `box-group`: the same inside an entered group (the accounted path);
+//! * `typed`: a typed cache's `alloc` and the drop of its `CacheBox`;
+//! * `typed-group`: an accounted typed cache's, inside an entered group.
+//!
+//! Decay is off: under valgrind the loop runs tens of times slower, so a
+//! reap once a second of wall time would come tens of times as often per
+//! operation as in a real run, and the counts would depend on the
+//! machine's speed.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::hint::black_box;
+
+use kmemcg::{CacheFlags, Decay, Kmem, OsPages};
+
+#[global_allocator]
+static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+
+/// `n` 64-byte pairs through `a`, monomorphised for its type.
+fn pairs<A: GlobalAlloc>(a: &A, n: usize) {
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    for _ in 0..n {
+        // SAFETY: a valid layout; freed at once with it.
+        unsafe {
+            let p = a.alloc(black_box(layout));
+            a.dealloc(black_box(p), layout);
+        }
+    }
+}
+
+fn boxes(n: usize) {
+    for i in 0..n {
+        drop(black_box(Box::new(black_box(i as u64))));
+    }
+}
+
+fn typed(n: usize, flags: CacheFlags) {
+    let cache = KMEM.create_cache::<[u64; 8]>("icount", flags).unwrap();
+    for i in 0..n {
+        drop(black_box(cache.alloc([i as u64; 8]).unwrap()));
+    }
+}
+
+fn main() {
+    KMEM.set_decay(Decay::OFF);
+    let args: Vec<String> = std::env::args().collect();
+    let case = args.get(1).map_or("generic", String::as_str);
+    let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let group = case.ends_with("-group").then(|| KMEM.root().create_child("icount").unwrap());
+    let _in = group.as_ref().map(|g| g.enter());
+    match case {
+        "generic" => pairs(&KMEM, n),
+        "box" | "box-group" => boxes(n),
+        "typed" => typed(n, CacheFlags::NONE),
+        "typed-group" => typed(n, CacheFlags::ACCOUNT),
+        other => {
+            eprintln!("unknown case {other}");
+            std::process::exit(2);
+        }
+    }
+}
