@@ -260,6 +260,40 @@ fn loom_last_free_races_reclamation_and_a_walk() {
 }
 
 #[test]
+fn loom_an_id_lookup_races_the_last_free_and_reclamation() {
+    // A shrinker's `ShrinkControl::contains` checks a group id in the id
+    // table under its call's read guard, then follows it. A removed
+    // group's last free and reclamation race such a lookup: a lookup that
+    // finds the id never reaches freed memory (the entry is cleared before
+    // reclamation's fence, and the group freed only once no guard is
+    // held), and one that runs after reclamation finds nothing.
+    model(|env| {
+        let (g, x) = env.child_with_an_object();
+        let id = env.tree.group_id(g);
+        let gp = g as *const Group<R> as usize;
+        env.remove_and_put(g);
+        let freer = spawn(&env, move |env| env.free(x));
+        let looker = spawn(&env, move |env| {
+            let _read = env.tree.read_guard();
+            // SAFETY: the model's tree outlives its threads.
+            let found = unsafe { Tree::<R>::knows(core::ptr::from_ref(&env.tree).cast(), id) };
+            if found {
+                // SAFETY: found under the guard, so not freed before it drops.
+                assert!(!unsafe { &*(gp as *const Group<R>) }.is_freed(), "a found id led to a freed group");
+            }
+            found
+        });
+        env.tree.finish_reclaim(&*env);
+        freer.join().unwrap();
+        looker.join().unwrap();
+        env.settle();
+        // Reclaimed now: its id names nothing.
+        // SAFETY: as above.
+        assert!(!unsafe { Tree::<R>::knows(core::ptr::from_ref(&env.tree).cast(), id) });
+    });
+}
+
+#[test]
 fn loom_child_cache_first_use_race() {
     // Two threads use a group's class for the first time at once: one
     // child cache is published, both get it, and the group gains exactly

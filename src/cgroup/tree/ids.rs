@@ -23,8 +23,9 @@ use core::ptr::{self, NonNull};
 use crate::platform::{PAGE_SIZE, PageSource};
 use crate::sync::{AtomicPtr, AtomicU32, Ordering, atomic_null, atomic_u32, loom_const_fn};
 
-/// Pointers per page: entries per chunk, and chunks in the directory.
-const PER_PAGE: usize = PAGE_SIZE / core::mem::size_of::<AtomicPtr<()>>();
+/// Pointers per page: entries per chunk, and chunks in the directory (8
+/// under loom, whose atomics are objects each model creates one by one).
+const PER_PAGE: usize = if cfg!(loom) { 8 } else { PAGE_SIZE / core::mem::size_of::<AtomicPtr<()>>() };
 
 /// Groups that can be alive at once in one tree (262,144 with 4 KiB pages
 /// on 64-bit targets); one more fails `create_child` with `OutOfMemory`.
@@ -52,13 +53,17 @@ impl Ids {
         }
     }
 
-    /// A zeroed page of `PER_PAGE` null pointers from `src`.
+    /// A page of `PER_PAGE` null pointers from `src`.
     fn page<S: PageSource>(src: &S) -> Option<NonNull<AtomicPtr<()>>> {
         let run = src.alloc_pages(0, 0)?;
         let p = run.addr.cast::<AtomicPtr<()>>();
-        // SAFETY: a fresh page, ours, aligned for pointers; all zero bits is
-        // a null `AtomicPtr`.
-        unsafe { p.as_ptr().write_bytes(0, PER_PAGE) };
+        static_assertions::const_assert!(PER_PAGE * core::mem::size_of::<AtomicPtr<()>>() <= PAGE_SIZE);
+        for i in 0..PER_PAGE {
+            // SAFETY: a fresh page, ours, aligned for pointers and large
+            // enough for `PER_PAGE` of them (asserted above); each made as
+            // an atomic (under loom, a model object).
+            unsafe { p.as_ptr().add(i).write(atomic_null()) };
+        }
         Some(p)
     }
 

@@ -394,7 +394,7 @@ impl<R: RawMutex> Tree<R> {
     /// # Safety
     ///
     /// `tree` points to a live `Tree<R>`.
-    unsafe fn knows(tree: *const (), id: GroupId) -> bool {
+    pub(crate) unsafe fn knows(tree: *const (), id: GroupId) -> bool {
         if id == GroupId::ROOT {
             return true;
         }
