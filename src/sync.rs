@@ -147,7 +147,7 @@ unsafe impl lock_api::RawMutex for LoomRawMutex {
 /// The default lock with `std` (outside loom): a spin lock whose waiters
 /// give the CPU up, and that a waiter cannot starve in.
 ///
-/// A waiter spins [`SPINS_BEFORE_YIELD`] times, for the short critical
+/// A waiter spins `SPINS_BEFORE_YIELD` (128) times, for the short critical
 /// sections of two threads on two CPUs, then calls
 /// [`std::thread::yield_now`] between attempts: with more runnable threads
 /// than CPUs a lock holder can be preempted, and pure spinners then burn
@@ -158,7 +158,7 @@ unsafe impl lock_api::RawMutex for LoomRawMutex {
 /// plain test-and-set lock lets a thread that re-locks in a tight loop take
 /// the lock again before a yielding waiter looks, so a third thread against
 /// two re-lockers waited up to 3 s for it. A waiter that has failed
-/// [`SPINS_BEFORE_STARVING`] times marks itself *starving* (one such waiter
+/// `SPINS_BEFORE_STARVING` (128) times marks itself *starving* (one such waiter
 /// at a time); an unlock that sees the mark hands the lock over
 /// (`HANDOFF`) instead of freeing it, so no fresh locker can take it first,
 /// and only the starving waiter takes a handed-over lock. Once marked, a
