@@ -10,7 +10,9 @@
 //! * `box`: a `Box<u64>` made and dropped (through `#[global_allocator]`);
 //! * `box-group`: the same inside an entered group (the accounted path);
 //! * `typed`: a typed cache's `alloc` and the drop of its `CacheBox`;
-//! * `typed-group`: an accounted typed cache's, inside an entered group.
+//! * `typed-group`: an accounted typed cache's, inside an entered group;
+//! * `nocpus`: `generic` on a `Kmem` with the single-context platform
+//!   (`NoCpus`, the default without `std`).
 //!
 //! Decay is off: under valgrind the loop runs tens of times slower, so a
 //! reap once a second of wall time would come tens of times as often per
@@ -20,10 +22,12 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 
-use kmemcg::{CacheFlags, Decay, Kmem, OsPages};
+use kmemcg::{CacheFlags, Decay, DefaultRawMutex, Kmem, NoCpus, OsPages};
 
 #[global_allocator]
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+
+static SINGLE: Kmem<OsPages, DefaultRawMutex, NoCpus> = Kmem::with_platform(OsPages::new(), NoCpus::new());
 
 /// `n` 64-byte pairs through `a`, monomorphised for its type.
 fn pairs<A: GlobalAlloc>(a: &A, n: usize) {
@@ -59,6 +63,10 @@ fn main() {
     let _in = group.as_ref().map(|g| g.enter());
     match case {
         "generic" => pairs(&KMEM, n),
+        "nocpus" => {
+            SINGLE.set_decay(Decay::OFF);
+            pairs(&SINGLE, n)
+        }
         "box" | "box-group" => boxes(n),
         "typed" => typed(n, CacheFlags::NONE),
         "typed-group" => typed(n, CacheFlags::ACCOUNT),

@@ -1,8 +1,9 @@
 //! Run with: `cargo run --release --example no_std_region`
 //!
 //! The smallest use of kmemcg without an OS: a `Region` over a static
-//! array, `spin` locks, and the `NoCpus` platform (every operation takes
-//! the shared, locked path; a kernel supplies its per-CPU ids instead).
+//! array, `spin` locks, and the `NoCpus` platform (one context: one CPU
+//! slot whose magazines serve it, taken with a compare-and-swap; a kernel with
+//! several CPUs supplies their ids instead).
 //! Everything above `main` uses `core` and kmemcg only — it is what a
 //! `#![no_std]` kernel or unikernel writes (`kernel-demo/` boots exactly
 //! this under QEMU). `main` links `std` only to print what happened.

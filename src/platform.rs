@@ -39,10 +39,12 @@ pub use threads::Threads;
 #[cfg(all(feature = "std", loom))]
 pub use threads_model::Threads;
 
-/// The platform `Kmem::new` uses: per-thread slots with `std`, none without.
+/// The platform `Kmem::new` uses: per-thread slots with `std`, one slot for
+/// one context without.
 #[cfg(feature = "std")]
 pub type DefaultPlatform = Threads;
-/// The platform `Kmem::new` uses: per-thread slots with `std`, none without.
+/// The platform `Kmem::new` uses: per-thread slots with `std`, one slot for
+/// one context without.
 #[cfg(not(feature = "std"))]
 pub type DefaultPlatform = NoCpus;
 

@@ -37,7 +37,7 @@ pub(crate) struct SlotSync {
 /// The handshake states of all slots.
 /// What one CPU slot's slow paths did; see `Kmem::slot_stats`.
 ///
-/// On a platform without an asymmetric barrier (`NoCpus` aside, e.g.
+/// On a platform without an asymmetric barrier (e.g.
 /// [`crate::PerCpu`] without `Cpu::BARRIER`) every operation that gets a
 /// slot takes the slow path, so `hits` are all its magazine hits; with
 /// one, the fast paths' hits are not counted and `misses` are the

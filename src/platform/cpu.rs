@@ -1,7 +1,7 @@
 //! CPU and node identity: which per-CPU slot the caller may use, and
 //! which group it allocates for.
 
-use crate::sync::{AtomicPtr, Ordering, atomic_null};
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, atomic_bool, atomic_null, spin_hint};
 
 /// Per-CPU slots a `Kmem` keeps magazines for: 64, or 32 on 32-bit
 /// targets (a slot mask is one `usize`); 2 under loom and Miri.
@@ -31,8 +31,10 @@ pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) {
 /// 3. if `asymmetric()` ever returns `true`, it returns `true` from before
 ///    the first slot is handed out, and `heavy_barrier` then acts as a full
 ///    memory barrier on every context that holds a slot (Linux `membarrier`
-///    semantics), so slot holders may use compiler fences only; `try_enter`
-///    returns a slot only once `asymmetric()` is true;
+///    semantics), or waits until no context holds one and synchronizes
+///    with every holder before and after it (a platform whose slots are
+///    try-locks, as [`NoCpus`]'s), so slot holders may use compiler fences
+///    only; `try_enter` returns a slot only once `asymmetric()` is true;
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
 ///    then no `enter` returns it until `unsteal(slot)`;
 /// 5. nothing here allocates, panics, or calls back into the allocator;
@@ -158,10 +160,16 @@ pub unsafe trait Platform: Sync {
     fn throttle(&self, _ns: u64) {}
 }
 
-/// A platform with no per-CPU slots: every operation takes the shared,
-/// locked path, and the current group is one global value (right for a
-/// single-threaded kernel or program). The default without `std`; kernels
-/// supply their own.
+/// A platform for one context (a single-threaded kernel or program): one
+/// CPU slot, taken with a compare-and-swap (a try-lock: a second context that
+/// finds it taken, an interrupt handler say, takes the shared, locked
+/// path), and one global current group. The default without `std`;
+/// kernels with several CPUs supply their own ([`crate::PerCpu`]).
+///
+/// Its magazines serve allocations as any platform's do, on the fast path
+/// (it is *asymmetric*: its heavy barrier takes and gives back the slot,
+/// so a drain waits for the one holder to finish its operation, and the
+/// next holder sees the drain).
 ///
 /// One context only: threads that share a `NoCpus` share its current
 /// group, so one thread's guard drop can release the group another thread
@@ -170,25 +178,37 @@ pub unsafe trait Platform: Sync {
 #[derive(Debug, Default)]
 pub struct NoCpus {
     current: AtomicPtr<()>,
+    /// Whether slot 0 is held (by the context, or stolen by a drain):
+    /// taken by CAS with `Acquire`, given back with `Release`, so
+    /// each holder adopts the magazines the previous one left.
+    busy: AtomicBool,
 }
 
 impl NoCpus {
     /// The platform.
     #[cfg(not(loom))]
     pub const fn new() -> Self {
-        NoCpus { current: atomic_null() }
+        NoCpus { current: atomic_null(), busy: atomic_bool(false) }
     }
 
     /// The platform (loom: not `const`).
     #[cfg(loom)]
     pub fn new() -> Self {
-        NoCpus { current: atomic_null() }
+        NoCpus { current: atomic_null(), busy: atomic_bool(false) }
     }
 }
 
-// SAFETY: `enter` never hands out a slot, so (1), (3) and (4) hold
-// vacuously; (2) node 0 is valid; (5) only an atomic; (6) one global
-// context, whose token is the atomic.
+// SAFETY: (1) slot 0 is handed out only by the CAS that found `busy`
+// false, and `exit` frees it: one holder at a time, whichever context;
+// (2) node 0 is valid; (3) always asymmetric, and `heavy_barrier` takes
+// `busy` and gives it back: it returns only after the holder (if any) has
+// left (its writes before `exit`'s `Release` are visible to our
+// `Acquire`), and every later holder's `Acquire` CAS sees what the caller
+// wrote before (our `Release`), which is what a barrier on every holder
+// gives the slot handshake; (4) `steal` takes `busy` by CAS, so no `enter`
+// returns the slot until `unsteal` frees it; (5) only atomics, and a spin
+// bounded by one operation of the holder; (6) one global context, whose
+// token is the atomic.
 unsafe impl Platform for NoCpus {
     fn current_group(&self) -> *const () {
         self.current.load(Ordering::Relaxed)
@@ -196,8 +216,33 @@ unsafe impl Platform for NoCpus {
     unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         self.current.swap(token.cast_mut(), Ordering::Relaxed)
     }
+    #[inline(always)]
     unsafe fn enter(&self) -> Option<usize> {
-        None
+        // Acquire: the previous holder's magazine writes. A CAS, which
+        // writes only when it takes the slot: with a swap (which writes
+        // `true` again over a taken slot) a loom 0.7 model of two threads
+        // entering and exiting ended with the slot taken.
+        self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| 0)
     }
-    unsafe fn exit(&self, _slot: usize) {}
+    #[inline(always)]
+    unsafe fn exit(&self, _slot: usize) {
+        // Release: the next holder (or drain) sees our magazine writes.
+        self.busy.store(false, Ordering::Release);
+    }
+    #[inline(always)]
+    fn asymmetric(&self) -> bool {
+        true
+    }
+    fn heavy_barrier(&self) {
+        while self.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            spin_hint();
+        }
+        self.busy.store(false, Ordering::Release);
+    }
+    unsafe fn steal(&self, _slot: usize) -> bool {
+        self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+    unsafe fn unsteal(&self, _slot: usize) {
+        self.busy.store(false, Ordering::Release);
+    }
 }

@@ -16,7 +16,7 @@ use loom::thread;
 
 use crate::counter::PageCounter;
 use crate::magazine::{Acct, MAGAZINE_GEOMETRY, MagCache, Slots};
-use crate::platform::{PAGE_SIZE, PageSource, Platform, Region};
+use crate::platform::{NoCpus, PAGE_SIZE, PageSource, Platform, Region};
 use crate::slab::{Cache, Geometry, Pages};
 use crate::sync::LoomRawMutex;
 
@@ -27,9 +27,11 @@ loom::thread_local! {
 }
 
 /// Each model thread says which slot it is on; slot `i` is on node
-/// `i % nodes`.
+/// `i % nodes`. With `single`, the crate's `NoCpus` instead: one slot,
+/// taken by whichever thread swaps its flag first.
 struct LoomCpus {
     nodes: usize,
+    single: Option<NoCpus>,
 }
 
 fn set_slot(slot: usize) {
@@ -38,7 +40,8 @@ fn set_slot(slot: usize) {
 
 // SAFETY: (1) every model thread sets a distinct slot (or none) and never
 // re-enters; (2) nodes < MAX_NODES; (3) not asymmetric; (4) never steals;
-// (5) nothing allocates; (6) groups are not used: always the root.
+// (5) nothing allocates; (6) groups are not used: always the root. With
+// `single`, every method is `NoCpus`'s, which keeps the contract itself.
 unsafe impl Platform for LoomCpus {
     fn current_group(&self) -> *const () {
         core::ptr::null()
@@ -47,17 +50,44 @@ unsafe impl Platform for LoomCpus {
         core::ptr::null()
     }
     unsafe fn enter(&self) -> Option<usize> {
+        if let Some(one) = &self.single {
+            // SAFETY: forwarded.
+            return unsafe { one.enter() };
+        }
         SLOT.with(|s| {
             let v = s.get();
             (v != usize::MAX).then_some(v)
         })
     }
-    unsafe fn exit(&self, _slot: usize) {}
+    unsafe fn exit(&self, slot: usize) {
+        if let Some(one) = &self.single {
+            // SAFETY: forwarded.
+            unsafe { one.exit(slot) }
+        }
+    }
     fn node_of(&self, slot: usize) -> usize {
         slot % self.nodes
     }
     fn nodes(&self) -> usize {
         self.nodes
+    }
+    fn asymmetric(&self) -> bool {
+        self.single.as_ref().is_some_and(NoCpus::asymmetric)
+    }
+    fn heavy_barrier(&self) {
+        if let Some(one) = &self.single {
+            one.heavy_barrier()
+        }
+    }
+    unsafe fn steal(&self, slot: usize) -> bool {
+        // SAFETY: forwarded.
+        self.single.as_ref().is_some_and(|one| unsafe { one.steal(slot) })
+    }
+    unsafe fn unsteal(&self, slot: usize) {
+        if let Some(one) = &self.single {
+            // SAFETY: forwarded.
+            unsafe { one.unsteal(slot) }
+        }
     }
 }
 
@@ -73,6 +103,16 @@ struct TestEnv {
 
 impl TestEnv {
     fn new(nodes: usize) -> TestEnv {
+        Self::with_platform(LoomCpus { nodes, single: None })
+    }
+
+    /// One node and `NoCpus`'s one slot.
+    fn single() -> TestEnv {
+        Self::with_platform(LoomCpus { nodes: 1, single: Some(NoCpus::new()) })
+    }
+
+    fn with_platform(plat: LoomCpus) -> TestEnv {
+        let nodes = plat.nodes;
         let src = Region::new();
         let mut mem = Vec::new();
         for node in 0..nodes {
@@ -84,7 +124,7 @@ impl TestEnv {
         }
         TestEnv {
             src,
-            plat: LoomCpus { nodes },
+            plat,
             slots: Slots::new(),
             mags: Cache::new(MAGAZINE_GEOMETRY),
             root: PageCounter::new_root(),
@@ -143,6 +183,35 @@ fn model(nodes: usize, body: impl Fn(Arc<TestEnv>, Arc<MagCache<R>>) + Sync + Se
         let env = Arc::new(TestEnv::new(nodes));
         let c = Arc::new(cache(&env));
         body(env, c);
+    });
+}
+
+#[test]
+fn loom_nocpus_one_slot_shared_by_two_threads_and_a_drain() {
+    // `NoCpus`: one slot, a try-lock, on the fast paths (it is asymmetric,
+    // its heavy barrier a take-and-give-back of the slot). Two threads
+    // allocate and free through it (whoever finds it taken goes to the
+    // shared path) while a third drains it: no object is handed out twice
+    // or lost, and the drain never touches magazines a holder is using.
+    loom::model(|| {
+        let env = Arc::new(TestEnv::single());
+        let c = Arc::new(cache(&env));
+        let ths: Vec<_> = (0..2)
+            .map(|t| {
+                let (env, c) = (env.clone(), c.clone());
+                thread::spawn(move || churn(&env, &c, 3, t as u8 + 1))
+            })
+            .collect();
+        c.drain(&*env);
+        for t in ths {
+            t.join().unwrap();
+        }
+        let one = env.plat.single.as_ref().unwrap();
+        // SAFETY: no other thread runs now; given back at once.
+        assert!(unsafe { one.steal(0) }, "the slot was left taken");
+        // SAFETY: stolen just above.
+        unsafe { one.unsteal(0) };
+        settle(&env, &c);
     });
 }
 
