@@ -3,8 +3,10 @@
 //! with an environment variable), since it must end in an abort; the
 //! message is checked. With detection on, correct code runs clean.
 
+#[path = "support/child.rs"]
+mod child;
+
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 
 use kmemcg::{CacheFlags, Detection, Kmem, OsPages};
 
@@ -23,12 +25,7 @@ fn child(case: &str) -> (bool, String) {
 }
 
 fn child_output(case: &str) -> std::process::Output {
-    let exe = std::env::current_exe().unwrap();
-    Command::new(exe)
-        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
-        .env("KMEMCG_DETECT_CASE", case)
-        .output()
-        .unwrap()
+    child::output("KMEMCG_DETECT_CASE", case)
 }
 
 /// Asserts that `case` aborts with a message containing every one of

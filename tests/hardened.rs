@@ -7,22 +7,19 @@
 
 #![cfg(feature = "hardened")]
 
+#[path = "support/child.rs"]
+mod child;
+
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 
 use kmemcg::{CacheFlags, Kmem, OsPages};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
 /// Runs `case` in a child and returns (success, stderr).
+/// Runs `case` in a child; returns (success, stderr).
 fn child(case: &str) -> (bool, String) {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
-        .env("KMEMCG_HARDENED_CASE", case)
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    child::run("KMEMCG_HARDENED_CASE", case)
 }
 
 /// The child's side: does what `KMEMCG_HARDENED_CASE` says.

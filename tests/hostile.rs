@@ -6,8 +6,10 @@
 //! so each case runs in a child process (this test binary, re-run with an
 //! environment variable) and the parent checks that it exited cleanly.
 
+#[path = "support/child.rs"]
+mod child;
+
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use allocator_api2::alloc::Allocator;
@@ -21,13 +23,7 @@ fn kmem() -> &'static K {
 
 /// Runs `case` in a child; returns (success, stderr).
 fn child(case: &str) -> (bool, String) {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
-        .env("KMEMCG_HOSTILE_CASE", case)
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    child::run("KMEMCG_HOSTILE_CASE", case)
 }
 
 const OBJ: Layout = match Layout::from_size_align(64 << 10, 8) {

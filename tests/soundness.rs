@@ -7,8 +7,10 @@
 //! with an environment variable), so a crash is a failed test, not a dead
 //! test binary.
 
+#[path = "support/child.rs"]
+mod child;
+
 use std::alloc::Layout;
-use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -19,13 +21,7 @@ type K = Kmem<OsPages>;
 
 /// Runs `case` in a child; returns (success, stderr).
 fn child(case: &str) -> (bool, String) {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
-        .env("KMEMCG_SOUNDNESS_CASE", case)
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    child::run("KMEMCG_SOUNDNESS_CASE", case)
 }
 
 const SMALL: Layout = match Layout::from_size_align(64, 8) {
