@@ -66,6 +66,26 @@ fn quiet() {
     });
 }
 
+/// Allocates `OBJ`s through `a` until a callback panics: asserts that it
+/// did, and that the thread's current-group token (with its marks) is as
+/// before; returns what was allocated.
+fn fill_until_a_callback_panics<P: Platform>(
+    platform: &P,
+    a: &impl Allocator,
+    what: &str,
+) -> Vec<std::ptr::NonNull<[u8]>> {
+    let before = platform.current_group();
+    let mut held = Vec::new();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        while let Ok(p) = a.allocate(OBJ) {
+            held.push(p);
+        }
+    }));
+    assert!(r.is_err(), "the {what} did not panic");
+    assert_eq!(platform.current_group(), before, "the thread's marks are as before");
+    held
+}
+
 /// A shrinker that panics on its first scan while armed, and counts its
 /// scans.
 struct Panicky {
@@ -97,16 +117,8 @@ fn a_shrinker_that_panicked_once_is_called_again() {
     let g = k.root().create_child("g").unwrap();
     g.set_max(1 << 20).unwrap();
     let a = g.allocator();
-    let before = k.platform().current_group();
-    let mut held = Vec::new();
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        while let Ok(p) = a.allocate(OBJ) {
-            held.push(p);
-        }
-    }));
-    assert!(r.is_err(), "the shrinker did not panic");
+    let held = fill_until_a_callback_panics(k.platform(), &a, "shrinker");
     assert_eq!(s.scans.load(Ordering::SeqCst), 1);
-    assert_eq!(k.platform().current_group(), before, "the thread's marks are as before");
     // The next refused allocation reclaims again, and calls the shrinker.
     assert!(a.allocate(OBJ).is_err());
     assert!(s.scans.load(Ordering::SeqCst) > 1, "reclaim no longer calls the shrinker on this thread");
@@ -141,16 +153,8 @@ fn an_event_hook_that_panicked_once_is_called_again() {
     k.set_event_hook(Some(panicking_hook));
     HOOK_ARMED.store(true, Ordering::SeqCst);
     let a = g.allocator();
-    let before = k.platform().current_group();
-    let mut held = Vec::new();
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        while let Ok(p) = a.allocate(OBJ) {
-            held.push(p);
-        }
-    }));
-    assert!(r.is_err(), "the hook did not panic");
+    let held = fill_until_a_callback_panics(k.platform(), &a, "hook");
     assert_eq!(HOOK_CALLS.load(Ordering::SeqCst), 1);
-    assert_eq!(k.platform().current_group(), before, "the thread's marks are as before");
     assert!(a.allocate(OBJ).is_err());
     assert_eq!(HOOK_CALLS.load(Ordering::SeqCst), 2, "the hook is no longer called on this thread");
     k.set_event_hook(None);
@@ -186,16 +190,8 @@ fn an_oom_handler_that_panicked_once_is_called_again() {
     OOM_ARMED.store(true, Ordering::SeqCst);
     let g = k.root().create_child("g").unwrap();
     let a = g.allocator();
-    let before = k.platform().current_group();
-    let mut held = Vec::new();
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        while let Ok(p) = a.allocate(OBJ) {
-            held.push(p);
-        }
-    }));
-    assert!(r.is_err(), "the handler did not panic");
+    let held = fill_until_a_callback_panics(k.platform(), &a, "handler");
     assert_eq!(OOM_CALLS.load(Ordering::SeqCst), 1);
-    assert_eq!(k.platform().current_group(), before, "the thread's marks are as before");
     assert!(a.allocate(OBJ).is_err());
     assert_eq!(OOM_CALLS.load(Ordering::SeqCst), 2, "the handler is no longer called on this thread");
     k.set_oom_handler(None);
