@@ -84,3 +84,44 @@ fn a_subtree_counts_its_children_and_a_reset_restarts_the_peak() {
     child.remove().unwrap();
     parent.remove().unwrap();
 }
+
+/// Hostile use of byte tracking: objects from before `track_bytes` freed
+/// after it (the count reads 0, never a wrapped huge value), `track_bytes`
+/// called again from two threads while a third allocates and frees in the
+/// group, and `track_bytes` on a removed group.
+#[test]
+fn byte_tracking_survives_older_objects_repeats_races_and_removal() {
+    let g = KMEM.root().create_child("peak-hostile").unwrap();
+    let old: AVec<u8, _> = AVec::with_capacity_in(1000, g.allocator());
+    g.track_bytes();
+    drop(old);
+    assert_eq!(g.object_bytes(), 0, "a free of an older object wrapped the count");
+    // The peak restarts from what was counted when tracking began: the
+    // older object if the allocator already counted bytes (another test's
+    // `track_bytes` turned counting on for the whole allocator), else 0.
+    assert!(g.peak_bytes() <= 1024, "peak {}", g.peak_bytes());
+    let h = KMEM.root().create_child("peak-race").unwrap();
+    h.track_bytes();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..200 {
+                    h.track_bytes();
+                }
+            });
+        }
+        s.spawn(|| {
+            let _in = h.enter();
+            for i in 0..10_000u64 {
+                drop(std::hint::black_box(Box::new(i)));
+            }
+        });
+    });
+    assert_eq!(h.object_bytes(), 0, "every object freed, so nothing counted");
+    assert!(h.peak_bytes() <= 64, "peak {}", h.peak_bytes());
+    h.assert_empty();
+    h.remove().unwrap();
+    g.remove().unwrap();
+    g.track_bytes();
+    assert_eq!(g.object_bytes(), 0);
+}

@@ -72,6 +72,10 @@ impl Shrinker for Prober {
                 self.wrong.fetch_add(1, Ordering::Relaxed);
             }
         }
+        // The root is no descendant of a group below it.
+        if sc.target() != GroupId::ROOT && sc.contains(GroupId::ROOT) {
+            self.wrong.fetch_add(1, Ordering::Relaxed);
+        }
         0
     }
     fn scan(&self, _: &ShrinkControl, _: usize) -> usize {

@@ -36,6 +36,30 @@ fn charges_propagate_and_fail_at_the_refusing_ancestor() {
     assert_eq!(a.watermark(), 0);
 }
 
+/// Extreme values on the charge variants: an overdraft of `usize::MAX`
+/// saturates instead of wrapping, a charge of `usize::MAX` is refused with
+/// nothing left charged, and a quiet refusal is not counted.
+#[test]
+fn charge_variants_at_the_extremes() {
+    let (root, a, b) = chain();
+    a.set_max(10).unwrap();
+    b.try_charge_over(1000, usize::MAX).unwrap();
+    assert_eq!((root.usage(), a.usage(), b.usage()), (1000, 1000, 1000));
+    b.uncharge(1000);
+    b.try_charge(4).unwrap();
+    assert!(b.try_charge_over(usize::MAX, usize::MAX).is_err(), "a charge that overflows usage");
+    assert!(b.try_charge_over(usize::MAX, 0).is_err());
+    assert_eq!((root.usage(), a.usage(), b.usage()), (4, 4, 4), "nothing stays charged");
+    let counted = a.failcnt();
+    assert!(core::ptr::eq(b.try_charge_quiet(7).unwrap_err(), a));
+    assert_eq!(a.failcnt(), counted, "a quiet refusal counted");
+    assert_eq!(a.usage(), 4);
+    b.try_charge_over(7, 1).unwrap();
+    assert_eq!(a.usage(), 11);
+    b.uncharge(11);
+    assert_eq!((root.usage(), a.usage(), b.usage()), (0, 0, 0));
+}
+
 #[test]
 fn forced_charge_ignores_limits() {
     let (_, a, b) = chain();
