@@ -146,3 +146,59 @@ fn slots_are_handed_over_and_never_shared() {
     eprintln!("{got} of {N} threads got a slot in {:?}", t0.elapsed());
     assert_eq!(got, N, "only {got} of {N} threads were ever handed a slot");
 }
+
+/// Holders come and go while slots are short: waves of short-lived
+/// threads, `MAX_CPUS + 32` alive at once, each allocating and calling
+/// `Platform::enter` directly, then exiting. Threads turned away revoke
+/// every holder's fast path through a pointer to the holder's
+/// thread-local word, which exiting holders (and holders giving their
+/// slot up) withdraw first. A stress test of those paths: no slot may be
+/// held twice (the `HELD` flags) and no box may change. (A stale pointer
+/// would mostly go unseen here: the revoker's compare-and-swap changes
+/// only a word that names the revoked slot.)
+#[test]
+fn holders_exit_while_slots_are_short() {
+    const ALIVE: usize = MAX_CPUS + 32;
+    const WAVES: usize = 4;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    static HELD: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+    for wave in 0..WAVES {
+        let all_in = Arc::new(Barrier::new(ALIVE));
+        let handles: Vec<_> = (0..ALIVE)
+            .map(|t| {
+                let all_in = all_in.clone();
+                thread::spawn(move || {
+                    let plat = Threads::new();
+                    all_in.wait();
+                    let mut kept = Vec::new();
+                    for i in 0..20_000usize {
+                        let tag = (wave << 40) | (t << 20) | i;
+                        // SAFETY: no slot held here; exited below, with no
+                        // allocation in between.
+                        if i % 64 == 0
+                            && let Some(slot) = unsafe { plat.enter() }
+                        {
+                            assert!(slot < MAX_CPUS);
+                            assert!(!HELD[slot].swap(true, Ordering::AcqRel), "slot {slot} held twice");
+                            std::hint::spin_loop();
+                            HELD[slot].store(false, Ordering::Release);
+                            // SAFETY: entered above.
+                            unsafe { plat.exit(slot) };
+                        }
+                        let b = black_box(Box::new([tag; 4]));
+                        if i % 64 == 0 {
+                            kept.push(b);
+                        }
+                    }
+                    for (k, b) in kept.iter().enumerate() {
+                        let tag = (wave << 40) | (t << 20) | (k * 64);
+                        assert_eq!(**b, [tag; 4], "a box changed under its owner");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+}

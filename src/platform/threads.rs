@@ -37,34 +37,59 @@
 //!   path, as do all threads until the next release, raising `WANTED`.
 //!   (Under Miri nobody sleeps: a thread turned away takes the shared
 //!   path and scans again on its next operation.)
-//! * **Rotation.** A holder counts its operations (the fast path's holds
-//!   in the `FAST` cell, which `try_enter` counts down, so the fast path
-//!   calls `enter` every [`FAST_TICKS`] holds). After [`QUANTUM`] of them
-//!   it gives its slot up if more threads sleep for one than slots are
-//!   free (and no wait at this epoch was in vain), or if it can clear
-//!   `WANTED`: exactly as thread exit does (cells cleared, the exit hook
-//!   disarmed, the flag stored with `Release`, the epoch bumped), in
-//!   `enter`, which the allocator calls outside any hold. It then waits
-//!   like any other thread, behind those already asleep (futex queues are
-//!   FIFO), so slots go round. If no release comes for [`WAIT_NS`] it
-//!   scans once more and mostly gets its own slot back.
+//! * **Rotation.** A holder counts its operations and, after
+//!   [`QUANTUM`] of them, gives its slot up if more threads sleep for one
+//!   than slots are free (and no wait at this epoch was in vain), or if it
+//!   can clear `WANTED`: exactly as thread exit does (cells cleared,
+//!   `OWNER[s]` withdrawn, the exit hook disarmed, the flag stored with
+//!   `Release`, the epoch bumped), in `enter`, which the allocator calls
+//!   outside any hold. It then waits like any other thread, behind those
+//!   already asleep (futex queues are FIFO), so slots go round. If no
+//!   release comes for [`WAIT_NS`] it scans once more and mostly gets its
+//!   own slot back.
+//! * **Counting only under contention.** Counting is a store on every
+//!   operation, and a store-then-reload dependency on the next one (about
+//!   1.4 ns a pair), so holders count only while slots are short. A
+//!   holder's fast path is *armed* while its `FAST` word is its slot:
+//!   `try_enter` then only loads it. The first thread turned away raises
+//!   `CONTENDED` and *revokes* every armed holder: it switches each one's
+//!   `FAST` (whose address the holder publishes in `OWNER[s]`) to
+//!   *counting*, `counting(slot, FAST_TICKS)`, by compare-and-swap from
+//!   the armed value. A counting holder's `try_enter` (out of line)
+//!   counts a tick down per hold and, out of ticks, sends the operation
+//!   to `enter`, which counts the ticks against the quantum and starts
+//!   another [`FAST_TICKS`]. At the end of a quantum with nobody waiting
+//!   and `WANTED` clear the holder lowers `CONTENDED` and re-arms. A
+//!   holder arms only while `CONTENDED` is low, and reads it again after
+//!   arming (`SeqCst` on both sides, Dekker with the revoker), so no
+//!   holder stays armed through contention. Without membarrier `FAST` is
+//!   always `NONE` and `enter` counts every operation.
+//! * **Revocation is guarded.** A thread's `FAST` dies with the thread,
+//!   so a revoker writes it only while it holds the slot's `REVOKING`
+//!   flag and `OWNER[s]` names it, and a holder withdraws `OWNER[s]`
+//!   under the same flag before it frees the slot or exits (it waits out
+//!   a revoker's few instructions).
 //!
-//! With no more active threads than slots nobody sleeps or raises
-//! `WANTED`, and a holder pays one `enter` per [`FAST_TICKS`] fast-path
-//! operations and a few loads per [`QUANTUM`]. A thread that keeps a slot
-//! but stops allocating is never asked for it (only `enter` can give a
-//! slot up); threads waiting behind such holders find out after
-//! [`WAIT_NS`], once per release.
+//! With no more active threads than slots nobody sleeps, revokes or
+//! raises `WANTED`, and a holder pays one load per fast-path operation
+//! and nothing per [`QUANTUM`].
+//! A thread that keeps a slot but stops allocating is never asked for it
+//! (only `enter` can give a slot up); threads waiting behind such holders
+//! find out after [`WAIT_NS`], once per release.
 //!
 //! # Per-thread state
 //!
-//! | state | `SLOT` | `FAST` (asymmetric only) | key value | `CLAIMED[s]` |
-//! | --- | --- | --- | --- | --- |
-//! | holds `s` | `s` | `s << TICK_BITS \| ticks` | `s + 1` | `true` |
-//! | no slot | `NONE` | 0 | null | — |
+//! | state | `SLOT` | `FAST` | `OWNER[s]` | key value | `CLAIMED[s]` |
+//! | --- | --- | --- | --- | --- | --- |
+//! | holds `s`, fast path armed (asymmetric only) | `s` | `s` | `&FAST` | `s + 1` | `true` |
+//! | holds `s`, counting (asymmetric only) | `s` | `counting(s, ticks)` | `&FAST` | `s + 1` | `true` |
+//! | holds `s`, no membarrier | `s` | `NONE` | null | `s + 1` | `true` |
+//! | no slot | `NONE` | `NONE` | — | null | — |
 //!
-//! Cells change only on their own thread; a slot's cells are set after
-//! its claiming CAS and cleared before the store that frees it.
+//! Cells change only on their own thread, except that a revoker may
+//! switch an armed `FAST` to counting; a slot's cells are set after its claiming
+//! CAS and cleared (and `OWNER[s]` withdrawn) before the store that
+//! frees it.
 //!
 //! # Atomics
 //!
@@ -74,6 +99,10 @@
 //! | `RELEASES` | every release, after freeing its slot | `SeqCst` `fetch_add` | a scanner's `Acquire` load (a scan after reading an epoch sees the slots freed before it); with `WAITERS`, Dekker: a releaser sees the waiter or the waiter sees the epoch move |
 //! | `WAITERS` | threads starting and ending a sleep | `SeqCst` inc, `Relaxed` dec | the releaser's `SeqCst` load before it wakes anyone; holders read it `Relaxed` |
 //! | `HINT`, `VAIN`, `WANTED` | releases; a wait in vain; slotless threads (set) and holders (clear) | `Relaxed` | nothing: hints that steer scans and give-ups, never a publication |
+//! | `CONTENDED` | a thread turned away (set, then revokes), a holder finding no demand (clear) | `SeqCst` to raise and in `arm`'s second look | a holder's arming store of `FAST` and its load of `CONTENDED` after it (Dekker: the holder sees the flag or the revoker sees it armed) |
+//! | `FAST` (per thread) | its thread (arm, count, clear), revokers (armed → counting, by CAS) | `Relaxed` for the fast paths' loads and the holder's counting stores, `SeqCst` to arm and to revoke | `CONTENDED`, as above; it only ever names the thread's own slot or none |
+//! | `REVOKING[s]` | revokers and the holder withdrawing `OWNER[s]` (CAS false → true, store false) | `Acquire` CAS, `Release` store | each other: a revoker that takes it after a withdrawal sees `OWNER[s]` null |
+//! | `OWNER[s]` | the holder (publish after its claim; withdraw under `REVOKING[s]`) | `Relaxed` | read and written only under `REVOKING[s]`, except the holder's publication, which a revoker may miss |
 //! | `KEY`, `ASYM` | `init`, once | `Release` | `Acquire` in `init` before any claim |
 
 use core::cell::Cell;
@@ -82,37 +111,42 @@ use core::mem::size_of;
 use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform};
-use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize};
+use crate::sync::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_null, atomic_u8, atomic_usize,
+};
 
 /// `SLOT` of a thread without a slot; also "never" for epochs.
 const NONE: usize = usize::MAX;
 
-/// Low bits of `FAST` that count the holds `try_enter` may still grant.
-const TICK_BITS: u32 = 16;
-/// Mask of the tick count in `FAST`.
-const TICK_MASK: usize = (1 << TICK_BITS) - 1;
-/// Fast-path holds between two calls of `enter` by a holder: bounds how
-/// stale its operation count gets, for one slow-path call per 4096.
-const FAST_TICKS: usize = 4096;
-/// Operations a holder performs before it looks for threads waiting for
-/// a slot (tens to hundreds of microseconds of allocation).
+/// Counted operations a holder performs before it looks for threads
+/// waiting for a slot (tens to hundreds of microseconds of allocation).
 const QUANTUM: usize = 16 * 1024;
+/// `FAST` of a counting holder: `(ticks + 1) << TICK_SHIFT | slot`.
+const TICK_SHIFT: u32 = 16;
+/// Counted holds `try_enter` grants between two calls of `enter` by a
+/// counting holder: bounds how stale its operation count gets.
+const FAST_TICKS: usize = 4096;
+
+static_assertions::const_assert!(MAX_CPUS <= 1 << TICK_SHIFT && (FAST_TICKS + 1) < usize::MAX >> TICK_SHIFT);
+
+/// The `FAST` word of a holder of `slot` with `ticks` counted holds left.
+const fn counting(slot: usize, ticks: usize) -> usize {
+    ((ticks + 1) << TICK_SHIFT) | slot
+}
 /// How long a waiting thread sleeps for a release before it concludes
 /// that the holders are not rotating.
 const WAIT_NS: libc::c_long = 1_000_000;
 
-static_assertions::const_assert!(FAST_TICKS <= TICK_MASK && MAX_CPUS <= usize::MAX >> TICK_BITS);
-
 std::thread_local! {
     /// This thread's slot, or `NONE`. `Cell<usize>` has no destructor.
     static SLOT: Cell<usize> = const { Cell::new(NONE) };
-    /// The slot again, for `try_enter`, as `slot << TICK_BITS | ticks`:
-    /// `try_enter` grants a hold while `ticks > 0` and counts it down, and
-    /// `enter` counts the spent ticks against the quantum and resets them.
-    /// 0 (no ticks) when the thread has no slot, and always where
-    /// membarrier is unavailable (`ASYM != 1`), so the fast paths need
-    /// not ask.
-    static FAST: Cell<usize> = const { Cell::new(0) };
+    /// For `try_enter`: the slot while the fast path is armed,
+    /// `counting(slot, ticks)` while the holder counts, else `NONE`:
+    /// always `NONE` without a slot and where membarrier is unavailable
+    /// (`ASYM != 1`), so the fast paths need not ask. An atomic only so
+    /// that a revoker may switch it to counting (see *Counting only under
+    /// contention*).
+    static FAST: AtomicUsize = const { atomic_usize(NONE) };
     /// Operations left in this holder's quantum.
     static LEFT: Cell<usize> = const { Cell::new(0) };
     /// Without a slot: the `RELEASES` epoch at which this thread last saw
@@ -135,6 +169,15 @@ static WAITERS: CachePadded<AtomicUsize> = CachePadded::new(atomic_usize(0));
 static WANTED: CachePadded<AtomicBool> = CachePadded::new(atomic_bool(false));
 /// The slot released last, where scans start.
 static HINT: AtomicUsize = atomic_usize(0);
+/// Raised while threads are turned away for want of a slot: holders
+/// count their operations (see *Counting only under contention*).
+static CONTENDED: CachePadded<AtomicBool> = CachePadded::new(atomic_bool(false));
+/// The `FAST` word of slot `s`'s holder, while the holder has armed it
+/// at least once and not yet withdrawn it; null otherwise.
+static OWNER: [AtomicPtr<AtomicUsize>; MAX_CPUS] = [const { atomic_null() }; MAX_CPUS];
+/// Taken (by CAS) by a revoker while it follows `OWNER[s]`, and by the
+/// holder while it withdraws it.
+static REVOKING: [AtomicBool; MAX_CPUS] = [const { atomic_bool(false) }; MAX_CPUS];
 /// The epoch at which a thread last waited [`WAIT_NS`] without a release
 /// (`NONE`: never): until the next release, slotless threads do not wait.
 static VAIN: AtomicUsize = atomic_usize(NONE);
@@ -212,7 +255,9 @@ extern "C" fn release_slot(value: *mut libc::c_void) {
     let slot = value as usize - 1;
     // The thread-locals have no destructor, so they are still accessible.
     let _ = SLOT.try_with(|s| s.set(NONE));
-    let _ = FAST.try_with(|s| s.set(0));
+    let _ = FAST.try_with(|f| f.store(NONE, Ordering::Relaxed));
+    // Before this thread's `FAST` goes away with it.
+    withdraw(slot);
     release(slot);
 }
 
@@ -265,6 +310,102 @@ fn want() {
     if !WANTED.load(Ordering::Relaxed) {
         WANTED.store(true, Ordering::Relaxed);
     }
+    contend();
+}
+
+/// A thread was turned away: makes every holder count (once per spell of
+/// contention; reading first keeps the line shared).
+#[inline]
+fn contend() {
+    if !CONTENDED.load(Ordering::Relaxed) && !CONTENDED.swap(true, Ordering::SeqCst) {
+        revoke_all();
+    }
+}
+
+/// Publishes the calling holder's `FAST` word for revokers of `slot`.
+fn publish(slot: usize) {
+    let fast = FAST.with(|f| core::ptr::from_ref(f).cast_mut());
+    // Relaxed: a revoker that misses it revokes another holder; it reads
+    // the pointer only under `REVOKING[slot]`, which `withdraw` takes
+    // before the word can go away.
+    OWNER[slot].store(fast, Ordering::Relaxed);
+}
+
+/// Withdraws `OWNER[slot]`, which only the caller (the slot's holder)
+/// publishes: once this returns, no revoker touches the caller's `FAST`.
+fn withdraw(slot: usize) {
+    // Relaxed: only the holder writes it, so a null here is its own.
+    if OWNER[slot].load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    // A revoker holds the flag for a few instructions: wait them out.
+    while REVOKING[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        crate::sync::spin_hint();
+    }
+    OWNER[slot].store(core::ptr::null_mut(), Ordering::Relaxed);
+    // Release: a revoker that takes the flag next sees the null.
+    REVOKING[slot].store(false, Ordering::Release);
+}
+
+/// Disarms every published holder's fast path, so that they count
+/// their operations on the slow path (see *Counting only under
+/// contention*). A slot whose flag another revoker or its withdrawing
+/// holder has is skipped: the revoker finishes it, or the holder leaves.
+#[cold]
+fn revoke_all() {
+    for slot in 0..MAX_CPUS {
+        // Relaxed: a holder that publishes later reads `CONTENDED` after
+        // arming and disarms itself.
+        if OWNER[slot].load(Ordering::Relaxed).is_null()
+            || REVOKING[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
+        {
+            continue;
+        }
+        let fast = OWNER[slot].load(Ordering::Relaxed);
+        if !fast.is_null() {
+            // SAFETY: `OWNER[slot]` names the live `FAST` word of the
+            // slot's holder: the holder withdraws it under `REVOKING[slot]`
+            // (held here) before it frees the slot or its thread ends.
+            let fast = unsafe { &*fast };
+            // SeqCst: after the raise of `CONTENDED` (Dekker with `arm`).
+            // Only an armed word changes; the holder alone writes others.
+            if fast.load(Ordering::SeqCst) == slot {
+                let _ = fast.compare_exchange(slot, counting(slot, FAST_TICKS), Ordering::SeqCst, Ordering::Relaxed);
+            }
+        }
+        REVOKING[slot].store(false, Ordering::Release);
+    }
+}
+
+/// Arms the calling holder's fast path on `slot`, or sets it counting
+/// if slots are short (membarrier available: the caller checked).
+#[inline]
+fn arm(slot: usize) {
+    FAST.with(|f| {
+        if CONTENDED.load(Ordering::Relaxed) {
+            f.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
+            return;
+        }
+        // SeqCst store, then load: a revoker raising `CONTENDED` now
+        // either sees this store (and switches it) or is seen here.
+        f.store(slot, Ordering::SeqCst);
+        if CONTENDED.load(Ordering::SeqCst) {
+            f.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
+        }
+    });
+}
+
+/// `try_enter` for a counting holder (or none): a hold while ticks last.
+/// Inline, but off the armed path: a call there would make every
+/// allocation entry point set up a stack frame.
+#[inline(always)]
+fn counted(v: usize) -> Option<usize> {
+    if v == NONE || v >> TICK_SHIFT <= 1 {
+        return None;
+    }
+    // Only this thread writes a counting word (revokers change armed ones).
+    FAST.with(|f| f.store(v - (1 << TICK_SHIFT), Ordering::Relaxed));
+    Some(v & ((1 << TICK_SHIFT) - 1))
 }
 
 /// Slots nobody holds now (Relaxed: a snapshot for a heuristic).
@@ -273,17 +414,28 @@ fn free_slots() -> usize {
 }
 
 impl Threads {
-    /// `enter` for a holder: counts the operations since its last call
-    /// against the quantum, and at the quantum's end may give the slot up.
+    /// `enter` for a holder: nothing to do while its fast path is armed
+    /// (this is one of its slow paths); else counts the operation against
+    /// the quantum, and at the quantum's end may give the slot up.
     #[inline(always)]
     fn turn(&self, slot: usize) -> Option<usize> {
         let fast = fast_ok();
-        let used = if fast { FAST_TICKS - (FAST.with(Cell::get) & TICK_MASK) + 1 } else { 1 };
+        let mut used = 1;
+        if fast {
+            let v = FAST.with(|f| f.load(Ordering::Relaxed));
+            if v < MAX_CPUS {
+                return Some(slot);
+            }
+            // Counting: the holds `try_enter` granted, and this one.
+            if v != NONE {
+                used = FAST_TICKS - ((v >> TICK_SHIFT) - 1) + 1;
+            }
+        }
         let left = LEFT.with(Cell::get);
         if left > used {
             LEFT.with(|l| l.set(left - used));
             if fast {
-                FAST.with(|f| f.set((slot << TICK_BITS) | FAST_TICKS));
+                FAST.with(|f| f.store(counting(slot, FAST_TICKS), Ordering::Relaxed));
             }
             return Some(slot);
         }
@@ -313,7 +465,8 @@ impl Threads {
                 && unsafe { libc::pthread_setspecific(key, core::ptr::null()) } == 0
             {
                 SLOT.with(|s| s.set(NONE));
-                FAST.with(|f| f.set(0));
+                FAST.with(|f| f.store(NONE, Ordering::Relaxed));
+                withdraw(slot);
                 let epoch = release(slot);
                 // Not a scan straight away: that would take the slot back.
                 SEEN.with(|s| s.set(epoch));
@@ -322,7 +475,12 @@ impl Threads {
         }
         LEFT.with(|l| l.set(QUANTUM));
         if fast {
-            FAST.with(|f| f.set((slot << TICK_BITS) | FAST_TICKS));
+            // Nobody asked (the loads above): the spell of contention is
+            // over, as far as this holder can tell.
+            if CONTENDED.load(Ordering::Relaxed) && waiters == 0 && !WANTED.load(Ordering::Relaxed) {
+                CONTENDED.store(false, Ordering::Relaxed);
+            }
+            arm(slot);
         }
         Some(slot)
     }
@@ -341,6 +499,7 @@ impl Threads {
                 return Some(slot);
             }
             SEEN.with(|s| s.set(epoch));
+            contend();
         }
         self.wait(key)
     }
@@ -421,7 +580,8 @@ impl Threads {
             SLOT.with(|s| s.set(slot));
             LEFT.with(|l| l.set(QUANTUM));
             if fast_ok() {
-                FAST.with(|f| f.set((slot << TICK_BITS) | FAST_TICKS));
+                publish(slot);
+                arm(slot);
             }
             return Some(slot);
         }
@@ -434,8 +594,11 @@ impl Threads {
 // `release`: thread exit, a give-up, a claim whose exit hook failed; or
 // `unsteal`), and nobody else stores `false`, so two threads never own one
 // slot. A thread writes its slot into `SLOT`/`FAST` after the CAS and
-// clears them before the store, and `enter`/`try_enter` return only what
-// those cells hold, so only an owned slot. It stays owned until the
+// clears them before the store; other threads only ever store `NONE`
+// into `FAST` (revokers, while `OWNER[s]` names it, which the holder
+// withdraws before its thread or its hold of the slot ends); and
+// `enter`/`try_enter` return only what those cells hold, so only an owned
+// slot. It stays owned until the
 // caller's `exit`: ownership ends only at thread exit (after all of the
 // thread's code) or in a give-up, which happens inside `enter`, and the
 // allocator calls `enter` only outside a hold (it holds one slot at a
@@ -443,14 +606,15 @@ impl Threads {
 // does not re-enter a thread between enter and exit. The Release store /
 // Acquire CAS pair hands the slot's magazines to the next owner. (2) one
 // node. (3) ASYM is settled in `init`, before the first claim, and `FAST`
-// (what `try_enter` reads) holds ticks only when it is 1. (4) `steal`
+// (what `try_enter` reads) holds a slot only when it is 1. (4) `steal`
 // claims by the same CAS, and `claim` cannot take the slot until
 // `unsteal` stores `false`. (5) TLS access, atomics, and libc calls that
 // do not allocate: pthread_setspecific (for keys below
 // PTHREAD_KEYS_2NDLEVEL_SIZE, and of null values), futex wait and wake
 // (`enter` may sleep, as a lock would, but only outside a hold and at
 // most [`WAIT_NS`] without a release); the arithmetic cannot overflow
-// (ticks never exceed `FAST_TICKS`; `left > used` is checked first).
+// (a counting word's ticks never exceed `FAST_TICKS`, and `left > used`
+// is checked before the subtraction).
 // (6) the group token lives in a per-thread cell.
 unsafe impl Platform for Threads {
     #[inline(always)]
@@ -471,19 +635,16 @@ unsafe impl Platform for Threads {
     }
 
     /// The thread's slot while it has one, membarrier is available (`FAST`
-    /// has ticks only then) and its ticks last; a claim, and the quantum's
-    /// accounting, are left to `enter` on the slow path, so the fast paths
-    /// make no call and read no global.
+    /// holds a slot only then) and its fast path is armed, or counting
+    /// with ticks left; a claim, and the quantum's accounting, are left to
+    /// `enter` on the slow path, so an armed fast path makes one load, no
+    /// call and no store.
     #[inline(always)]
     unsafe fn try_enter(&self) -> Option<usize> {
-        FAST.with(|f| {
-            let v = f.get();
-            if v & TICK_MASK == 0 {
-                return None;
-            }
-            f.set(v - 1);
-            Some(v >> TICK_BITS)
-        })
+        // Relaxed: the word only ever names this thread's own slot, or
+        // none (see the atomics table).
+        let v = FAST.with(|f| f.load(Ordering::Relaxed));
+        if v < MAX_CPUS { Some(v) } else { counted(v) }
     }
 
     #[inline(always)]
