@@ -531,9 +531,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     fn alloc_current<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         let m = self.tree.mode();
-        let g = if m == 0 {
-            core::ptr::null()
-        } else if m & SPECIAL != 0 {
+        if m == 0 {
+            // A path of its own: merged with the grouped one, the null
+            // group would be tested again after the class lookup.
+            return self.alloc_pow2::<NOUNWIND>(core::ptr::null(), size, align);
+        }
+        let g = if m & SPECIAL != 0 {
             if NOUNWIND {
                 return self.no_unwind_special(size, align);
             }
@@ -640,9 +643,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         size: usize,
         align: usize,
     ) -> Option<NonNull<u8>> {
-        if size == 0 {
-            return None;
-        }
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
@@ -665,6 +665,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 hardened_on_alloc(cache, p);
                 Some(p)
             }
+            None if size == 0 => None,
             None if NOUNWIND => self.no_unwind_large(g, size, align),
             None => self.alloc_large(g, size, align, false),
         }
@@ -741,16 +742,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // header: through its own provenance, not the caller's (a no-op
         // outside Miri).
         let ptr = self.source.rebase(ptr);
-        if size == 0 {
-            return;
-        }
-        let class = class_of(size, align);
+        // A zero size (nothing was allocated) has no class: its test is
+        // off the fast path, with the large objects'.
         let m = self.tree.mode();
         if m != 0 {
+            if size == 0 {
+                return;
+            }
             // SAFETY: forwarded.
-            return unsafe { self.free_moded(m, class, ptr, size, align) };
+            return unsafe { self.free_moded(m, class_of(size, align), ptr, size, align) };
         }
-        match class {
+        match class_of(size, align) {
             Some(c) => {
                 let Some(base) = self.base_for_free(c, ptr) else { return };
                 hardened_on_free(base, ptr);
@@ -758,6 +760,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // the base cache.
                 unsafe { base.free(self, ptr) }
             }
+            None if size == 0 => {}
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
         }

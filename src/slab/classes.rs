@@ -81,11 +81,16 @@ const fn first_class_fitting(size: usize, align: usize) -> usize {
 }
 
 /// The class serving `size` bytes aligned to `align`, or `None` when the
-/// request belongs on the page path (too large, or aligned above a page).
-/// `size` must be non-zero and `align` a power of two.
+/// request belongs on the page path (too large, or aligned above a page)
+/// or is empty (`size == 0`, which the callers turn away off their fast
+/// paths). `align` must be a power of two.
 #[inline(always)]
 pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
-    if size <= LUT_MAX && align <= 8 {
+    // One test for `0 < size <= LUT_MAX && align <= 8`: both operands of
+    // the `|` are below `LUT_MAX` (a power of two) exactly then (a zero
+    // size wraps around), and so is their `|`.
+    const _: () = assert!(LUT_MAX.is_power_of_two() && 8 << 8 < LUT_MAX && 16 << 8 >= LUT_MAX);
+    if (size.wrapping_sub(1) | (align << 8)) < LUT_MAX {
         // SAFETY: `size <= LUT_MAX` keeps the row in bounds.
         return Some(unsafe { at(&LUT, (size + 3) >> 2) }[(align > 4) as usize] as usize);
     }
@@ -95,7 +100,9 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
 /// [`class_of`] for requests above [`LUT_MAX`] or aligned above 8.
 #[inline]
 fn class_of_large(size: usize, align: usize) -> Option<usize> {
-    let idx = if size <= LUT_MAX {
+    let idx = if size == 0 {
+        return None;
+    } else if size <= LUT_MAX {
         LUT[(size + 3) >> 2][1] as usize
     } else if size <= MAX_CLASS_SIZE {
         BIG[(size + 1023) >> 10] as usize
