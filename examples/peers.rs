@@ -1,4 +1,6 @@
-//! Run with: `cargo run --profile bench --example peers -- [rounds]`
+//! Run with: `cargo run --profile bench --example peers -- [rounds] [workloads]`
+//! (`workloads`: a comma-separated subset of the names below; all by
+//! default).
 //!
 //! kmemcg against its peers (jemalloc, mimalloc, the system allocator) as
 //! a user's program meets them: every workload is a function generic over
@@ -212,7 +214,9 @@ fn median(v: &mut [f64]) -> f64 {
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
     let names = ["kmemcg", "jemalloc", "mimalloc", "system"];
-    let workloads = &WORKLOADS;
+    let only: Option<Vec<String>> = std::env::args().nth(2).map(|a| a.split(',').map(str::to_owned).collect());
+    let workloads: Vec<&str> =
+        WORKLOADS.iter().copied().filter(|w| only.as_ref().is_none_or(|o| o.iter().any(|x| x == w))).collect();
     // [allocator][workload] -> samples
     let mut s = vec![vec![Vec::new(); workloads.len()]; names.len()];
     for _ in 0..rounds {
@@ -246,12 +250,13 @@ fn main() {
             med[0][wi] / best
         );
     }
-    let idx = |w: &str| workloads.iter().position(|x| *x == w).unwrap();
+    let idx = |w: &str| workloads.iter().position(|x| *x == w);
     for (ai, name) in names.iter().enumerate() {
-        println!(
-            "{name}: two-thread scaling {:.2}, 100 threads / 8 threads {:.2}",
-            med[ai][idx("threads/1")] / med[ai][idx("threads/2")],
-            med[ai][idx("threads/8")] / med[ai][idx("threads/100")]
-        );
+        if let (Some(t1), Some(t2)) = (idx("threads/1"), idx("threads/2")) {
+            println!("{name}: two-thread scaling {:.2}", med[ai][t1] / med[ai][t2]);
+        }
+        if let (Some(t8), Some(t100)) = (idx("threads/8"), idx("threads/100")) {
+            println!("{name}: 100 threads / 8 threads {:.2}", med[ai][t8] / med[ai][t100]);
+        }
     }
 }

@@ -25,6 +25,8 @@ mod cpu;
 mod os;
 mod percpu;
 mod region;
+#[cfg(feature = "std")]
+mod revoke;
 #[cfg(all(feature = "std", not(loom)))]
 mod threads;
 #[cfg(all(feature = "std", loom))]

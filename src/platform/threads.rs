@@ -99,10 +99,7 @@
 //! | `RELEASES` | every release, after freeing its slot | `SeqCst` `fetch_add` | a scanner's `Acquire` load (a scan after reading an epoch sees the slots freed before it); with `WAITERS`, Dekker: a releaser sees the waiter or the waiter sees the epoch move |
 //! | `WAITERS` | threads starting and ending a sleep | `SeqCst` inc, `Relaxed` dec | the releaser's `SeqCst` load before it wakes anyone; holders read it `Relaxed` |
 //! | `HINT`, `VAIN`, `WANTED` | releases; a wait in vain; slotless threads (set) and holders (clear) | `Relaxed` | nothing: hints that steer scans and give-ups, never a publication |
-//! | `CONTENDED` | a thread turned away (set, then revokes), a holder finding no demand (clear) | `SeqCst` to raise and in `arm`'s second look | a holder's arming store of `FAST` and its load of `CONTENDED` after it (Dekker: the holder sees the flag or the revoker sees it armed) |
-//! | `FAST` (per thread) | its thread (arm, count, clear), revokers (armed → counting, by CAS) | `Relaxed` for the fast paths' loads and the holder's counting stores, `SeqCst` to arm and to revoke | `CONTENDED`, as above; it only ever names the thread's own slot or none |
-//! | `REVOKING[s]` | revokers and the holder withdrawing `OWNER[s]` (CAS false → true, store false) | `Acquire` CAS, `Release` store | each other: a revoker that takes it after a withdrawal sees `OWNER[s]` null |
-//! | `OWNER[s]` | the holder (publish after its claim; withdraw under `REVOKING[s]`) | `Relaxed` | read and written only under `REVOKING[s]`, except the holder's publication, which a revoker may miss |
+//! | `FAST`, and `REVOKER`'s `CONTENDED`, `OWNER[s]`, `REVOKING[s]` | see the `revoke` module | | |
 //! | `KEY`, `ASYM` | `init`, once | `Release` | `Acquire` in `init` before any claim |
 
 use core::cell::Cell;
@@ -111,28 +108,16 @@ use core::mem::size_of;
 use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform};
-use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_null, atomic_u8, atomic_usize,
-};
+use super::revoke::{self, FAST_TICKS, Revoker, counting, ticks_used};
+use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize};
 
-/// `SLOT` of a thread without a slot; also "never" for epochs.
-const NONE: usize = usize::MAX;
+/// `SLOT` of a thread without a slot; also "never" for epochs; and the
+/// `FAST` word of a thread without a fast path.
+const NONE: usize = revoke::NONE;
 
 /// Counted operations a holder performs before it looks for threads
 /// waiting for a slot (tens to hundreds of microseconds of allocation).
 const QUANTUM: usize = 16 * 1024;
-/// `FAST` of a counting holder: `(ticks + 1) << TICK_SHIFT | slot`.
-const TICK_SHIFT: u32 = 16;
-/// Counted holds `try_enter` grants between two calls of `enter` by a
-/// counting holder: bounds how stale its operation count gets.
-const FAST_TICKS: usize = 4096;
-
-static_assertions::const_assert!(MAX_CPUS <= 1 << TICK_SHIFT && (FAST_TICKS + 1) < usize::MAX >> TICK_SHIFT);
-
-/// The `FAST` word of a holder of `slot` with `ticks` counted holds left.
-const fn counting(slot: usize, ticks: usize) -> usize {
-    ((ticks + 1) << TICK_SHIFT) | slot
-}
 /// How long a waiting thread sleeps for a release before it concludes
 /// that the holders are not rotating.
 const WAIT_NS: libc::c_long = 1_000_000;
@@ -169,15 +154,10 @@ static WAITERS: CachePadded<AtomicUsize> = CachePadded::new(atomic_usize(0));
 static WANTED: CachePadded<AtomicBool> = CachePadded::new(atomic_bool(false));
 /// The slot released last, where scans start.
 static HINT: AtomicUsize = atomic_usize(0);
-/// Raised while threads are turned away for want of a slot: holders
-/// count their operations (see *Counting only under contention*).
-static CONTENDED: CachePadded<AtomicBool> = CachePadded::new(atomic_bool(false));
-/// The `FAST` word of slot `s`'s holder, while the holder has armed it
-/// at least once and not yet withdrawn it; null otherwise.
-static OWNER: [AtomicPtr<AtomicUsize>; MAX_CPUS] = [const { atomic_null() }; MAX_CPUS];
-/// Taken (by CAS) by a revoker while it follows `OWNER[s]`, and by the
-/// holder while it withdraws it.
-static REVOKING: [AtomicBool; MAX_CPUS] = [const { atomic_bool(false) }; MAX_CPUS];
+/// `CONTENDED`, `OWNER[s]` and `REVOKING[s]`: which holders' `FAST`
+/// words a thread turned away switches to counting (see *Counting only
+/// under contention*).
+static REVOKER: Revoker = Revoker::new();
 /// The epoch at which a thread last waited [`WAIT_NS`] without a release
 /// (`NONE`: never): until the next release, slotless threads do not wait.
 static VAIN: AtomicUsize = atomic_usize(NONE);
@@ -314,98 +294,32 @@ fn want() {
 }
 
 /// A thread was turned away: makes every holder count (once per spell of
-/// contention; reading first keeps the line shared).
+/// contention).
 #[inline]
 fn contend() {
-    if !CONTENDED.load(Ordering::Relaxed) && !CONTENDED.swap(true, Ordering::SeqCst) {
-        revoke_all();
-    }
+    REVOKER.contend();
 }
 
 /// Publishes the calling holder's `FAST` word for revokers of `slot`.
 fn publish(slot: usize) {
-    let fast = FAST.with(|f| core::ptr::from_ref(f).cast_mut());
-    // Relaxed: a revoker that misses it revokes another holder; it reads
-    // the pointer only under `REVOKING[slot]`, which `withdraw` takes
-    // before the word can go away.
-    OWNER[slot].store(fast, Ordering::Relaxed);
+    // SAFETY: the caller holds `slot`; a `const` thread-local without a
+    // destructor lives as long as its thread, and the holder withdraws
+    // the word (`withdraw`) before it frees the slot or its thread ends
+    // (the exit hook).
+    FAST.with(|f| unsafe { REVOKER.publish(slot, f) });
 }
 
-/// Withdraws `OWNER[slot]`, which only the caller (the slot's holder)
-/// publishes: once this returns, no revoker touches the caller's `FAST`.
+/// Withdraws the caller's `FAST` word from revokers of `slot`, which it
+/// holds: before it frees the slot or its thread ends.
 fn withdraw(slot: usize) {
-    // Relaxed: only the holder writes it, so a null here is its own.
-    if OWNER[slot].load(Ordering::Relaxed).is_null() {
-        return;
-    }
-    // A revoker holds the flag for a few instructions: wait them out.
-    while REVOKING[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-        crate::sync::spin_hint();
-    }
-    OWNER[slot].store(core::ptr::null_mut(), Ordering::Relaxed);
-    // Release: a revoker that takes the flag next sees the null.
-    REVOKING[slot].store(false, Ordering::Release);
+    REVOKER.withdraw(slot);
 }
 
-/// Disarms every published holder's fast path, so that they count
-/// their operations on the slow path (see *Counting only under
-/// contention*). A slot whose flag another revoker or its withdrawing
-/// holder has is skipped: the revoker finishes it, or the holder leaves.
-#[cold]
-fn revoke_all() {
-    for slot in 0..MAX_CPUS {
-        // Relaxed: a holder that publishes later reads `CONTENDED` after
-        // arming and disarms itself.
-        if OWNER[slot].load(Ordering::Relaxed).is_null()
-            || REVOKING[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
-        {
-            continue;
-        }
-        let fast = OWNER[slot].load(Ordering::Relaxed);
-        if !fast.is_null() {
-            // SAFETY: `OWNER[slot]` names the live `FAST` word of the
-            // slot's holder: the holder withdraws it under `REVOKING[slot]`
-            // (held here) before it frees the slot or its thread ends.
-            let fast = unsafe { &*fast };
-            // SeqCst: after the raise of `CONTENDED` (Dekker with `arm`).
-            // Only an armed word changes; the holder alone writes others.
-            if fast.load(Ordering::SeqCst) == slot {
-                let _ = fast.compare_exchange(slot, counting(slot, FAST_TICKS), Ordering::SeqCst, Ordering::Relaxed);
-            }
-        }
-        REVOKING[slot].store(false, Ordering::Release);
-    }
-}
-
-/// Arms the calling holder's fast path on `slot`, or sets it counting
-/// if slots are short (membarrier available: the caller checked).
+/// Arms the calling holder's fast path on `slot` (or sets it counting
+/// while slots are short); membarrier is available (the caller checked).
 #[inline]
 fn arm(slot: usize) {
-    FAST.with(|f| {
-        if CONTENDED.load(Ordering::Relaxed) {
-            f.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
-            return;
-        }
-        // SeqCst store, then load: a revoker raising `CONTENDED` now
-        // either sees this store (and switches it) or is seen here.
-        f.store(slot, Ordering::SeqCst);
-        if CONTENDED.load(Ordering::SeqCst) {
-            f.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
-        }
-    });
-}
-
-/// `try_enter` for a counting holder (or none): a hold while ticks last.
-/// Inline, but off the armed path: a call there would make every
-/// allocation entry point set up a stack frame.
-#[inline(always)]
-fn counted(v: usize) -> Option<usize> {
-    if v == NONE || v >> TICK_SHIFT <= 1 {
-        return None;
-    }
-    // Only this thread writes a counting word (revokers change armed ones).
-    FAST.with(|f| f.store(v - (1 << TICK_SHIFT), Ordering::Relaxed));
-    Some(v & ((1 << TICK_SHIFT) - 1))
+    FAST.with(|f| REVOKER.arm(slot, f));
 }
 
 /// Slots nobody holds now (Relaxed: a snapshot for a heuristic).
@@ -428,7 +342,7 @@ impl Threads {
             }
             // Counting: the holds `try_enter` granted, and this one.
             if v != NONE {
-                used = FAST_TICKS - ((v >> TICK_SHIFT) - 1) + 1;
+                used = ticks_used(v) + 1;
             }
         }
         let left = LEFT.with(Cell::get);
@@ -477,8 +391,8 @@ impl Threads {
         if fast {
             // Nobody asked (the loads above): the spell of contention is
             // over, as far as this holder can tell.
-            if CONTENDED.load(Ordering::Relaxed) && waiters == 0 && !WANTED.load(Ordering::Relaxed) {
-                CONTENDED.store(false, Ordering::Relaxed);
+            if REVOKER.contended() && waiters == 0 && !WANTED.load(Ordering::Relaxed) {
+                REVOKER.calm();
             }
             arm(slot);
         }
@@ -643,8 +557,10 @@ unsafe impl Platform for Threads {
     unsafe fn try_enter(&self) -> Option<usize> {
         // Relaxed: the word only ever names this thread's own slot, or
         // none (see the atomics table).
-        let v = FAST.with(|f| f.load(Ordering::Relaxed));
-        if v < MAX_CPUS { Some(v) } else { counted(v) }
+        FAST.with(|f| {
+            let v = f.load(Ordering::Relaxed);
+            if v < MAX_CPUS { Some(v) } else { revoke::counted(f, v) }
+        })
     }
 
     #[inline(always)]

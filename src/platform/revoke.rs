@@ -1,0 +1,272 @@
+//! The fast-path word of `Threads` and how other threads make a holder
+//! count (see `threads.rs`, *Counting only under contention*): a holder
+//! publishes the address of its per-thread word, and a thread turned away
+//! for want of a slot switches every armed word to counting. Its own
+//! module, over `crate::sync`, so that loom models (at the end of this
+//! file) run the protocol itself; `Threads` keeps one static [`Revoker`]
+//! and the words in its thread-locals.
+//!
+//! # The word
+//!
+//! | value | meaning | written by |
+//! | --- | --- | --- |
+//! | `s < MAX_CPUS` | armed: the fast path holds slot `s` without counting | the holder ([`Revoker::arm`]) |
+//! | [`counting`]`(s, ticks)` | counting: `ticks` more fast-path holds, each counted down | the holder; a revoker, from `s` only |
+//! | [`NONE`] | no fast path (no slot, or no membarrier) | the holder |
+//!
+//! # Atomics
+//!
+//! | atomic | written by | ordering | paired with |
+//! | --- | --- | --- | --- |
+//! | `contended` | a thread turned away (raise, then revoke), a holder finding no demand (lower) | `SeqCst` swap to raise, then a `SeqCst` fence in `revoke_all`; `Relaxed` loads | a holder's publication and arming store, a `SeqCst` fence, and its second look at the flag (Dekker: the holder sees the flag or the revoker sees the word published and armed) |
+//! | the word | its holder (arm, count, clear), revokers (armed → counting, by CAS) | `Relaxed`, ordered by the two fences | `contended`, as above; the word only ever names its holder's own slot or none |
+//! | `revoking[s]` | revokers and the holder withdrawing `owner[s]` (CAS false → true, store false) | `Acquire` CAS, `Release` store | each other: a revoker that takes it after a withdrawal sees `owner[s]` null |
+//! | `owner[s]` | the holder (publish after its claim; withdraw under `revoking[s]`) | `Relaxed`, ordered by the two fences | `contended`, as above; the pointer is followed only under `revoking[s]` |
+
+#![cfg_attr(loom, allow(dead_code))]
+
+use crossbeam_utils::CachePadded;
+
+use super::cpu::MAX_CPUS;
+use crate::sync::{
+    AtomicBool, AtomicPtr, AtomicUsize, Ordering, atomic_bool, atomic_null, fence, loom_const_fn, repeat, spin_hint,
+};
+
+/// The word of a thread without a fast path.
+pub(super) const NONE: usize = usize::MAX;
+/// A counting word is `(ticks + 1) << TICK_SHIFT | slot`.
+const TICK_SHIFT: u32 = 16;
+/// Counted holds a counting word grants between two calls of the
+/// holder's slow path: bounds how stale its operation count gets.
+pub(super) const FAST_TICKS: usize = 4096;
+
+static_assertions::const_assert!(MAX_CPUS <= 1 << TICK_SHIFT && (FAST_TICKS + 1) < usize::MAX >> TICK_SHIFT);
+
+/// The word of a holder of `slot` with `ticks` counted holds left.
+#[inline(always)]
+pub(super) const fn counting(slot: usize, ticks: usize) -> usize {
+    ((ticks + 1) << TICK_SHIFT) | slot
+}
+
+/// The holds a counting word `v` (not [`NONE`]) granted out of
+/// [`FAST_TICKS`].
+#[inline(always)]
+pub(super) const fn ticks_used(v: usize) -> usize {
+    FAST_TICKS - ((v >> TICK_SHIFT) - 1)
+}
+
+/// The fast path's hold for its word `v`, which was not armed: a counted
+/// hold while ticks last (the word counted down), else `None`. Inline,
+/// but off the armed path: a call there would make every allocation
+/// entry point set up a stack frame.
+///
+/// Only the word's holder calls it (nobody else writes a counting word).
+#[inline(always)]
+pub(super) fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
+    if v == NONE || v >> TICK_SHIFT <= 1 {
+        return None;
+    }
+    word.store(v - (1 << TICK_SHIFT), Ordering::Relaxed);
+    Some(v & ((1 << TICK_SHIFT) - 1))
+}
+
+/// Who may be revoked, and whether slots are short.
+pub(super) struct Revoker {
+    /// Raised while threads are turned away for want of a slot.
+    contended: CachePadded<AtomicBool>,
+    /// The word of slot `s`'s holder, from its publication to its
+    /// withdrawal; null otherwise.
+    owner: [AtomicPtr<AtomicUsize>; MAX_CPUS],
+    /// Taken by a revoker while it follows `owner[s]`, and by the holder
+    /// while it withdraws it.
+    revoking: [AtomicBool; MAX_CPUS],
+}
+
+impl Revoker {
+    loom_const_fn! {
+        /// Nobody published, nothing contended.
+        pub(super) fn new() -> Self {
+            Revoker {
+                contended: CachePadded::new(atomic_bool(false)),
+                owner: repeat!(atomic_null(); MAX_CPUS),
+                revoking: repeat!(atomic_bool(false); MAX_CPUS),
+            }
+        }
+    }
+
+    /// Whether slots are short now (`Relaxed`: a hint for the holder's
+    /// slow path).
+    #[inline]
+    pub(super) fn contended(&self) -> bool {
+        self.contended.load(Ordering::Relaxed)
+    }
+
+    /// A thread was turned away: raises the flag and, if it was low,
+    /// revokes every armed holder (reading first keeps the line shared).
+    #[inline]
+    pub(super) fn contend(&self) {
+        if !self.contended.load(Ordering::Relaxed) && !self.contended.swap(true, Ordering::SeqCst) {
+            self.revoke_all();
+        }
+    }
+
+    /// Lowers the flag: a holder found nobody waiting (`Relaxed`: a late
+    /// raise by a thread turned away is seen at its next operation).
+    pub(super) fn calm(&self) {
+        self.contended.store(false, Ordering::Relaxed);
+    }
+
+    /// Publishes `word`, the holder of `slot`'s, for revokers.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`, and `word` stays valid until the caller's
+    /// [`Revoker::withdraw`] of `slot` returns.
+    pub(super) unsafe fn publish(&self, slot: usize, word: &AtomicUsize) {
+        // Relaxed: ordered before the flag's second look by `arm`'s fence,
+        // so a revoker whose raise that look missed finds the word (loom
+        // found the holder left armed when only the word's store was so
+        // ordered). A revoker follows the pointer only under
+        // `revoking[slot]`, which `withdraw` takes before the word can go
+        // away.
+        self.owner[slot].store(core::ptr::from_ref(word).cast_mut(), Ordering::Relaxed);
+    }
+
+    /// Withdraws `owner[slot]`: once this returns, no revoker touches the
+    /// word published for `slot`. Only the slot's holder calls it.
+    pub(super) fn withdraw(&self, slot: usize) {
+        // Relaxed: only the holder writes it, so a null here is its own.
+        if self.owner[slot].load(Ordering::Relaxed).is_null() {
+            return;
+        }
+        // A revoker holds the flag for a few instructions: wait them out.
+        while self.revoking[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spin_hint();
+        }
+        self.owner[slot].store(core::ptr::null_mut(), Ordering::Relaxed);
+        // Release: a revoker that takes the flag next sees the null.
+        self.revoking[slot].store(false, Ordering::Release);
+    }
+
+    /// Switches every published armed word to counting. A slot whose flag
+    /// another revoker or its withdrawing holder has is skipped: the
+    /// revoker finishes it, or the holder leaves.
+    #[cold]
+    fn revoke_all(&self) {
+        // Dekker with `arm`: the raise before the loads of the owners and
+        // words below, against the holder's stores of them before its
+        // second look at the flag.
+        fence(Ordering::SeqCst);
+        for slot in 0..MAX_CPUS {
+            // Relaxed: the fence above orders it (see `publish`).
+            if self.owner[slot].load(Ordering::Relaxed).is_null()
+                || self.revoking[slot].compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
+            {
+                continue;
+            }
+            let word = self.owner[slot].load(Ordering::Relaxed);
+            // SAFETY: `owner[slot]` names a word that stays valid until
+            // its holder's `withdraw`, which takes `revoking[slot]` (held
+            // here) first (the contract of `publish`).
+            if let Some(word) = unsafe { word.as_ref() } {
+                // Relaxed: the fence above orders it. Only an armed word
+                // changes: the holder alone writes the others.
+                if word.load(Ordering::Relaxed) == slot {
+                    let _ =
+                        word.compare_exchange(slot, counting(slot, FAST_TICKS), Ordering::Relaxed, Ordering::Relaxed);
+                }
+            }
+            self.revoking[slot].store(false, Ordering::Release);
+        }
+    }
+
+    /// Arms the holder of `slot`'s `word`, or sets it counting if slots
+    /// are short. Only the slot's holder calls it.
+    #[inline]
+    pub(super) fn arm(&self, slot: usize, word: &AtomicUsize) {
+        if self.contended.load(Ordering::Relaxed) {
+            word.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
+            return;
+        }
+        // Store, fence, load (Dekker with `revoke_all`): a revoker raising
+        // the flag now either sees this store and the publication before
+        // it (and switches the word) or is seen here.
+        word.store(slot, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.contended.load(Ordering::Relaxed) {
+            word.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod tests {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::{NONE, Revoker, counted};
+    use crate::sync::{AtomicUsize, Ordering};
+
+    /// A holder's fast path: one hold, armed or counted.
+    fn hold(word: &AtomicUsize) -> Option<usize> {
+        let v = word.load(Ordering::Relaxed);
+        if v < super::MAX_CPUS { Some(v) } else { counted(word, v) }
+    }
+
+    /// A holder publishes its word, arms, holds once and withdraws, then
+    /// its word's memory is used again (here: the value 0, an armed word
+    /// of slot 0, as a new thread on the same stack would write) while a
+    /// thread turned away revokes: the revoker must never write the word
+    /// after the withdrawal, so it still reads 0 at the end.
+    #[test]
+    fn loom_a_revocation_never_writes_a_withdrawn_word() {
+        loom::model(|| {
+            let rev = Arc::new(Revoker::new());
+            let word = Arc::new(AtomicUsize::new(NONE));
+            let holder = {
+                let (rev, word) = (rev.clone(), word.clone());
+                thread::spawn(move || {
+                    // SAFETY: the word outlives the model's threads (the
+                    // `Arc`), and is withdrawn below.
+                    unsafe { rev.publish(0, &word) };
+                    rev.arm(0, &word);
+                    assert_eq!(hold(&word), Some(0));
+                    rev.withdraw(0);
+                    word.store(0, Ordering::Relaxed);
+                })
+            };
+            let turned_away = {
+                let rev = rev.clone();
+                thread::spawn(move || rev.contend())
+            };
+            holder.join().unwrap();
+            turned_away.join().unwrap();
+            assert_eq!(word.load(Ordering::Relaxed), 0, "a revoker wrote a withdrawn word");
+        });
+    }
+
+    /// A holder arming while a thread turned away raises contention: once
+    /// both are done, the holder counts (its word is not armed), whichever
+    /// came first, so no holder stays armed, uncounted, through contention.
+    #[test]
+    fn loom_no_holder_stays_armed_through_contention() {
+        loom::model(|| {
+            let rev = Arc::new(Revoker::new());
+            let word = Arc::new(AtomicUsize::new(NONE));
+            let holder = {
+                let (rev, word) = (rev.clone(), word.clone());
+                thread::spawn(move || {
+                    // SAFETY: as above; withdrawn before the model ends.
+                    unsafe { rev.publish(1, &word) };
+                    rev.arm(1, &word);
+                })
+            };
+            rev.contend();
+            holder.join().unwrap();
+            assert!(rev.contended());
+            assert_ne!(word.load(Ordering::Relaxed), 1, "armed through contention");
+            assert_eq!(hold(&word), Some(1), "a counting word grants counted holds");
+            rev.withdraw(1);
+        });
+    }
+}
