@@ -39,8 +39,8 @@ use crate::magazine::MagCache;
 use crate::platform::Platform;
 use crate::slab::classes::NCLASSES;
 use crate::sync::{
-    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_u32, atomic_usize,
-    fence, loom_const_fn, repeat,
+    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, CellArray, Ordering, Stat, atomic_null, atomic_u8, atomic_u32,
+    atomic_usize, fence, loom_const_fn, repeat,
 };
 
 mod inject;
@@ -418,7 +418,7 @@ pub(crate) struct Group<R: RawMutex> {
     /// it is written through shared references like every other field.
     next_zombie: AtomicPtr<Group<R>>,
     /// Child caches by accounting index; null until first use.
-    caches: [AtomicPtr<MagCache<R>>; MAX_ACCOUNTED],
+    caches: CellArray<AtomicPtr<MagCache<R>>, MAX_ACCOUNTED>,
     /// Pages of large (page-run) objects charged to this group itself.
     large_pages: Stat,
     /// The usage at the last `high` throttle delay of this group: what was
@@ -466,7 +466,7 @@ impl<R: RawMutex> Group<R> {
                 next_sibling: atomic_null(),
                 next_all: atomic_null(),
                 next_zombie: atomic_null(),
-                caches: repeat!(atomic_null(); MAX_ACCOUNTED),
+                caches: CellArray::new(repeat!(atomic_null(); MAX_ACCOUNTED)),
                 large_pages: Stat::new(),
                 high_mark: atomic_usize(0),
                 events: Events::new(),

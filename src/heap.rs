@@ -29,7 +29,7 @@ pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, at};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat};
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -618,7 +618,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { at(self.tree.classes(), c) };
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
                 // SAFETY: a live object of `base`'s class (caller).
                 match unsafe { Self::owner(base, p) }.acct {
                     // SAFETY: a child cache's group, and so its counter,
@@ -646,7 +646,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         match class_of(size, align) {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { at(self.tree.classes(), c) };
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
                 let cache = if g.is_null() {
                     base
                 } else {
@@ -849,7 +849,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     fn base_for_free(&self, c: usize, ptr: NonNull<u8>) -> Option<&MagCache<R>> {
         // SAFETY: `class_of` returns indices below NCLASSES.
-        let base = unsafe { at(self.tree.classes(), c) };
+        let base = unsafe { self.tree.classes().get_unchecked(c) };
         if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
             self.bad_free();
             return None;

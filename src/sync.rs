@@ -34,6 +34,72 @@ pub(crate) unsafe fn at<T>(s: &[T], i: usize) -> &T {
     unsafe { &*s.as_ptr().add(i) }
 }
 
+/// An array of `Sync` values shared by reference, stored in one
+/// `UnsafeCell`: it hands out only shared references to its elements, so it
+/// behaves as the plain array would. Why it exists: Miri retags a
+/// reference by walking every `UnsafeCell` inside the type it points to,
+/// so a `&Kmem` whose size classes (and the page map's leaves) sat in plain
+/// arrays of atomics cost thousands of steps on every method call, about
+/// half a second per allocation under Miri. One cell around the array is
+/// one step; an element's reference is retagged alone, when it is made.
+#[repr(transparent)]
+pub(crate) struct CellArray<T, const N: usize>(core::cell::UnsafeCell<[T; N]>);
+
+// SAFETY: only `&T` ever leaves a shared `CellArray` (and `&mut` only from
+// `&mut self`), exactly as for `[T; N]`, which is `Sync` when `T` is.
+unsafe impl<T: Sync, const N: usize> Sync for CellArray<T, N> {}
+// SAFETY: as above; the array is owned inline.
+unsafe impl<T: Send, const N: usize> Send for CellArray<T, N> {}
+
+impl<T, const N: usize> CellArray<T, N> {
+    /// The array `a`.
+    pub(crate) const fn new(a: [T; N]) -> Self {
+        CellArray(core::cell::UnsafeCell::new(a))
+    }
+
+    /// The element at `i`, if `i < N`.
+    #[inline(always)]
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        // SAFETY: in bounds (checked).
+        if i < N { Some(unsafe { self.get_unchecked(i) }) } else { None }
+    }
+
+    /// The element at `i`, unchecked.
+    ///
+    /// # Safety
+    ///
+    /// `i < N`.
+    #[inline(always)]
+    pub(crate) unsafe fn get_unchecked(&self, i: usize) -> &T {
+        // SAFETY: in bounds (caller); nothing ever writes the array through
+        // the cell while `&self` lives (see the type), so a shared
+        // reference to an element is as valid as one into `[T; N]`.
+        unsafe { &*self.0.get().cast::<T>().add(i) }
+    }
+
+    /// The elements, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        // SAFETY: every index below N.
+        (0..N).map(move |i| unsafe { self.get_unchecked(i) })
+    }
+
+    /// The elements, mutably (exclusive access).
+    pub(crate) fn get_mut(&mut self) -> &mut [T; N] {
+        self.0.get_mut()
+    }
+}
+
+impl<T, const N: usize> core::ops::Index<usize> for CellArray<T, N> {
+    type Output = T;
+    #[inline(always)]
+    fn index(&self, i: usize) -> &T {
+        match self.get(i) {
+            Some(t) => t,
+            None => panic!("CellArray index out of bounds"),
+        }
+    }
+}
+
 /// [`at`] for a mutable element.
 ///
 /// # Safety

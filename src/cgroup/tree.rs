@@ -30,7 +30,7 @@ use crate::platform::MAX_NODES;
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::slab::{Cache, Pages};
 use crate::sync::{
-    AtomicPtr, AtomicU32, AtomicUsize, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
+    AtomicPtr, AtomicU32, AtomicUsize, CellArray, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
 };
 
 mod events;
@@ -60,7 +60,7 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(super) root: Group<R>,
     /// The size classes: the root's own caches, and the base caches every
     /// group's child caches of a class copy.
-    pub(super) classes: [MagCache<R>; NCLASSES],
+    pub(super) classes: CellArray<MagCache<R>, NCLASSES>,
     /// Every group but the root that is not yet reclaimed, newest first.
     /// Pushed with `Release` and unlinked under `lock`; iterated under a
     /// read guard.
@@ -250,7 +250,7 @@ impl<R: RawMutex> Tree<R> {
                     Some(n) => n,
                     None => panic!("\"/\" is a valid name"),
                 }),
-                classes: class_caches(),
+                classes: CellArray::new(class_caches()),
                 all_groups: atomic_null(),
                 mode: atomic_usize(0),
                 lock: Mutex::const_new(R::INIT, Limbo::new()),
@@ -285,7 +285,7 @@ impl<R: RawMutex> Tree<R> {
 
     /// The size classes' caches.
     #[inline(always)]
-    pub(crate) fn classes(&self) -> &[MagCache<R>; NCLASSES] {
+    pub(crate) fn classes(&self) -> &CellArray<MagCache<R>, NCLASSES> {
         &self.classes
     }
 
@@ -724,7 +724,7 @@ impl<R: RawMutex> Tree<R> {
         // Nothing may stay charged to the ancestors through this group.
         gr.counter.drain_stock();
         debug_assert_eq!(gr.counter.usage(), 0, "a reclaimed group still holds charges");
-        for c in &gr.caches {
+        for c in gr.caches.iter() {
             if let Some(cache) = NonNull::new(c.load(Ordering::Relaxed)) {
                 // SAFETY: a dead, empty child cache nobody can reach.
                 unsafe { Self::free_object(env, cache, &self.child_caches) };

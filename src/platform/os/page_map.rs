@@ -5,7 +5,7 @@
 
 use super::super::{PAGE_SHIFT, PAGE_SIZE};
 use super::{map_aligned, unmap_whole};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, atomic_null};
+use crate::sync::{AtomicPtr, AtomicUsize, CellArray, Ordering, atomic_null};
 
 /// Bits of the user address space the page map covers (48 on 64-bit
 /// targets: x86-64 hands out 47, AArch64 48, without an explicit hint).
@@ -38,7 +38,7 @@ const LEAVES: usize = 1 << (ADDR_BITS - PAGE_SHIFT - LEAF_PAGE_BITS);
 pub(in crate::platform) struct PageMap {
     /// `leaves[i]`: null, or a zeroed mapping of `LEAF_BYTES` holding the
     /// bits of pages `i * LEAF_PAGES ..`, live until drop.
-    leaves: [AtomicPtr<AtomicUsize>; LEAVES],
+    leaves: CellArray<AtomicPtr<AtomicUsize>, LEAVES>,
 }
 
 impl PageMap {
@@ -48,7 +48,7 @@ impl PageMap {
 
     /// An empty map: no leaf mapped, no page set.
     pub(in crate::platform) const fn new() -> Self {
-        PageMap { leaves: [const { atomic_null() }; LEAVES] }
+        PageMap { leaves: CellArray::new([const { atomic_null() }; LEAVES]) }
     }
 
     /// Whether the page holding `addr` is set.
@@ -138,7 +138,7 @@ impl PageMap {
 
 impl Drop for PageMap {
     fn drop(&mut self) {
-        for slot in &mut self.leaves {
+        for slot in self.leaves.get_mut() {
             let leaf = *slot.get_mut();
             if !leaf.is_null() {
                 // SAFETY: a whole leaf mapping; `&mut self` means no lookup
