@@ -29,7 +29,7 @@ pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat};
+use crate::sync::{AtomicPtr, AtomicUsize, OneCell, Ordering, Stat};
 
 /// The allocator: size-class caches, a page path for large objects and named
 /// typed caches over one page source.
@@ -58,15 +58,15 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     /// Handshake state of the per-CPU slots, shared by all caches.
     slots: Slots,
     /// Self-hosted metadata: magazines of every cache.
-    magazines: Cache<R>,
+    magazines: OneCell<Cache<R>>,
     /// The groups, the size classes (the root's caches), the typed caches,
     /// and reclaim.
-    tree: Tree<R>,
+    tree: OneCell<Tree<R>>,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
     /// Memory-error detection (off unless asked for).
-    detect: debug::Detector<R>,
+    detect: OneCell<debug::Detector<R>>,
     /// Giving idle memory back by itself.
     decay: decay::Decayer,
     /// The out-of-memory handler: null, or an [`OomHandler`] of this
@@ -228,12 +228,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 source,
                 platform,
                 slots: Slots::new(),
-                magazines: Cache::new(MAGAZINE_GEOMETRY),
-                tree: Tree::new(),
+                magazines: OneCell::new(Cache::new(MAGAZINE_GEOMETRY)),
+                tree: OneCell::new(Tree::new()),
                 large_allocs: Stat::new(),
                 large_pages: Stat::new(),
                 bad_frees: Stat::new(),
-                detect: debug::Detector::new(Detection::OFF),
+                detect: OneCell::new(debug::Detector::new(Detection::OFF)),
                 decay: decay::Decayer::new(Decay::DEFAULT),
                 oom: crate::sync::atomic_null(),
                 home: crate::sync::atomic_usize(0),
@@ -246,7 +246,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         /// With `std`: read `KMEMCG_DEBUG` at the first allocation.
         fn reading_env(mut self) -> Self {
             if cfg!(all(feature = "std", not(loom))) {
-                self.tree.mode = crate::sync::atomic_usize(mode::ENV);
+                self.tree.get_mut().mode = crate::sync::atomic_usize(mode::ENV);
             }
             self
         }

@@ -26,7 +26,7 @@ mod os;
 mod percpu;
 mod region;
 #[cfg(feature = "std")]
-mod revoke;
+pub(crate) mod revoke;
 #[cfg(all(feature = "std", not(loom)))]
 mod threads;
 #[cfg(all(feature = "std", loom))]

@@ -84,6 +84,7 @@ impl<T, const N: usize> CellArray<T, N> {
     }
 
     /// The elements, mutably (exclusive access).
+    #[cfg(feature = "std")]
     pub(crate) fn get_mut(&mut self) -> &mut [T; N] {
         self.0.get_mut()
     }
@@ -97,6 +98,50 @@ impl<T, const N: usize> core::ops::Index<usize> for CellArray<T, N> {
             Some(t) => t,
             None => panic!("CellArray index out of bounds"),
         }
+    }
+}
+
+/// A value shared by reference, stored in one `UnsafeCell`: it derefs to
+/// `&T` only, so it behaves as the plain value would. Like [`CellArray`],
+/// for Miri: a struct holding a large interior-mutable part (a `Tree`, a
+/// `Cache`) inline is walked in full on every retag of a reference to the
+/// struct; behind one cell, the part is walked only when a reference to
+/// the part itself is made.
+#[repr(transparent)]
+pub(crate) struct OneCell<T>(core::cell::UnsafeCell<T>);
+
+// SAFETY: only `&T` ever leaves a shared `OneCell` (and `&mut T` only from
+// `&mut self`), exactly as for `T` itself.
+unsafe impl<T: Sync> Sync for OneCell<T> {}
+// SAFETY: as above; the value is owned inline.
+unsafe impl<T: Send> Send for OneCell<T> {}
+
+impl<T> OneCell<T> {
+    /// The value `v`.
+    pub(crate) const fn new(v: T) -> Self {
+        OneCell(core::cell::UnsafeCell::new(v))
+    }
+
+    /// The value, mutably (exclusive access; usable in `const fn`).
+    pub(crate) const fn get_mut(&mut self) -> &mut T {
+        self.0.get_mut()
+    }
+}
+
+impl<T> core::ops::Deref for OneCell<T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        // SAFETY: nothing ever writes the value through the cell while
+        // `&self` lives (see the type), so this is as valid as `&T`.
+        unsafe { &*self.0.get() }
+    }
+}
+
+impl<T> core::ops::DerefMut for OneCell<T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut T {
+        self.get_mut()
     }
 }
 

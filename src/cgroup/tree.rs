@@ -30,7 +30,8 @@ use crate::platform::MAX_NODES;
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::slab::{Cache, Pages};
 use crate::sync::{
-    AtomicPtr, AtomicU32, AtomicUsize, CellArray, Ordering, atomic_null, atomic_u32, atomic_usize, fence, loom_const_fn,
+    AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, Ordering, atomic_null, atomic_u32, atomic_usize, fence,
+    loom_const_fn,
 };
 
 mod events;
@@ -57,7 +58,7 @@ pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
 /// groups record it (a `Kmem` is a `static` or leaked).
 pub(crate) struct Tree<R: RawMutex> {
     /// The root group: its counter is the parent of every group's.
-    pub(super) root: Group<R>,
+    pub(super) root: OneCell<Group<R>>,
     /// The size classes: the root's own caches, and the base caches every
     /// group's child caches of a class copy.
     pub(super) classes: CellArray<MagCache<R>, NCLASSES>,
@@ -81,11 +82,11 @@ pub(crate) struct Tree<R: RawMutex> {
     /// stack: push by CAS, taken whole by swap, so no ABA).
     zombies: AtomicPtr<Group<R>>,
     /// Self-hosted metadata: groups.
-    pub(crate) groups: Cache<R>,
+    pub(crate) groups: OneCell<Cache<R>>,
     /// Self-hosted metadata: the child caches of groups.
-    pub(crate) child_caches: Cache<R>,
+    pub(crate) child_caches: OneCell<Cache<R>>,
     /// Self-hosted metadata: descriptors of typed caches.
-    pub(crate) descriptors: Cache<R>,
+    pub(crate) descriptors: OneCell<Cache<R>>,
     /// Typed caches, newest first. Pushed with `Release` and unlinked
     /// under `registry_lock`; read with `Acquire` without it, under a read
     /// guard: a destroyed cache's descriptor is unlinked and freed once no
@@ -246,19 +247,19 @@ impl<R: RawMutex> Tree<R> {
         /// A tree with only its root; nothing is allocated until first use.
         pub(crate) fn new() -> Self {
             Tree {
-                root: Group::new_root(match Name::new_const("/") {
+                root: OneCell::new(Group::new_root(match Name::new_const("/") {
                     Some(n) => n,
                     None => panic!("\"/\" is a valid name"),
-                }),
+                })),
                 classes: CellArray::new(class_caches()),
                 all_groups: atomic_null(),
                 mode: atomic_usize(0),
                 lock: Mutex::const_new(R::INIT, Limbo::new()),
                 readers: atomic_usize(0),
                 zombies: atomic_null(),
-                groups: Cache::new(Group::<R>::GEOMETRY),
-                child_caches: Cache::new(MagCache::<R>::GEOMETRY),
-                descriptors: Cache::new(CacheDesc::<R>::GEOMETRY),
+                groups: OneCell::new(Cache::new(Group::<R>::GEOMETRY)),
+                child_caches: OneCell::new(Cache::new(MagCache::<R>::GEOMETRY)),
+                descriptors: OneCell::new(Cache::new(CacheDesc::<R>::GEOMETRY)),
                 registry: atomic_null(),
                 registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
                 shrinkers: Mutex::const_new(R::INIT, [None; MAX_SHRINKERS]),
@@ -280,7 +281,7 @@ impl<R: RawMutex> Tree<R> {
     /// Whether `g` is the root.
     #[inline(always)]
     pub(crate) fn is_root(&self, g: &Group<R>) -> bool {
-        core::ptr::eq(g, &self.root)
+        core::ptr::eq(g, &*self.root)
     }
 
     /// The size classes' caches.

@@ -440,8 +440,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         pub fn with_detection(mut self, d: Detection) -> Self {
             // The old detector holds no resources (atomics and an unlocked,
             // empty quarantine): forgotten, as a `const fn` cannot drop.
-            core::mem::forget(core::mem::replace(&mut self.detect, Detector::new(d)));
-            self.tree.mode = atomic_usize(if d.is_on() { mode::DEBUG } else { 0 });
+            core::mem::forget(core::mem::replace(self.detect.get_mut(), Detector::new(d)));
+            self.tree.get_mut().mode = atomic_usize(if d.is_on() { mode::DEBUG } else { 0 });
             self
         }
     }

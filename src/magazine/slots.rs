@@ -105,11 +105,13 @@ impl Slots {
     /// would first have to claim a slot, which the slow path then does,
     /// and on a platform that is not asymmetric. A slot from `try_enter`
     /// comes with an asymmetric platform (contract point 3), so the
-    /// holder's fence is a compiler fence without asking.
+    /// holder's fence is a compiler fence without asking; except under
+    /// Miri, where `Threads` hands out slots without membarrier (see
+    /// `threads.rs`), and the handshake asks.
     #[inline(always)]
     pub(super) fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
         // SAFETY: as in `hold`.
-        self.handshake(plat, unsafe { plat.try_enter() }?, true)
+        self.handshake(plat, unsafe { plat.try_enter() }?, !cfg!(miri))
     }
 
     /// The holder's handshake on `slot`, which the caller entered;

@@ -4,9 +4,12 @@
 use crate::sync::{AtomicBool, AtomicPtr, Ordering, atomic_bool, atomic_null, spin_hint};
 
 /// Per-CPU slots a `Kmem` keeps magazines for: 64, or 32 on 32-bit
-/// targets (a slot mask is one `usize`); 2 under loom and Miri.
-pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) {
+/// targets (a slot mask is one `usize`); 2 under loom, 8 under Miri (a
+/// user's test run there has a thread per test and the harness's).
+pub const MAX_CPUS: usize = if cfg!(loom) {
     2
+} else if cfg!(miri) {
+    8
 } else if usize::BITS < 64 {
     32
 } else {
@@ -34,7 +37,9 @@ pub const MAX_CPUS: usize = if cfg!(any(loom, miri)) {
 ///    semantics), or waits until no context holds one and synchronizes
 ///    with every holder before and after it (a platform whose slots are
 ///    try-locks, as [`NoCpus`]'s), so slot holders may use compiler fences
-///    only; `try_enter` returns a slot only once `asymmetric()` is true;
+///    only; `try_enter` returns a slot only once `asymmetric()` is true
+///    (under Miri the fast paths make the full fence themselves, so there
+///    it may return one either way, as `Threads` does);
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
 ///    then no `enter` returns it until `unsteal(slot)`;
 /// 5. nothing here allocates, panics, or calls back into the allocator;

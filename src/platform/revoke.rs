@@ -2,8 +2,8 @@
 //! count (see `threads.rs`, *Counting only under contention*): a holder
 //! publishes the address of its per-thread word, and a thread turned away
 //! for want of a slot switches every armed word to counting. Its own
-//! module, over `crate::sync`, so that loom models (at the end of this
-//! file) run the protocol itself; `Threads` keeps one static [`Revoker`]
+//! module, over `crate::sync`, so that loom models
+//! (`src/tests/loom_revoke.rs`) run the protocol itself; `Threads` keeps one static [`Revoker`]
 //! and the words in its thread-locals.
 //!
 //! # The word
@@ -33,25 +33,25 @@ use crate::sync::{
 };
 
 /// The word of a thread without a fast path.
-pub(super) const NONE: usize = usize::MAX;
+pub(crate) const NONE: usize = usize::MAX;
 /// A counting word is `(ticks + 1) << TICK_SHIFT | slot`.
 const TICK_SHIFT: u32 = 16;
 /// Counted holds a counting word grants between two calls of the
 /// holder's slow path: bounds how stale its operation count gets.
-pub(super) const FAST_TICKS: usize = 4096;
+pub(crate) const FAST_TICKS: usize = 4096;
 
 static_assertions::const_assert!(MAX_CPUS <= 1 << TICK_SHIFT && (FAST_TICKS + 1) < usize::MAX >> TICK_SHIFT);
 
 /// The word of a holder of `slot` with `ticks` counted holds left.
 #[inline(always)]
-pub(super) const fn counting(slot: usize, ticks: usize) -> usize {
+pub(crate) const fn counting(slot: usize, ticks: usize) -> usize {
     ((ticks + 1) << TICK_SHIFT) | slot
 }
 
 /// The holds a counting word `v` (not [`NONE`]) granted out of
 /// [`FAST_TICKS`].
 #[inline(always)]
-pub(super) const fn ticks_used(v: usize) -> usize {
+pub(crate) const fn ticks_used(v: usize) -> usize {
     FAST_TICKS - ((v >> TICK_SHIFT) - 1)
 }
 
@@ -62,7 +62,7 @@ pub(super) const fn ticks_used(v: usize) -> usize {
 ///
 /// Only the word's holder calls it (nobody else writes a counting word).
 #[inline(always)]
-pub(super) fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
+pub(crate) fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
     if v == NONE || v >> TICK_SHIFT <= 1 {
         return None;
     }
@@ -71,7 +71,7 @@ pub(super) fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
 }
 
 /// Who may be revoked, and whether slots are short.
-pub(super) struct Revoker {
+pub(crate) struct Revoker {
     /// Raised while threads are turned away for want of a slot.
     contended: CachePadded<AtomicBool>,
     /// The word of slot `s`'s holder, from its publication to its
@@ -85,7 +85,7 @@ pub(super) struct Revoker {
 impl Revoker {
     loom_const_fn! {
         /// Nobody published, nothing contended.
-        pub(super) fn new() -> Self {
+        pub(crate) fn new() -> Self {
             Revoker {
                 contended: CachePadded::new(atomic_bool(false)),
                 owner: repeat!(atomic_null(); MAX_CPUS),
@@ -97,14 +97,14 @@ impl Revoker {
     /// Whether slots are short now (`Relaxed`: a hint for the holder's
     /// slow path).
     #[inline]
-    pub(super) fn contended(&self) -> bool {
+    pub(crate) fn contended(&self) -> bool {
         self.contended.load(Ordering::Relaxed)
     }
 
     /// A thread was turned away: raises the flag and, if it was low,
     /// revokes every armed holder (reading first keeps the line shared).
     #[inline]
-    pub(super) fn contend(&self) {
+    pub(crate) fn contend(&self) {
         if !self.contended.load(Ordering::Relaxed) && !self.contended.swap(true, Ordering::SeqCst) {
             self.revoke_all();
         }
@@ -112,7 +112,7 @@ impl Revoker {
 
     /// Lowers the flag: a holder found nobody waiting (`Relaxed`: a late
     /// raise by a thread turned away is seen at its next operation).
-    pub(super) fn calm(&self) {
+    pub(crate) fn calm(&self) {
         self.contended.store(false, Ordering::Relaxed);
     }
 
@@ -122,7 +122,7 @@ impl Revoker {
     ///
     /// The caller holds `slot`, and `word` stays valid until the caller's
     /// [`Revoker::withdraw`] of `slot` returns.
-    pub(super) unsafe fn publish(&self, slot: usize, word: &AtomicUsize) {
+    pub(crate) unsafe fn publish(&self, slot: usize, word: &AtomicUsize) {
         // Relaxed: ordered before the flag's second look by `arm`'s fence,
         // so a revoker whose raise that look missed finds the word (loom
         // found the holder left armed when only the word's store was so
@@ -134,7 +134,7 @@ impl Revoker {
 
     /// Withdraws `owner[slot]`: once this returns, no revoker touches the
     /// word published for `slot`. Only the slot's holder calls it.
-    pub(super) fn withdraw(&self, slot: usize) {
+    pub(crate) fn withdraw(&self, slot: usize) {
         // Relaxed: only the holder writes it, so a null here is its own.
         if self.owner[slot].load(Ordering::Relaxed).is_null() {
             return;
@@ -183,7 +183,7 @@ impl Revoker {
     /// Arms the holder of `slot`'s `word`, or sets it counting if slots
     /// are short. Only the slot's holder calls it.
     #[inline]
-    pub(super) fn arm(&self, slot: usize, word: &AtomicUsize) {
+    pub(crate) fn arm(&self, slot: usize, word: &AtomicUsize) {
         if self.contended.load(Ordering::Relaxed) {
             word.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
             return;
@@ -196,77 +196,5 @@ impl Revoker {
         if self.contended.load(Ordering::Relaxed) {
             word.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
         }
-    }
-}
-
-#[cfg(all(test, loom))]
-mod tests {
-    use loom::sync::Arc;
-    use loom::thread;
-
-    use super::{NONE, Revoker, counted};
-    use crate::sync::{AtomicUsize, Ordering};
-
-    /// A holder's fast path: one hold, armed or counted.
-    fn hold(word: &AtomicUsize) -> Option<usize> {
-        let v = word.load(Ordering::Relaxed);
-        if v < super::MAX_CPUS { Some(v) } else { counted(word, v) }
-    }
-
-    /// A holder publishes its word, arms, holds once and withdraws, then
-    /// its word's memory is used again (here: the value 0, an armed word
-    /// of slot 0, as a new thread on the same stack would write) while a
-    /// thread turned away revokes: the revoker must never write the word
-    /// after the withdrawal, so it still reads 0 at the end.
-    #[test]
-    fn loom_a_revocation_never_writes_a_withdrawn_word() {
-        loom::model(|| {
-            let rev = Arc::new(Revoker::new());
-            let word = Arc::new(AtomicUsize::new(NONE));
-            let holder = {
-                let (rev, word) = (rev.clone(), word.clone());
-                thread::spawn(move || {
-                    // SAFETY: the word outlives the model's threads (the
-                    // `Arc`), and is withdrawn below.
-                    unsafe { rev.publish(0, &word) };
-                    rev.arm(0, &word);
-                    assert_eq!(hold(&word), Some(0));
-                    rev.withdraw(0);
-                    word.store(0, Ordering::Relaxed);
-                })
-            };
-            let turned_away = {
-                let rev = rev.clone();
-                thread::spawn(move || rev.contend())
-            };
-            holder.join().unwrap();
-            turned_away.join().unwrap();
-            assert_eq!(word.load(Ordering::Relaxed), 0, "a revoker wrote a withdrawn word");
-        });
-    }
-
-    /// A holder arming while a thread turned away raises contention: once
-    /// both are done, the holder counts (its word is not armed), whichever
-    /// came first, so no holder stays armed, uncounted, through contention.
-    #[test]
-    fn loom_no_holder_stays_armed_through_contention() {
-        loom::model(|| {
-            let rev = Arc::new(Revoker::new());
-            let word = Arc::new(AtomicUsize::new(NONE));
-            let holder = {
-                let (rev, word) = (rev.clone(), word.clone());
-                thread::spawn(move || {
-                    // SAFETY: as above; withdrawn before the model ends.
-                    unsafe { rev.publish(1, &word) };
-                    rev.arm(1, &word);
-                })
-            };
-            rev.contend();
-            holder.join().unwrap();
-            assert!(rev.contended());
-            assert_ne!(word.load(Ordering::Relaxed), 1, "armed through contention");
-            assert_eq!(hold(&word), Some(1), "a counting word grants counted holds");
-            rev.withdraw(1);
-        });
     }
 }

@@ -44,6 +44,8 @@ mod heap;
 mod loom_counter;
 #[cfg(loom)]
 mod loom_magazine;
+#[cfg(all(loom, feature = "std"))]
+mod loom_revoke;
 #[cfg(loom)]
 mod loom_tree;
 #[cfg(not(loom))]
