@@ -12,6 +12,19 @@
 //! the hold or after it. Holds never nest (the allocator holds one slot at
 //! a time), so one saved interrupt state per CPU is enough.
 //!
+//! Magazine hits take the allocator's fast path, with compiler fences
+//! only, whether or not the kernel has an all-CPU barrier:
+//!
+//! * with [`Cpu::BARRIER`], a drain of another CPU's magazines runs
+//!   `barrier_all` (the asymmetric handshake);
+//! * without it (most kernels), each slot is also a try-lock: `enter`
+//!   takes its flag by compare-and-swap once interrupts are masked, and
+//!   `exit` gives it back. A drain takes the flag of an idle CPU's slot
+//!   (a steal: no handshake at all), and for a busy one waits until each
+//!   CPU's current operation has ended (its heavy barrier takes and gives
+//!   back every flag), which bounds the wait by one operation and needs no
+//!   IPI. A CPU whose slot a drain holds takes the shared path meanwhile.
+//!
 //! Non-maskable interrupts (NMIs, SErrors) are not masked: their handlers
 //! must not allocate or free.
 //!
@@ -38,9 +51,7 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::{MAX_CPUS, Platform};
-#[cfg(not(loom))]
-use crate::sync::atomic_bool;
-use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_null};
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_bool, atomic_null, spin_hint};
 
 /// What a kernel tells kmemcg about its CPUs: their indices, how to mask
 /// and restore local interrupts, and optionally nodes and an all-CPU
@@ -66,12 +77,14 @@ use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_null};
 ///    interrupts masked*: the allocator drains other CPUs' magazines under
 ///    its locks, which mask interrupts with [`IrqSpinLock`], so an IPI that
 ///    waits for each CPU to take an interrupt deadlocks against a CPU
-///    spinning on such a lock. Most kernels leave `BARRIER` false (the
-///    symmetric handshake: one fence per slow path, no IPI);
+///    spinning on such a lock. Most kernels leave `BARRIER` false: each
+///    slot is then also a try-lock flag (one compare-and-swap per
+///    operation, no fence, no IPI; see the module docs);
 /// 6. none of these allocates, panics, or calls back into the allocator.
 pub unsafe trait Cpu: 'static {
-    /// Whether [`Cpu::barrier_all`] is implemented; then the allocator's
-    /// fast paths use compiler fences only (the asymmetric handshake).
+    /// Whether [`Cpu::barrier_all`] is implemented; then a slot hold takes
+    /// no flag, and drains of busy CPUs call it (the asymmetric
+    /// handshake). Either way the fast paths use compiler fences only.
     const BARRIER: bool = false;
     /// The calling CPU's index (with interrupts masked).
     fn id() -> usize;
@@ -116,6 +129,11 @@ struct CpuState {
     saved: UnsafeCell<usize>,
     /// The current-group token of the task running here.
     group: AtomicPtr<()>,
+    /// Without `Cpu::BARRIER`: whether the slot is held (by its CPU, or
+    /// stolen by a drain), a try-lock taken by CAS with `Acquire` and given
+    /// back with `Release`, so each holder adopts the magazines the last
+    /// one left, and a drain can wait for the holder instead of an IPI.
+    busy: AtomicBool,
 }
 
 /// The bare-metal platform: CPU `i` owns slot `i`, held with interrupts
@@ -144,6 +162,7 @@ impl<C: Cpu> PerCpu<C> {
                     CachePadded::new(CpuState {
                         saved: UnsafeCell::new(0),
                         group: atomic_null(),
+                        busy: atomic_bool(false),
                     });
                     MAX_CPUS
                 ),
@@ -162,19 +181,23 @@ impl<C: Cpu> PerCpu<C> {
         r
     }
 
-    /// Takes the calling CPU's slot.
-    #[inline]
+    /// Takes the calling CPU's slot: masks interrupts, and without
+    /// `Cpu::BARRIER` takes its `busy` flag too (`None` if a drain has
+    /// it).
+    #[inline(always)]
     fn hold(&self) -> Option<usize> {
         let saved = C::irq_save();
         let cpu = C::id();
         match self.cpus.get(cpu) {
-            Some(c) => {
+            Some(c)
+                if C::BARRIER || c.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() =>
+            {
                 // SAFETY: interrupts are masked, so nothing else runs on
                 // this CPU until `exit` reads it back.
                 c.saved.with_mut(|p| unsafe { *p = saved });
                 Some(cpu)
             }
-            None => {
+            _ => {
                 // SAFETY: saved just above, on this CPU.
                 unsafe { C::irq_restore(saved) };
                 None
@@ -186,13 +209,19 @@ impl<C: Cpu> PerCpu<C> {
 // SAFETY: (1) a slot is the index of the CPU that holds it, taken with
 // interrupts masked and released by `exit`, which restores them: nothing
 // else runs on that CPU meanwhile (interrupt handlers are masked, and the
-// kernel cannot switch tasks), and `Cpu` (1) makes indices unique.
-// (2) `Cpu` (4). (3) only with `Cpu::BARRIER`, constant, and
-// `heavy_barrier` is `barrier_all` (`Cpu` (5)). (4) `steal` is never
-// granted: every CPU owns its slot; drains (group removal, `shrink`, and
-// `reap` of a CPU idle since the last reap) empty another CPU's magazines
-// through the magazine layer's handshake instead. (5) `Cpu` (6); nothing
-// else is called. (6) the token is stored
+// kernel cannot switch tasks), and `Cpu` (1) makes indices unique; without
+// `Cpu::BARRIER` the slot's `busy` flag is taken too, so a drain that
+// stole it excludes the CPU. (2) `Cpu` (4). (3) always asymmetric: with
+// `Cpu::BARRIER`, `heavy_barrier` is `barrier_all` (`Cpu` (5)); without,
+// it takes and gives back every slot's `busy` flag in turn, so it returns
+// only after each holder has left its operation (its writes before
+// `exit`'s `Release` are visible to our `Acquire`), and every later
+// holder's `Acquire` CAS sees what the caller wrote before: the second
+// form of point 3. (4) without `Cpu::BARRIER`, `steal` takes the flag by
+// CAS, and `enter` cannot take the slot until `unsteal` frees it; with it,
+// `steal` is never granted (drains go through the handshake). (5) `Cpu`
+// (6); the spins wait for a holder's one operation, with interrupts
+// masked on its CPU. (6) the token is stored
 // per CPU and switched by the kernel at context switch (module docs);
 // from interrupt context the same CPU's token is read back unchanged.
 unsafe impl<C: Cpu> Platform for PerCpu<C> {
@@ -214,14 +243,18 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
 
     #[inline(always)]
     unsafe fn try_enter(&self) -> Option<usize> {
-        if C::BARRIER { self.hold() } else { None }
+        self.hold()
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn exit(&self, slot: usize) {
         // SAFETY: the holder's own CPU, interrupts still masked since
         // `enter` wrote it.
         let saved = self.cpus[slot].saved.with_mut(|p| unsafe { *p });
+        if !C::BARRIER {
+            // Release: the next holder or drain sees our magazine writes.
+            self.cpus[slot].busy.store(false, Ordering::Release);
+        }
         // SAFETY: saved by `enter` on this CPU, which is still masked.
         unsafe { C::irq_restore(saved) };
     }
@@ -235,11 +268,27 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
     }
 
     fn asymmetric(&self) -> bool {
-        C::BARRIER
+        true
     }
 
     fn heavy_barrier(&self) {
-        C::barrier_all()
+        if C::BARRIER {
+            return C::barrier_all();
+        }
+        for c in &self.cpus {
+            while c.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                spin_hint();
+            }
+            c.busy.store(false, Ordering::Release);
+        }
+    }
+
+    unsafe fn steal(&self, slot: usize) -> bool {
+        !C::BARRIER && self.cpus[slot].busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    unsafe fn unsteal(&self, slot: usize) {
+        self.cpus[slot].busy.store(false, Ordering::Release);
     }
 
     fn in_interrupt(&self) -> bool {

@@ -16,7 +16,7 @@ use loom::thread;
 
 use crate::counter::PageCounter;
 use crate::magazine::{Acct, MAGAZINE_GEOMETRY, MagCache, Slots};
-use crate::platform::{NoCpus, PAGE_SIZE, PageSource, Platform, Region};
+use crate::platform::{NoCpus, PAGE_SIZE, PageSource, PerCpu, Platform, Region};
 use crate::slab::{Cache, Geometry, Pages};
 use crate::sync::LoomRawMutex;
 
@@ -27,11 +27,31 @@ loom::thread_local! {
 }
 
 /// Each model thread says which slot it is on; slot `i` is on node
-/// `i % nodes`. With `single`, the crate's `NoCpus` instead: one slot,
-/// taken by whichever thread swaps its flag first.
+/// `i % nodes`. With `single`, one of the crate's platforms instead, on
+/// one node: `NoCpus` (one slot, a try-lock), or `PerCpu` over [`LoomCpu`]
+/// (a slot per model thread's CPU, each a try-lock without an all-CPU
+/// barrier).
 struct LoomCpus {
     nodes: usize,
-    single: Option<NoCpus>,
+    single: Option<std::boxed::Box<dyn Platform + Send>>,
+}
+
+/// The CPU a model thread says it is on ([`set_slot`]); interrupts are
+/// not modelled.
+struct LoomCpu;
+
+// SAFETY: (1) every model thread that allocates on `PerCpu` sets a
+// distinct slot first; (2) no interrupts, so save and restore have
+// nothing to do; (3) never in interrupt context; (4) one node; (5) no
+// barrier; (6) nothing here allocates.
+unsafe impl crate::platform::Cpu for LoomCpu {
+    fn id() -> usize {
+        SLOT.with(Cell::get)
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    unsafe fn irq_restore(_saved: usize) {}
 }
 
 fn set_slot(slot: usize) {
@@ -72,7 +92,7 @@ unsafe impl Platform for LoomCpus {
         self.nodes
     }
     fn asymmetric(&self) -> bool {
-        self.single.as_ref().is_some_and(NoCpus::asymmetric)
+        self.single.as_ref().is_some_and(|one| one.asymmetric())
     }
     fn heavy_barrier(&self) {
         if let Some(one) = &self.single {
@@ -108,7 +128,12 @@ impl TestEnv {
 
     /// One node and `NoCpus`'s one slot.
     fn single() -> TestEnv {
-        Self::with_platform(LoomCpus { nodes: 1, single: Some(NoCpus::new()) })
+        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(NoCpus::new())) })
+    }
+
+    /// One node and `PerCpu`'s slots, without an all-CPU barrier.
+    fn per_cpu() -> TestEnv {
+        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(PerCpu::<LoomCpu>::new())) })
     }
 
     fn with_platform(plat: LoomCpus) -> TestEnv {
@@ -211,6 +236,30 @@ fn loom_nocpus_one_slot_shared_by_two_threads_and_a_drain() {
         assert!(unsafe { one.steal(0) }, "the slot was left taken");
         // SAFETY: stolen just above.
         unsafe { one.unsteal(0) };
+        settle(&env, &c);
+    });
+}
+
+#[test]
+fn loom_percpu_slots_as_try_locks_race_a_drain() {
+    // `PerCpu` without `Cpu::BARRIER`: each CPU's slot is a try-lock taken
+    // on every hold, and a drain steals an idle slot or, for a busy one,
+    // waits out each CPU's operation (its heavy barrier). Two CPUs
+    // allocate and free while a third context drains: no object is handed
+    // out twice or lost.
+    // More branches than loom's default 1,000: every hold is a CAS, and the
+    // drain's heavy barrier waits on each CPU's flag in turn.
+    let mut b = loom::model::Builder::new();
+    b.max_branches = 20_000;
+    b.check(|| {
+        let env = Arc::new(TestEnv::per_cpu());
+        let c = Arc::new(cache(&env));
+        let ths: Vec<_> =
+            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 2, slot as u8 + 1))).collect();
+        c.drain(&*env);
+        for t in ths {
+            t.join().unwrap();
+        }
         settle(&env, &c);
     });
 }
@@ -346,5 +395,21 @@ fn loom_buffered_dead_frees_end_with_the_last_object() {
         assert_eq!(seen.iter().filter(|&&b| b).count(), 1, "released twice or never");
         env.mags.shrink(&Pages::plain(&env.src));
         assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
+    });
+}
+
+#[test]
+fn loom_dbg_percpu_one() {
+    let mut b = loom::model::Builder::new();
+    b.max_branches = 200_000;
+    b.check(|| {
+        let env = Arc::new(TestEnv::per_cpu());
+        let c = Arc::new(cache(&env));
+        let t = spawn_on(0, &env, &c, move |env, c| churn(env, c, 1, 1));
+        let u = spawn_on(1, &env, &c, move |env, c| churn(env, c, 1, 2));
+        c.drain(&*env);
+        t.join().unwrap();
+        u.join().unwrap();
+        settle(&env, &c);
     });
 }
