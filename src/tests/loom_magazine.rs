@@ -6,7 +6,13 @@
 //! full fence on the holder's side) around the same magazine pops and
 //! pushes as the fast paths. The fast paths differ only in that fence,
 //! a compiler fence made whole by the drainer's `membarrier`, which loom
-//! cannot model.
+//! cannot model. The crate's try-lock platforms (`NoCpus`, and `PerCpu`
+//! without `Cpu::BARRIER`) are asymmetric without a `membarrier`: their
+//! models run the fast paths, whose compiler fence is nothing under loom
+//! (as between threads on the hardware), so the slot flags' `Acquire` and
+//! `Release` carry the proof. Each model fails if its platform's heavy
+//! barrier does nothing; the `PerCpu` one also if a slot flag is taken or
+//! given back `Relaxed`.
 
 use std::cell::Cell;
 use std::vec::Vec;
@@ -221,6 +227,10 @@ fn loom_nocpus_one_slot_shared_by_two_threads_and_a_drain() {
     loom::model(|| {
         let env = Arc::new(TestEnv::single());
         let c = Arc::new(cache(&env));
+        // The slot is used first, so the drain has work that races the
+        // threads (without it, loom's bounded schedules had the drain find
+        // no used slot, and a heavy barrier that did nothing passed).
+        churn(&env, &c, 1, 9);
         let ths: Vec<_> = (0..2)
             .map(|t| {
                 let (env, c) = (env.clone(), c.clone());
@@ -244,21 +254,33 @@ fn loom_nocpus_one_slot_shared_by_two_threads_and_a_drain() {
 fn loom_percpu_slots_as_try_locks_race_a_drain() {
     // `PerCpu` without `Cpu::BARRIER`: each CPU's slot is a try-lock taken
     // on every hold, and a drain steals an idle slot or, for a busy one,
-    // waits out each CPU's operation (its heavy barrier). Two CPUs
-    // allocate and free while a third context drains: no object is handed
-    // out twice or lost.
-    // More branches than loom's default 1,000: every hold is a CAS, and the
-    // drain's heavy barrier waits on each CPU's flag in turn.
-    let mut b = loom::model::Builder::new();
-    b.max_branches = 20_000;
-    b.check(|| {
+    // waits out each CPU's operation (its heavy barrier). Both CPUs' slots
+    // are used first, so the drain has work on each (as in the `NoCpus`
+    // model); then the two CPUs allocate and free more than a magazine
+    // holds (refills and spills take the depot lock the drain also takes)
+    // while a context on no CPU drains them: no object is handed out twice
+    // or lost, the drain never touches magazines a holder is using, and no
+    // slot is left taken.
+    loom::model(|| {
         let env = Arc::new(TestEnv::per_cpu());
         let c = Arc::new(cache(&env));
+        for slot in 0..2 {
+            set_slot(slot);
+            churn(&env, &c, 1, 9);
+        }
+        set_slot(usize::MAX);
         let ths: Vec<_> =
-            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 2, slot as u8 + 1))).collect();
+            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 5, slot as u8 + 1))).collect();
         c.drain(&*env);
         for t in ths {
             t.join().unwrap();
+        }
+        for slot in 0..2 {
+            let p = env.plat.single.as_ref().unwrap();
+            // SAFETY: no other thread runs now; given back at once.
+            assert!(unsafe { p.steal(slot) }, "slot {slot} was left taken");
+            // SAFETY: stolen just above.
+            unsafe { p.unsteal(slot) };
         }
         settle(&env, &c);
     });
