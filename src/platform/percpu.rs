@@ -25,6 +25,21 @@
 //!   back every flag), which bounds the wait by one operation and needs no
 //!   IPI. A CPU whose slot a drain holds takes the shared path meanwhile.
 //!
+//! The flag of CPU `i`'s slot (`busy`, without `Cpu::BARRIER`):
+//!
+//! | transition | by | how |
+//! | --- | --- | --- |
+//! | `false` → `true` | CPU `i` in `enter`/`try_enter`, interrupts masked | CAS, `Acquire`; on failure, interrupts restored and the shared path |
+//! | `false` → `true` | a drain's `steal` | CAS, `Acquire` |
+//! | `false` → `true` | a heavy barrier, spinning until it gets it | CAS, `AcqRel` |
+//! | `true` → `false` | whoever set it: `exit` (before interrupts are restored), `unsteal`, the heavy barrier at once | store, `Release` |
+//!
+//! Interrupts are masked whenever CPU `i` holds the flag, so no interrupt
+//! handler of CPU `i` runs meanwhile and the flag never makes one spin: a
+//! handler finds it free, or (held by a drain) takes the shared path. A
+//! heavy barrier or drain waits only for one operation of a holder, which
+//! takes no lock a drainer holds (the lock order in the crate docs).
+//!
 //! Non-maskable interrupts (NMIs, SErrors) are not masked: their handlers
 //! must not allocate or free.
 //!
