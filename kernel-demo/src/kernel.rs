@@ -6,6 +6,7 @@ mod apic;
 mod bench;
 mod boot;
 mod cpu;
+mod icount;
 mod idt;
 mod memory;
 mod port;
@@ -70,6 +71,13 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
     match boot.give_ram_to_kmem() {
         Ok(bytes) => kprintln!("heap: {} MiB in {} free pages", bytes >> 20, KMEM.source().free_pages_on(0)),
         Err(e) => fail(e),
+    }
+    if boot.icount {
+        // `scripts/kernel-icount.sh`: instruction counts only, on this CPU.
+        match icount::run() {
+            Ok(()) => exit_qemu(QemuExit::Success),
+            Err(e) => fail(e),
+        }
     }
     if let Err(e) = selftest::run(&KMEM) {
         fail(e);
