@@ -7,10 +7,12 @@
 #   bash kernel-demo/aarch64/run-qemu.sh [icount]
 #
 # icount: instead of the self-test, boots on one CPU under `-icount
-# shift=0` with `icount` in the kernel command line (`-append`, the device
-# tree's bootargs): the kernel prints its guest instructions per 64-byte
-# alloc+free pair (`icount: ...` lines, see src/kernel/icount.rs) and
-# `icount: done`, which stands in for the PASS line.
+# shift=0,sleep=off` with `icount` in the kernel command line (`-append`,
+# the device tree's bootargs): the kernel prints its guest instructions
+# per 64-byte alloc+free pair (`icount: ...` lines, see
+# src/kernel/icount.rs) and `icount: done`, which stands in for the PASS
+# line. sleep=off: every boot runs the same instructions (see
+# kernel-demo/run-qemu.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -26,7 +28,7 @@ case "${1:-}" in
   icount)
     pass_line="icount: done"
     cpus=1
-    extra=(-icount shift=0 -append icount)
+    extra=(-icount shift=0,sleep=off -append icount)
     ;;
   *)
     echo "usage: $0 [icount]" >&2
