@@ -160,19 +160,19 @@ struct CpuState {
 
 /// Takes a slot flag: whether it was free (then it is ours, `Acquire`).
 ///
-/// On x86_64 a `fetch_or` of bit 0 whose result only that bit of is
-/// tested, which compiles to `lock bts; jb`, two instructions where a
-/// compare-and-swap takes four. It is the compare-and-swap `0 → 1` in
-/// all but name: a read-modify-write reads the last value in the flag's
-/// modification order, so it finds 0 and writes 1 (taken, `Acquire`,
-/// as the compare-and-swap's success), or finds 1 and writes 1 (not taken; the value
-/// is unchanged, and its `Acquire` orders nothing we rely on). Elsewhere,
-/// and under loom, the compare-and-swap itself: with load-linked and
-/// store-conditional a `fetch_or` is one instruction more, and loom 0.7
-/// mis-models an unconditional read-modify-write racing a store (a model
-/// of two threads taking such a flag by `fetch_or` and giving it back
-/// ended with it taken: tokio-rs/loom#254), so loom checks this protocol
-/// with the compare-and-swap.
+/// On x86_64 a `fetch_or(1)` of which only bit 0 of the result is tested,
+/// which compiles to `lock bts; jb`, two instructions where a
+/// compare-and-swap takes four. It is the compare-and-swap `0 → 1` in all
+/// but name: a read-modify-write reads the last value in the flag's
+/// modification order, so it finds 0 and writes 1 (taken, with `Acquire`,
+/// as a successful compare-and-swap), or finds 1 and writes 1 (not taken;
+/// the value is unchanged, and its `Acquire` orders nothing we rely on).
+/// Elsewhere, and under loom, the compare-and-swap itself: with
+/// load-linked and store-conditional a `fetch_or` is one instruction
+/// more, and loom 0.7 mis-models an unconditional read-modify-write racing
+/// a store (a model of two threads taking such a flag by `fetch_or` and
+/// giving it back ended with it taken: tokio-rs/loom#254), so loom checks
+/// this protocol with the compare-and-swap.
 #[inline(always)]
 fn take(busy: &AtomicUsize) -> bool {
     if cfg!(all(target_arch = "x86_64", not(loom))) {
@@ -190,8 +190,8 @@ pub struct PerCpu<C: Cpu> {
     _cpu: PhantomData<fn() -> C>,
 }
 
-// SAFETY: the state is atomics, and `saved`, which only its own CPU
-// touches with interrupts masked.
+// SAFETY: the state is atomics, and `saved`, which only the holder of
+// its slot touches (with interrupts masked on its CPU).
 unsafe impl<C: Cpu> Sync for PerCpu<C> {}
 
 impl<C: Cpu> Default for PerCpu<C> {
