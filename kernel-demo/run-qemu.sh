@@ -1,16 +1,33 @@
 #!/usr/bin/env bash
 # Builds kernel-demo, boots it under QEMU and checks its self-test.
 #
-#   bash kernel-demo/run-qemu.sh [x86_64|aarch64]   (default: x86_64)
+#   bash kernel-demo/run-qemu.sh [x86_64|aarch64] [icount]   (default: x86_64)
 #
 # x86_64: boots the Multiboot kernel with `qemu-system-x86_64 -smp 4`
 # (TCG), and exits 0 only if QEMU exits with the success status (33, from
 # isa-debug-exit) and the serial output holds the PASS line.
-# aarch64: runs kernel-demo/aarch64/run-qemu.sh.
+# aarch64: runs kernel-demo/aarch64/run-qemu.sh (with `icount` if given).
+#
+# icount: instead of the self-test, boots on one CPU under `-icount
+# shift=0,sleep=off` with `icount` on the kernel command line: the kernel
+# prints its guest instructions per 64-byte alloc+free pair (`icount: ...`
+# lines, see kernel-demo/src/kernel/icount.rs) and `icount: done`, which
+# stands in for the PASS line. scripts/kernel-icount.sh reads them.
+# sleep=off: the virtual clock jumps over idle time instead of following
+# the host's, so every boot runs the same instructions (with sleep=on, the
+# default, main's PerCpu count on aarch64 moved between 250.04 and 250.05).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 arch="${1:-x86_64}"
+mode="${2:-}"
+case "$mode" in
+  "" | icount) ;;
+  *)
+    echo "usage: $0 [x86_64|aarch64] [icount]" >&2
+    exit 2
+    ;;
+esac
 case "$arch" in
   x86_64) ;;
   aarch64)
@@ -18,10 +35,10 @@ case "$arch" in
       echo "run-qemu.sh: kernel-demo/aarch64/run-qemu.sh does not exist (no aarch64 demo yet)" >&2
       exit 1
     fi
-    exec bash kernel-demo/aarch64/run-qemu.sh
+    exec bash kernel-demo/aarch64/run-qemu.sh ${mode:+"$mode"}
     ;;
   *)
-    echo "usage: $0 [x86_64|aarch64]" >&2
+    echo "usage: $0 [x86_64|aarch64] [icount]" >&2
     exit 2
     ;;
 esac
@@ -32,6 +49,12 @@ image="target/kernel/kernel-demo.elf32"
 pass_line="kmemcg kernel self-test: PASS"
 cpus=4
 limit=120
+extra=()
+if [ "$mode" = icount ]; then
+  pass_line="icount: done"
+  cpus=1
+  extra=(-icount shift=0,sleep=off -append icount)
+fi
 
 . kernel-demo/setup.sh
 need qemu-system-x86_64 qemu-system-x86
@@ -48,7 +71,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 timeout "$limit" qemu-system-x86_64 -accel tcg -smp "$cpus" -kernel "$image" -serial stdio -display none \
-  -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=0x04 -m 256M </dev/null >"$log" || status=$?
+  -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=0x04 -m 256M "${extra[@]}" </dev/null >"$log" || status=$?
 cat "$log"
 echo "run-qemu.sh: QEMU exit status $status (33 = pass), $(($(date +%s) - start)) s build + boot"
 

@@ -175,7 +175,8 @@
 //! | `Region::spans[n]` | `Region::add_raw`, after writing the span entry | `Release` | `Acquire` in `Region::node_of` |
 //! | `OsPages` page map: leaf pointers | first mapping in a leaf's range, by CAS | `AcqRel` | `Acquire` in `ownership` |
 //! | `OsPages` page map: page bits | set after `mmap` and before a run is handed out, cleared before `munmap` | `Release` | `Acquire` in `ownership` (a stray pointer racing an unmap may still read `Owned`) |
-//! | `SlotSync::state`, `SlotSync::drain` | the slot holder, a drainer | see the slot protocol in `magazine` | Dekker with a light/heavy fence pair |
+//! | `SlotSync::state`, `SlotSync::drain` | the slot holder, a drainer | see the slot protocol in `magazine` | Dekker with a light/heavy fence pair; on a try-lock platform the heavy barrier is a take-and-give-back of each slot flag (next row) |
+//! | slot flags: `NoCpus::busy`, `PerCpu`'s per-CPU `busy` (without `Cpu::BARRIER`) | the holder's `enter`/`try_enter` (a CAS; for `PerCpu`, with interrupts masked, `lock bts` on x86_64) and `exit`; a drain's `steal`/`unsteal`; the heavy barrier, which takes each flag and gives it back at once | `Acquire` CAS (`AcqRel` in the barrier), `Release` store | each other: one holder at a time, each seeing the magazines as the last left them; a drainer's `drain` store before the barrier reaches every later holder, and every earlier holder's writes reach the drainer |
 //! | `MagCache::used_slots` | holders on their slow path, drainers | `Relaxed` | ordered by the slot handshake (see the field) |
 //! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |
 //! | `Group::caches[i]` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |

@@ -156,11 +156,16 @@ pub(crate) unsafe fn at_mut<T>(s: &mut [T], i: usize) -> &mut T {
     unsafe { &mut *s.as_mut_ptr().add(i) }
 }
 
-/// Loom has no compiler fence; a full fence is the conservative model.
+/// Loom has no compiler fence, and needs none: it never reorders one
+/// thread's own accesses, and a compiler fence orders nothing between
+/// threads. So it is nothing here, as on the hardware: a model of an
+/// asymmetric platform (the slot try-locks of `NoCpus` and `PerCpu`)
+/// must prove the slot handshake without it. (It was a full fence, which
+/// made the holder's half of the handshake stronger in the models than in
+/// the code they check.)
 #[cfg(loom)]
-pub(crate) fn compiler_fence(order: Ordering) {
-    fence(order)
-}
+#[inline(always)]
+pub(crate) fn compiler_fence(_order: Ordering) {}
 
 /// An `UnsafeCell` with loom's `with`/`with_mut` API on both sides, so loom
 /// can check every access to per-CPU state for races.
@@ -187,23 +192,46 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// The lock of `--cfg loom` builds (their `DefaultRawMutex`): a spin lock
-/// over loom's atomics, so loom sees every acquisition and a waiter yields
-/// to the model's scheduler (`spin`'s lock uses `core` atomics, which loom
-/// cannot see, and would spin forever on a lock a descheduled thread
-/// holds).
+/// The lock of `--cfg loom` builds (their `DefaultRawMutex`): a flag
+/// under a loom mutex, with a loom condition variable its waiters sleep
+/// on, so loom sees every acquisition and a waiter is *blocked* in the
+/// model until the holder lets go (`spin`'s lock uses `core` atomics,
+/// which loom cannot see, and would spin forever on a lock a descheduled
+/// thread holds).
 ///
-/// `RawMutex::INIT` is a `const`, and loom's atomics are not, so the
-/// lock's atomic is made on first use, under a mutex loom sees; every
-/// other thread takes that mutex once before its first use of the lock,
-/// so loom sees the atomic made before anyone touches it (a lock made in
-/// one model thread and first taken in another is no causality error).
+/// Not a spin lock over a loom atomic, as it was: a waiter that yields
+/// stays runnable, and with two waiters on a lock a third thread holds,
+/// loom may switch from one waiter to the other at every yield (a switch
+/// after a yield costs nothing of its preemption bound), so the model has
+/// executions of any length in which the holder never runs again. Three
+/// threads taking one such lock once exceeded loom's branch limit, and
+/// with 100,000 branches ran for minutes; so did a model of two CPUs
+/// refilling from one depot whose lock a drain held. A blocked waiter is
+/// not runnable, so loom runs the holder, and a real deadlock is reported
+/// as one instead of spinning.
+///
+/// `RawMutex::INIT` is a `const`, and loom's objects are not, so the
+/// lock's mutex and condition variable are made on first use, under a
+/// mutex loom sees; every other thread takes that mutex once before its
+/// first use of the lock, so loom sees them made before anyone touches
+/// them (a lock made in one model thread and first taken in another is no
+/// causality error).
 #[cfg(loom)]
-pub struct LoomRawMutex(std::sync::OnceLock<(usize, AtomicBool)>);
+pub struct LoomRawMutex(std::sync::OnceLock<(usize, LoomLock)>);
+
+/// A [`LoomRawMutex`]'s model objects.
+#[cfg(loom)]
+struct LoomLock {
+    /// Whether the lock is held; its mutex is held only inside `lock`,
+    /// `try_lock` and `unlock`.
+    held: loom::sync::Mutex<bool>,
+    /// Signalled by `unlock`: a waiter re-checks `held`.
+    released: loom::sync::Condvar,
+}
 
 #[cfg(loom)]
 loom::lazy_static! {
-    /// Serialises making locks' atomics; holds the last lock id given.
+    /// Serialises making locks' model objects; holds the last lock id given.
     static ref LOOM_LOCKS: loom::sync::Mutex<usize> = loom::sync::Mutex::new(0);
 }
 
@@ -215,43 +243,51 @@ loom::thread_local! {
 
 #[cfg(loom)]
 impl LoomRawMutex {
-    fn flag(&self) -> &AtomicBool {
-        if let Some((id, flag)) = self.0.get()
+    fn state(&self) -> &LoomLock {
+        if let Some((id, state)) = self.0.get()
             && SEEN.with(|s| s.borrow().contains(id))
         {
-            return flag;
+            return state;
         }
-        // This thread's first use: through the mutex the atomic was made
+        // This thread's first use: through the mutex the objects were made
         // under (ids are never reused within a model execution, so a lock
         // made at the address of a freed one is new to every thread).
         let mut last = LOOM_LOCKS.lock().unwrap();
-        let (id, flag) = self.0.get_or_init(|| {
+        let (id, state) = self.0.get_or_init(|| {
             *last += 1;
-            (*last, AtomicBool::new(false))
+            (*last, LoomLock { held: loom::sync::Mutex::new(false), released: loom::sync::Condvar::new() })
         });
         SEEN.with(|s| s.borrow_mut().push(*id));
-        flag
+        state
     }
 }
 
-// SAFETY: `lock` returns only after swapping the flag from false to true
-// with Acquire, `unlock` stores false with Release: one holder at a time,
-// and each holder sees what the previous one wrote.
+// SAFETY: `lock` and `try_lock` return holding the lock only after turning
+// `held` from false to true under its mutex, and `unlock` turns it back
+// under the same mutex: one holder at a time, and the mutex orders each
+// holder's accesses before the next holder's.
 #[cfg(loom)]
 unsafe impl lock_api::RawMutex for LoomRawMutex {
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: Self = LoomRawMutex(std::sync::OnceLock::new());
     type GuardMarker = lock_api::GuardSend;
     fn lock(&self) {
-        while !self.try_lock() {
-            spin_hint();
+        let l = self.state();
+        let mut held = l.held.lock().unwrap();
+        while *held {
+            held = l.released.wait(held).unwrap();
         }
+        *held = true;
     }
     fn try_lock(&self) -> bool {
-        self.flag().compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        !core::mem::replace(&mut *self.state().held.lock().unwrap(), true)
     }
     unsafe fn unlock(&self) {
-        self.flag().store(false, Ordering::Release);
+        let l = self.state();
+        *l.held.lock().unwrap() = false;
+        // One waiter: each unlock wakes the next (a waiter that finds the
+        // lock taken again sleeps until that holder's unlock).
+        l.released.notify_one();
     }
 }
 

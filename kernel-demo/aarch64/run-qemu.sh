@@ -3,6 +3,16 @@
 # (-M virt), and checks its self-test. Exits 0 only if QEMU exits with
 # status 0 (semihosting SYS_EXIT, ADP_Stopped_ApplicationExit, status 0)
 # and the serial output holds the PASS line.
+#
+#   bash kernel-demo/aarch64/run-qemu.sh [icount]
+#
+# icount: instead of the self-test, boots on one CPU under `-icount
+# shift=0,sleep=off` with `icount` in the kernel command line (`-append`,
+# the device tree's bootargs): the kernel prints its guest instructions
+# per 64-byte alloc+free pair (`icount: ...` lines, see
+# src/kernel/icount.rs) and `icount: done`, which stands in for the PASS
+# line. sleep=off: every boot runs the same instructions (see
+# kernel-demo/run-qemu.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -11,6 +21,20 @@ elf="target/kernel-aarch64/$target/release/kernel-demo-aarch64"
 image="target/kernel-aarch64/kernel-demo-aarch64.Image"
 pass_line="kmemcg kernel self-test: PASS"
 timeout_s=${KERNEL_DEMO_TIMEOUT:-120}
+cpus=4
+extra=()
+case "${1:-}" in
+  "") ;;
+  icount)
+    pass_line="icount: done"
+    cpus=1
+    extra=(-icount shift=0,sleep=off -append icount)
+    ;;
+  *)
+    echo "usage: $0 [icount]" >&2
+    exit 2
+    ;;
+esac
 
 . kernel-demo/setup.sh
 need qemu-system-aarch64 qemu-system-arm
@@ -41,8 +65,8 @@ objcopy_bin "$elf" "$image"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-timeout "$timeout_s" qemu-system-aarch64 -M virt -cpu cortex-a57 -smp 4 -m 256M \
-  -nographic -semihosting -no-reboot -kernel "$image" </dev/null >"$log" 2>&1 || status=$?
+timeout "$timeout_s" qemu-system-aarch64 -M virt -cpu cortex-a57 -smp "$cpus" -m 256M \
+  -nographic -semihosting -no-reboot -kernel "$image" "${extra[@]}" </dev/null >"$log" 2>&1 || status=$?
 cat "$log"
 echo "run-qemu.sh: QEMU exit status $status (0 = pass), $(($(date +%s) - start)) s build + boot"
 

@@ -12,6 +12,35 @@
 //! the hold or after it. Holds never nest (the allocator holds one slot at
 //! a time), so one saved interrupt state per CPU is enough.
 //!
+//! Magazine hits take the allocator's fast path, with compiler fences
+//! only, whether or not the kernel has an all-CPU barrier:
+//!
+//! * with [`Cpu::BARRIER`], a drain of another CPU's magazines runs
+//!   `barrier_all` (the asymmetric handshake);
+//! * without it (most kernels), each slot is also a try-lock: `enter`
+//!   takes its flag by one atomic read-modify-write once interrupts are
+//!   masked, and `exit` gives it back with a store. A drain takes the flag
+//!   of an idle CPU's slot (a steal: no handshake at all), and for a busy
+//!   one waits until each CPU's current operation has ended (its heavy
+//!   barrier takes and gives back every flag), which bounds the wait by
+//!   one operation and needs no IPI. A CPU whose slot a drain holds takes
+//!   the shared path meanwhile.
+//!
+//! The flag of CPU `i`'s slot (`busy`, without `Cpu::BARRIER`):
+//!
+//! | transition | by | how |
+//! | --- | --- | --- |
+//! | 0 → 1 | CPU `i` in `enter`/`try_enter`, interrupts masked | `take`: `lock bts` on x86_64, else CAS; `Acquire`; on failure, interrupts restored and the shared path |
+//! | 0 → 1 | a drain's `steal` | CAS, `Acquire` |
+//! | 0 → 1 | a heavy barrier, spinning until it gets it | CAS, `AcqRel` |
+//! | 1 → 0 | whoever set it: `exit` (before interrupts are restored), `unsteal`, the heavy barrier at once | store, `Release` |
+//!
+//! Interrupts are masked whenever CPU `i` holds the flag, so no interrupt
+//! handler of CPU `i` runs meanwhile and the flag never makes one spin: a
+//! handler finds it free, or (held by a drain) takes the shared path. A
+//! heavy barrier or drain waits only for one operation of a holder, which
+//! takes no lock a drainer holds (the lock order in the crate docs).
+//!
 //! Non-maskable interrupts (NMIs, SErrors) are not masked: their handlers
 //! must not allocate or free.
 //!
@@ -40,7 +69,7 @@ use crossbeam_utils::CachePadded;
 use super::{MAX_CPUS, Platform};
 #[cfg(not(loom))]
 use crate::sync::atomic_bool;
-use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_null};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, atomic_null, atomic_usize, spin_hint};
 
 /// What a kernel tells kmemcg about its CPUs: their indices, how to mask
 /// and restore local interrupts, and optionally nodes and an all-CPU
@@ -66,12 +95,14 @@ use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell, atomic_null};
 ///    interrupts masked*: the allocator drains other CPUs' magazines under
 ///    its locks, which mask interrupts with [`IrqSpinLock`], so an IPI that
 ///    waits for each CPU to take an interrupt deadlocks against a CPU
-///    spinning on such a lock. Most kernels leave `BARRIER` false (the
-///    symmetric handshake: one fence per slow path, no IPI);
+///    spinning on such a lock. Most kernels leave `BARRIER` false: each
+///    slot is then also a try-lock flag (one atomic read-modify-write per
+///    operation, no fence, no IPI; see the module docs);
 /// 6. none of these allocates, panics, or calls back into the allocator.
 pub unsafe trait Cpu: 'static {
-    /// Whether [`Cpu::barrier_all`] is implemented; then the allocator's
-    /// fast paths use compiler fences only (the asymmetric handshake).
+    /// Whether [`Cpu::barrier_all`] is implemented; then a slot hold takes
+    /// no flag, and drains of busy CPUs call it (the asymmetric
+    /// handshake). Either way the fast paths use compiler fences only.
     const BARRIER: bool = false;
     /// The calling CPU's index (with interrupts masked).
     fn id() -> usize;
@@ -109,24 +140,58 @@ pub unsafe trait Cpu: 'static {
     fn throttle(_ns: u64) {}
 }
 
-/// One CPU's state, on a cache line of its own.
+/// One CPU's state, on a cache line of its own. The flag first: an
+/// exclusive load or store-release (aarch64) takes no offset.
+#[repr(C)]
 struct CpuState {
-    /// The interrupt state `enter` saved; written and read only by this
-    /// CPU with interrupts masked.
+    /// Without `Cpu::BARRIER`: 1 while the slot is held (by its CPU, or
+    /// stolen by a drain), else 0: a try-lock taken with `Acquire` (see
+    /// [`take`]) and given back with `Release`, so each holder adopts the
+    /// magazines the last one left, and a drain can wait for the holder
+    /// instead of an IPI. A word, not a `bool`: x86's `lock bts` has no
+    /// byte form.
+    busy: AtomicUsize,
+    /// The interrupt state `enter` saved; written and read only by the
+    /// slot's holder, with interrupts masked.
     saved: UnsafeCell<usize>,
     /// The current-group token of the task running here.
     group: AtomicPtr<()>,
 }
 
+/// Takes a slot flag: whether it was free (then it is ours, `Acquire`).
+///
+/// On x86_64 a `fetch_or(1)` of which only bit 0 of the result is tested,
+/// which compiles to `lock bts; jb`, two instructions where a
+/// compare-and-swap takes four. It is the compare-and-swap `0 → 1` in all
+/// but name: a read-modify-write reads the last value in the flag's
+/// modification order, so it finds 0 and writes 1 (taken, with `Acquire`,
+/// as a successful compare-and-swap), or finds 1 and writes 1 (not taken;
+/// the value is unchanged, and its `Acquire` orders nothing we rely on).
+/// Elsewhere, and under loom, the compare-and-swap itself: with
+/// load-linked and store-conditional a `fetch_or` is one instruction
+/// more, and loom 0.7 mis-models an unconditional read-modify-write racing
+/// a store (a model of two threads taking such a flag by `fetch_or` and
+/// giving it back ended with it taken: tokio-rs/loom#254), so loom checks
+/// this protocol with the compare-and-swap.
+#[inline(always)]
+fn take(busy: &AtomicUsize) -> bool {
+    if cfg!(all(target_arch = "x86_64", not(loom))) {
+        busy.fetch_or(1, Ordering::Acquire) & 1 == 0
+    } else {
+        busy.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+}
+
 /// The bare-metal platform: CPU `i` owns slot `i`, held with interrupts
-/// masked. See the module docs.
+/// masked (and, without `Cpu::BARRIER`, its flag taken). See the module
+/// docs.
 pub struct PerCpu<C: Cpu> {
     cpus: [CachePadded<CpuState>; MAX_CPUS],
     _cpu: PhantomData<fn() -> C>,
 }
 
-// SAFETY: the state is atomics, and `saved`, which only its own CPU
-// touches with interrupts masked.
+// SAFETY: the state is atomics, and `saved`, which only the holder of
+// its slot touches (with interrupts masked on its CPU).
 unsafe impl<C: Cpu> Sync for PerCpu<C> {}
 
 impl<C: Cpu> Default for PerCpu<C> {
@@ -142,6 +207,7 @@ impl<C: Cpu> PerCpu<C> {
             PerCpu {
                 cpus: crate::sync::repeat!(
                     CachePadded::new(CpuState {
+                        busy: atomic_usize(0),
                         saved: UnsafeCell::new(0),
                         group: atomic_null(),
                     });
@@ -162,19 +228,22 @@ impl<C: Cpu> PerCpu<C> {
         r
     }
 
-    /// Takes the calling CPU's slot.
-    #[inline]
+    /// Takes the calling CPU's slot: masks interrupts, and without
+    /// `Cpu::BARRIER` takes its `busy` flag too (`None` if a drain has
+    /// it, or if the CPU's index is [`MAX_CPUS`] or more).
+    #[inline(always)]
     fn hold(&self) -> Option<usize> {
         let saved = C::irq_save();
         let cpu = C::id();
         match self.cpus.get(cpu) {
-            Some(c) => {
-                // SAFETY: interrupts are masked, so nothing else runs on
-                // this CPU until `exit` reads it back.
+            Some(c) if C::BARRIER || take(&c.busy) => {
+                // SAFETY: we hold the slot (interrupts masked on this CPU;
+                // without `BARRIER`, its flag too), so nothing else touches
+                // `saved` until our `exit` reads it back.
                 c.saved.with_mut(|p| unsafe { *p = saved });
                 Some(cpu)
             }
-            None => {
+            _ => {
                 // SAFETY: saved just above, on this CPU.
                 unsafe { C::irq_restore(saved) };
                 None
@@ -183,18 +252,28 @@ impl<C: Cpu> PerCpu<C> {
     }
 }
 
-// SAFETY: (1) a slot is the index of the CPU that holds it, taken with
-// interrupts masked and released by `exit`, which restores them: nothing
-// else runs on that CPU meanwhile (interrupt handlers are masked, and the
-// kernel cannot switch tasks), and `Cpu` (1) makes indices unique.
-// (2) `Cpu` (4). (3) only with `Cpu::BARRIER`, constant, and
-// `heavy_barrier` is `barrier_all` (`Cpu` (5)). (4) `steal` is never
-// granted: every CPU owns its slot; drains (group removal, `shrink`, and
-// `reap` of a CPU idle since the last reap) empty another CPU's magazines
-// through the magazine layer's handshake instead. (5) `Cpu` (6); nothing
-// else is called. (6) the token is stored
-// per CPU and switched by the kernel at context switch (module docs);
-// from interrupt context the same CPU's token is read back unchanged.
+// SAFETY: (1) a slot is the index of the CPU that holds it (below
+// `MAX_CPUS`: `get` refuses others), taken with interrupts masked and
+// released by `exit`, which restores them: nothing else runs on that CPU
+// meanwhile (interrupt handlers are masked, and the kernel cannot switch
+// tasks), and `Cpu` (1) makes indices unique; without `Cpu::BARRIER` the
+// slot is held only by whoever took its `busy` flag from 0 to 1 (`take`,
+// `steal`, the heavy barrier) until it stores 0, so a drain that stole it
+// excludes the CPU. (2) `Cpu` (4). (3) always asymmetric: with
+// `Cpu::BARRIER`, `heavy_barrier` is `barrier_all` (`Cpu` (5)); without,
+// it takes and gives back every slot's `busy` flag in turn, so it returns
+// only after each holder has left its operation (the holder's writes
+// before `exit`'s `Release` store are visible to our `Acquire`), and
+// every later holder's `Acquire` take reads our `Release` store (or a
+// later one in the flag's order), so sees what the caller wrote before:
+// the second form of point 3. (4) without `Cpu::BARRIER`, `steal` takes
+// the flag by CAS, and `enter` cannot take the slot until `unsteal` frees
+// it; with it, `steal` is never granted (drains go through the
+// handshake). (5) `Cpu` (6); the heavy barrier spins only until each
+// holder ends one operation, which runs with interrupts masked on its CPU
+// and takes no lock a drainer holds. (6) the token is stored per CPU and
+// switched by the kernel at context switch (module docs); from interrupt
+// context the same CPU's token is read back unchanged.
 unsafe impl<C: Cpu> Platform for PerCpu<C> {
     #[inline]
     fn current_group(&self) -> *const () {
@@ -214,14 +293,18 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
 
     #[inline(always)]
     unsafe fn try_enter(&self) -> Option<usize> {
-        if C::BARRIER { self.hold() } else { None }
+        self.hold()
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn exit(&self, slot: usize) {
         // SAFETY: the holder's own CPU, interrupts still masked since
         // `enter` wrote it.
         let saved = self.cpus[slot].saved.with_mut(|p| unsafe { *p });
+        if !C::BARRIER {
+            // Release: the next holder or drain sees our magazine writes.
+            self.cpus[slot].busy.store(0, Ordering::Release);
+        }
         // SAFETY: saved by `enter` on this CPU, which is still masked.
         unsafe { C::irq_restore(saved) };
     }
@@ -235,11 +318,27 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
     }
 
     fn asymmetric(&self) -> bool {
-        C::BARRIER
+        true
     }
 
     fn heavy_barrier(&self) {
-        C::barrier_all()
+        if C::BARRIER {
+            return C::barrier_all();
+        }
+        for c in &self.cpus {
+            while c.busy.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                spin_hint();
+            }
+            c.busy.store(0, Ordering::Release);
+        }
+    }
+
+    unsafe fn steal(&self, slot: usize) -> bool {
+        !C::BARRIER && self.cpus[slot].busy.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    unsafe fn unsteal(&self, slot: usize) {
+        self.cpus[slot].busy.store(0, Ordering::Release);
     }
 
     fn in_interrupt(&self) -> bool {

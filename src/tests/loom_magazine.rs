@@ -6,7 +6,13 @@
 //! full fence on the holder's side) around the same magazine pops and
 //! pushes as the fast paths. The fast paths differ only in that fence,
 //! a compiler fence made whole by the drainer's `membarrier`, which loom
-//! cannot model.
+//! cannot model. The crate's try-lock platforms (`NoCpus`, and `PerCpu`
+//! without `Cpu::BARRIER`) are asymmetric without a `membarrier`: their
+//! models run the fast paths, whose compiler fence is nothing under loom
+//! (as between threads on the hardware), so the slot flags' `Acquire` and
+//! `Release` carry the proof. Each model fails if its platform's heavy
+//! barrier does nothing; the `PerCpu` one also if a slot flag is taken or
+//! given back `Relaxed`.
 
 use std::cell::Cell;
 use std::vec::Vec;
@@ -16,7 +22,7 @@ use loom::thread;
 
 use crate::counter::PageCounter;
 use crate::magazine::{Acct, MAGAZINE_GEOMETRY, MagCache, Slots};
-use crate::platform::{NoCpus, PAGE_SIZE, PageSource, Platform, Region};
+use crate::platform::{NoCpus, PAGE_SIZE, PageSource, PerCpu, Platform, Region};
 use crate::slab::{Cache, Geometry, Pages};
 use crate::sync::LoomRawMutex;
 
@@ -27,11 +33,31 @@ loom::thread_local! {
 }
 
 /// Each model thread says which slot it is on; slot `i` is on node
-/// `i % nodes`. With `single`, the crate's `NoCpus` instead: one slot,
-/// taken by whichever thread swaps its flag first.
+/// `i % nodes`. With `single`, one of the crate's platforms instead, on
+/// one node: `NoCpus` (one slot, a try-lock), or `PerCpu` over [`LoomCpu`]
+/// (a slot per model thread's CPU, each a try-lock without an all-CPU
+/// barrier).
 struct LoomCpus {
     nodes: usize,
-    single: Option<NoCpus>,
+    single: Option<std::boxed::Box<dyn Platform + Send>>,
+}
+
+/// The CPU a model thread says it is on ([`set_slot`]); interrupts are
+/// not modelled.
+struct LoomCpu;
+
+// SAFETY: (1) every model thread that allocates on `PerCpu` sets a
+// distinct slot first; (2) no interrupts, so save and restore have
+// nothing to do; (3) never in interrupt context; (4) one node; (5) no
+// barrier; (6) nothing here allocates.
+unsafe impl crate::platform::Cpu for LoomCpu {
+    fn id() -> usize {
+        SLOT.with(Cell::get)
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    unsafe fn irq_restore(_saved: usize) {}
 }
 
 fn set_slot(slot: usize) {
@@ -72,7 +98,7 @@ unsafe impl Platform for LoomCpus {
         self.nodes
     }
     fn asymmetric(&self) -> bool {
-        self.single.as_ref().is_some_and(NoCpus::asymmetric)
+        self.single.as_ref().is_some_and(|one| one.asymmetric())
     }
     fn heavy_barrier(&self) {
         if let Some(one) = &self.single {
@@ -108,7 +134,12 @@ impl TestEnv {
 
     /// One node and `NoCpus`'s one slot.
     fn single() -> TestEnv {
-        Self::with_platform(LoomCpus { nodes: 1, single: Some(NoCpus::new()) })
+        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(NoCpus::new())) })
+    }
+
+    /// One node and `PerCpu`'s slots, without an all-CPU barrier.
+    fn per_cpu() -> TestEnv {
+        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(PerCpu::<LoomCpu>::new())) })
     }
 
     fn with_platform(plat: LoomCpus) -> TestEnv {
@@ -196,6 +227,10 @@ fn loom_nocpus_one_slot_shared_by_two_threads_and_a_drain() {
     loom::model(|| {
         let env = Arc::new(TestEnv::single());
         let c = Arc::new(cache(&env));
+        // The slot is used first, so the drain has work that races the
+        // threads (without it, loom's bounded schedules had the drain find
+        // no used slot, and a heavy barrier that did nothing passed).
+        churn(&env, &c, 1, 9);
         let ths: Vec<_> = (0..2)
             .map(|t| {
                 let (env, c) = (env.clone(), c.clone());
@@ -211,6 +246,42 @@ fn loom_nocpus_one_slot_shared_by_two_threads_and_a_drain() {
         assert!(unsafe { one.steal(0) }, "the slot was left taken");
         // SAFETY: stolen just above.
         unsafe { one.unsteal(0) };
+        settle(&env, &c);
+    });
+}
+
+#[test]
+fn loom_percpu_slots_as_try_locks_race_a_drain() {
+    // `PerCpu` without `Cpu::BARRIER`: each CPU's slot is a try-lock taken
+    // on every hold, and a drain steals an idle slot or, for a busy one,
+    // waits out each CPU's operation (its heavy barrier). Both CPUs' slots
+    // are used first, so the drain has work on each (as in the `NoCpus`
+    // model); then the two CPUs allocate and free more than a magazine
+    // holds (refills and spills take the depot lock the drain also takes)
+    // while a context on no CPU drains them: no object is handed out twice
+    // or lost, the drain never touches magazines a holder is using, and no
+    // slot is left taken.
+    loom::model(|| {
+        let env = Arc::new(TestEnv::per_cpu());
+        let c = Arc::new(cache(&env));
+        for slot in 0..2 {
+            set_slot(slot);
+            churn(&env, &c, 1, 9);
+        }
+        set_slot(usize::MAX);
+        let ths: Vec<_> =
+            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 5, slot as u8 + 1))).collect();
+        c.drain(&*env);
+        for t in ths {
+            t.join().unwrap();
+        }
+        for slot in 0..2 {
+            let p = env.plat.single.as_ref().unwrap();
+            // SAFETY: no other thread runs now; given back at once.
+            assert!(unsafe { p.steal(slot) }, "slot {slot} was left taken");
+            // SAFETY: stolen just above.
+            unsafe { p.unsteal(slot) };
+        }
         settle(&env, &c);
     });
 }
@@ -346,5 +417,29 @@ fn loom_buffered_dead_frees_end_with_the_last_object() {
         assert_eq!(seen.iter().filter(|&&b| b).count(), 1, "released twice or never");
         env.mags.shrink(&Pages::plain(&env.src));
         assert_eq!(env.src.stats().pages_in_use, 0, "pages leaked");
+    });
+}
+
+#[test]
+fn loom_three_threads_wait_for_one_lock() {
+    // The model lock itself (`LoomRawMutex`): two threads wait for a lock
+    // a third holds. As a spin lock that yields, this model had executions
+    // of any length (loom switched between the two waiters at every yield,
+    // never back to the holder): it exceeded loom's branch limit, and ran
+    // for minutes with 100,000 branches. With blocked waiters it is a few
+    // hundred executions.
+    loom::model(|| {
+        let m: Arc<lock_api::Mutex<R, usize>> = Arc::new(lock_api::Mutex::new(0));
+        let ths: Vec<_> = (0..2)
+            .map(|_| {
+                let m = m.clone();
+                thread::spawn(move || *m.lock() += 1)
+            })
+            .collect();
+        *m.lock() += 1;
+        for t in ths {
+            t.join().unwrap();
+        }
+        assert_eq!(*m.lock(), 3);
     });
 }

@@ -5,6 +5,7 @@ mod bench;
 mod boot;
 mod cpu;
 mod dtb;
+mod icount;
 mod irq;
 mod memory;
 mod selftest;
@@ -57,6 +58,13 @@ extern "C" fn kmain(dtb_addr: usize, entry_el: u64) -> ! {
         dt.uart.unwrap_or(0)
     );
     memory::give_ram(&dt).unwrap_or_else(|e| fail(e));
+    if dt.icount {
+        // `scripts/kernel-icount.sh`: instruction counts only, on this CPU.
+        match icount::run() {
+            Ok(()) => exit_qemu(true),
+            Err(e) => fail(e),
+        }
+    }
 
     cpu::set_conduit(conduit);
     irq::configure(gicd as usize, gicc as usize, timer, TIMER_HZ);

@@ -23,8 +23,9 @@ const WARMUP: u64 = 2_000;
 static STARTS: [AtomicU64; MAX_SMP] = [const { AtomicU64::new(0) }; MAX_SMP];
 static ENDS: [AtomicU64; MAX_SMP] = [const { AtomicU64::new(0) }; MAX_SMP];
 
-/// TSC ticks for `n` 64-byte alloc+free pairs on `a`.
-fn pairs<A: GlobalAlloc>(a: &A, n: u64) -> Result<u64, &'static str> {
+/// TSC ticks for `n` 64-byte alloc+free pairs on `a` (also the loop the
+/// instruction counts of `icount` run).
+pub(super) fn pairs<A: GlobalAlloc>(a: &A, n: u64) -> Result<u64, &'static str> {
     let layout = Layout::new::<[u8; 64]>();
     let t0 = time::rdtsc();
     for _ in 0..n {

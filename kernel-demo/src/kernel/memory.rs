@@ -43,6 +43,9 @@ pub struct BootInfo {
     /// End of the kernel image and of every boot structure above it that
     /// must survive (modules), or that is read below (the map itself).
     reserved_end: u64,
+    /// Whether the command line has the word `icount`: measure instruction
+    /// counts only (`icount.rs`), no self-test.
+    pub icount: bool,
 }
 
 /// Length of the NUL-terminated string at `p`.
@@ -74,9 +77,13 @@ impl BootInfo {
         let mut reserved_end = &raw const __kernel_end as u64;
         let mut reserve = |start: u64, len: u64| reserved_end = reserved_end.max(start + len);
         reserve(info as u64, 88); // the information structure itself
+        let mut icount = false;
         if flags & (1 << 2) != 0 {
             // SAFETY: bit 2: `cmdline` is a valid C string.
-            reserve(word(16) as u64, unsafe { strlen(word(16)) });
+            let cmdline = unsafe { core::ffi::CStr::from_ptr(word(16) as *const core::ffi::c_char) };
+            reserve(word(16) as u64, cmdline.count_bytes() as u64 + 1);
+            // QEMU passes the kernel's file name, a space, then `-append`.
+            icount = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"icount");
         }
         if flags & (1 << 3) != 0 {
             let (count, addr) = (word(20), word(24));
@@ -97,7 +104,7 @@ impl BootInfo {
         let (len, addr) = (word(44), word(48));
         reserve(addr as u64, len as u64);
 
-        let mut boot = BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end };
+        let mut boot = BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end, icount };
         let mut p = addr;
         while p + 24 <= addr + len && boot.count < MAX_ENTRIES {
             // SAFETY: bit 6: `len` bytes of entries at `addr`, each

@@ -19,8 +19,9 @@ const WARMUP: usize = 1000;
 const RUNS: usize = 3;
 
 /// Counter ticks for `n` alloc+free pairs of 64 bytes on `heap`, with
-/// IRQs masked (no timer interrupt inside the loop); also the start.
-fn pairs<A: GlobalAlloc>(heap: &A, n: usize) -> (u64, u64) {
+/// IRQs masked (no timer interrupt inside the loop); also the start. The
+/// loop `icount` counts the instructions of, too.
+pub(super) fn pairs<A: GlobalAlloc>(heap: &A, n: usize) -> (u64, u64) {
     let layout = Layout::from_size_align(64, 8).expect("a valid layout");
     let saved = cpu::irq_save();
     let start = cpu::ticks();

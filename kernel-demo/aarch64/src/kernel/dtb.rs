@@ -1,6 +1,8 @@
 //! A minimal flattened device tree reader: RAM (`/memory`), the memory
 //! reservation block, the CPUs' MPIDRs, the GIC, the generic timer's
-//! virtual interrupt, the PL011, and the PSCI conduit.
+//! virtual interrupt, the PL011, the PSCI conduit, and whether the kernel
+//! command line (`/chosen` `bootargs`, QEMU's `-append`) asks for the
+//! instruction counts only (`icount`).
 
 use super::cpu::{Conduit, MAX_CPUS};
 
@@ -47,6 +49,9 @@ pub struct DeviceTree {
     pub uart: Option<u64>,
     /// `/psci` `method`.
     pub psci: Option<Conduit>,
+    /// Whether `/chosen` `bootargs` has the word `icount`: measure
+    /// instruction counts only (`icount.rs`), no self-test.
+    pub icount: bool,
 }
 
 /// What a node is, as far as this reader cares.
@@ -57,6 +62,7 @@ enum Kind {
     Cpu,
     Memory,
     Psci,
+    Chosen,
     Gic,
     Timer,
     Uart,
@@ -141,6 +147,7 @@ impl DeviceTree {
             timer_intid: None,
             uart: None,
             psci: None,
+            icount: false,
         };
 
         let mut p = rsvmap;
@@ -175,6 +182,7 @@ impl DeviceTree {
                         (1, b"memory") => Kind::Memory,
                         (1, b"cpus") => Kind::Cpus,
                         (1, b"psci") => Kind::Psci,
+                        (1, b"chosen") => Kind::Chosen,
                         (2, b"cpu") if parent == Kind::Cpus => Kind::Cpu,
                         _ => Kind::Other,
                     };
@@ -200,6 +208,9 @@ impl DeviceTree {
                         b"reg" => node.reg = value,
                         b"interrupts" => node.interrupts = value,
                         b"method" => node.method = value,
+                        b"bootargs" if node.kind == Kind::Chosen => {
+                            dt.icount = cstr(value, 0)?.split(|&c| c == b' ').any(|w| w == b"icount");
+                        }
                         b"device_type" if depth == 1 && has_string(value, b"memory") => node.kind = Kind::Memory,
                         b"compatible" => {
                             if has_string(value, b"arm,cortex-a15-gic") || has_string(value, b"arm,gic-400") {
