@@ -36,6 +36,13 @@
 //! else enters through `enter` and asks. A slot nobody holds is *stolen*
 //! through the platform instead.
 //!
+//! Where slots are locks ([`Platform::slots_are_locks`]: `NoCpus`, and
+//! `PerCpu` without `Cpu::BARRIER`, whose slots are try-locks taken with
+//! interrupts masked) the lock is the handshake: the holder marks and
+//! checks nothing, and a drainer always *steals*, waiting out the hold in
+//! progress (a few instructions) until `steal` takes the lock. Only the
+//! `USED` mark for reap remains, a plain store.
+//!
 //! # The fast paths
 //!
 //! A hit touches the slot's handshake line, the cache's `CpuMags` for the

@@ -118,6 +118,12 @@ impl Slots {
     /// `asym`: the platform is known to be asymmetric.
     #[inline(always)]
     pub(super) fn handshake<P: Platform>(&self, plat: &P, slot: usize, asym: bool) -> Option<usize> {
+        // Where slots are locks, a drainer takes the slot's lock itself
+        // (`begin_drain`), which excludes this hold: nothing to mark or
+        // check.
+        if plat.slots_are_locks() {
+            return Some(slot);
+        }
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let s = unsafe { at(&self.sync, slot) };
         s.state.store(HELD, Ordering::Relaxed);
@@ -140,9 +146,16 @@ impl Slots {
     /// Ends the holder's use of `slot`.
     #[inline(always)]
     pub(super) fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
-        // Release: a drainer that sees `USED` sees our magazine writes.
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        unsafe { at(&self.sync, slot) }.state.store(USED, Ordering::Release);
+        let state = &unsafe { at(&self.sync, slot) }.state;
+        if plat.slots_are_locks() {
+            // Only reap's mark of use: the lock's release in `exit`
+            // publishes our magazine writes.
+            state.store(USED, Ordering::Relaxed);
+        } else {
+            // Release: a drainer that sees `USED` sees our magazine writes.
+            state.store(USED, Ordering::Release);
+        }
         // SAFETY: `slot` is the caller's, from `hold` or `try_hold`.
         unsafe { plat.exit(slot) };
     }
@@ -159,6 +172,18 @@ impl Slots {
         // `end_drain` gives a stolen slot back.
         if unsafe { plat.steal(slot) } {
             return true;
+        }
+        if plat.slots_are_locks() {
+            // The holder's handshake checks nothing: wait out its hold (a
+            // few instructions, with interrupts masked in a kernel) and
+            // take the lock (contract point 7).
+            loop {
+                spin_hint();
+                // SAFETY: as above.
+                if unsafe { plat.steal(slot) } {
+                    return true;
+                }
+            }
         }
         s.drain.store(true, Ordering::Relaxed);
         if plat.asymmetric() {

@@ -45,7 +45,13 @@ pub const MAX_CPUS: usize = if cfg!(loom) {
 /// 5. nothing here allocates, panics, or calls back into the allocator;
 /// 6. `current_group` returns the last token the calling context (thread,
 ///    task) passed to `set_current_group`, unchanged (the same pointer,
-///    with its provenance), or null if it never did.
+///    with its provenance), or null if it never did;
+/// 7. if `slots_are_locks()` returns `true`, it always does, `asymmetric()`
+///    is `true`, a context holds a slot from an acquiring read-modify-write
+///    in `enter` or `try_enter` to a releasing store in `exit`, and
+///    `heavy_barrier` takes and releases every slot's lock in turn (the
+///    same way), so that holders and drainers are ordered by those locks
+///    alone.
 pub unsafe trait Platform: Sync {
     /// The calling context's current group token (null: the root group).
     /// A token is opaque to the platform: it only stores it.
@@ -119,6 +125,11 @@ pub unsafe trait Platform: Sync {
     }
     /// Whether [`Platform::heavy_barrier`] is an asymmetric barrier.
     fn asymmetric(&self) -> bool {
+        false
+    }
+    /// Whether every slot is a lock (contract point 7): the allocator's
+    /// slot handshake then marks nothing of its own while a slot is held.
+    fn slots_are_locks(&self) -> bool {
         false
     }
     /// A full barrier on every slot holder (only when `asymmetric`).
@@ -236,6 +247,10 @@ unsafe impl Platform for NoCpus {
     }
     #[inline(always)]
     fn asymmetric(&self) -> bool {
+        true
+    }
+    #[inline(always)]
+    fn slots_are_locks(&self) -> bool {
         true
     }
     fn heavy_barrier(&self) {

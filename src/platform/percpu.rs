@@ -321,6 +321,13 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
         true
     }
 
+    /// Without `Cpu::BARRIER`, slots are try-locks (the `busy` flags),
+    /// which `heavy_barrier` takes and releases in turn.
+    #[inline(always)]
+    fn slots_are_locks(&self) -> bool {
+        !C::BARRIER
+    }
+
     fn heavy_barrier(&self) {
         if C::BARRIER {
             return C::barrier_all();
