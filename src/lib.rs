@@ -358,9 +358,9 @@ pub use platform::OsPages;
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::Threads;
 pub use platform::{
-    Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, IrqSpinLock, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus,
-    Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError, SourceStats, arch,
-    order_for_pages,
+    Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, FIRST_REGION_PAGES, IrqSpinLock, MAX_CPUS, MAX_NODES,
+    MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError,
+    SourceStats, arch, order_for_pages,
 };
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;
