@@ -84,7 +84,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         grown: bool,
         sample: bool,
     ) -> Option<NonNull<u8>> {
-        self.settle();
+        if !self.settle_alloc() {
+            return None;
+        }
         let align = align.max(PAGE_SIZE);
         if size > isize::MAX as usize - align {
             return None;
