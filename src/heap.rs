@@ -10,11 +10,13 @@ mod debug;
 mod decay;
 mod fit;
 mod large;
+mod oom;
 mod report;
 
 pub(crate) use debug::TRAILER;
 pub use debug::{Detection, GUARDED_MAX};
 pub use decay::Decay;
+pub use oom::{OomReport, OomSite};
 pub use report::{KmemStats, SlabInfo};
 
 use core::ptr::NonNull;
@@ -86,6 +88,8 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     /// the first use fits it to the page source (or `with_max_slab_order`
     /// fixed it); written before `home` is published.
     slab_cap: AtomicUsize,
+    /// Why the page source last came up short (see `oom`).
+    last_oom: oom::OomRecord,
 }
 
 /// The low bit of `Kmem::home` while the first use fits the caches.
@@ -251,6 +255,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 oom: crate::sync::atomic_null(),
                 home: crate::sync::atomic_usize(0),
                 slab_cap: crate::sync::atomic_usize(fit::AUTO),
+                last_oom: oom::OomRecord::new(),
             }
             .reading_env()
         }
@@ -436,6 +441,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// for a `Region`) and return `true`; the allocation then retries
     /// once. `None` removes it. Not called in interrupt context, nor from
     /// inside itself or a shrinker (those allocations fail instead).
+    /// [`Kmem::last_oom`] tells it what the allocation was short of.
     pub fn set_oom_handler(&self, f: Option<OomHandler<Self>>) {
         let p = f.map_or(core::ptr::null_mut(), |f| f as *const () as *mut ());
         self.oom.store(p, Ordering::Release);
@@ -758,9 +764,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Err(e) => self.tree.grow_failed(self, cache, e),
         };
         let r = match grow() {
-            // The source is dry even after reclaim: the handler may add
-            // memory; one retry.
-            Err(Error::OutOfMemory) if self.out_of_memory(1 << cache.cache.geometry().order) => grow(),
+            // The source is dry even after reclaim: recorded for
+            // `last_oom`, then the handler may add memory; one retry.
+            Err(Error::OutOfMemory) => {
+                let geo = cache.cache.geometry();
+                self.record_oom_slab(geo);
+                if self.out_of_memory(1 << geo.order) {
+                    grow().inspect_err(|e| {
+                        if *e == Error::OutOfMemory {
+                            self.record_oom_slab(geo)
+                        }
+                    })
+                } else {
+                    Err(Error::OutOfMemory)
+                }
+            }
             r => r,
         };
         if let Ok(p) = r {

@@ -212,6 +212,7 @@
 //! | `Kmem::oom`, `Tree::event_hook` | their setters | `Release` | `Acquire` before the call |
 //! | `Kmem::home` | the first use: CAS from 0 to its address with the `SETTLING` bit, then (after fitting every cache's slab order, `Cache::geo`, and `Kmem::slab_cap`) the address | `Acquire` CAS, `Release` store | `Acquire` in `Kmem::settle` before any path reads a geometry; contexts that find `SETTLING` wait (interrupt context fails its allocation instead) |
 //! | `Kmem::slab_cap` | construction, the first use | `Relaxed` | ordered by `Kmem::home`'s `Release`/`Acquire` |
+//! | `Kmem::last_oom` record | an allocation that finds the page source exhausted (a sequence lock: CAS to odd, fields, even) | `Acquire` CAS, `Relaxed` fields, `Release` store | `Acquire` load, fields, `Acquire` fence, count re-read in `Kmem::last_oom`; a writer that finds it odd skips |
 //! | decay `ticks`, `last`, `running` | slow paths; the decaying context (CAS on `running`) | `Relaxed` (ticks: load + store, lost updates only delay), `Acquire`/`Release` on `running` | one decay reap at a time |
 //! | `YieldingRawMutex::state` | lockers (CAS from `UNLOCKED`; from `HANDOFF` only by the starving waiter), the holder's unlock | `Acquire` CAS, `Release` store | each other: one holder at a time |
 //! | `YieldingRawMutex::starving` | the one waiter that marks itself (CAS), and clears it once it holds the lock | `Acquire` CAS, `Release` clear | `Relaxed` in unlock (a missed mark costs one acquisition's fairness); the next marker's `Acquire` |
@@ -360,7 +361,7 @@ pub use handle::{
     AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat, KmemCache,
     Pressure,
 };
-pub use heap::{Decay, Detection, GUARDED_MAX, Heap, Kmem, KmemStats, OomHandler, SlabInfo};
+pub use heap::{Decay, Detection, GUARDED_MAX, Heap, Kmem, KmemStats, OomHandler, OomReport, OomSite, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
