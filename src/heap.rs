@@ -8,12 +8,15 @@
 mod check;
 mod debug;
 mod decay;
+mod fit;
 mod large;
+mod oom;
 mod report;
 
 pub(crate) use debug::TRAILER;
 pub use debug::{Detection, GUARDED_MAX};
 pub use decay::Decay;
+pub use oom::{OomReport, OomSite};
 pub use report::{KmemStats, SlabInfo};
 
 use core::ptr::NonNull;
@@ -37,6 +40,9 @@ use crate::sync::{AtomicPtr, AtomicUsize, OneCell, Ordering, Stat};
 /// `Kmem::new` is `const`, so a `Kmem` can be a `static` and serve as the
 /// `#[global_allocator]`. Once it has handed out memory it must stay at one
 /// address (a `static`, or a leaked box): slab headers record their cache.
+/// Its first use (an allocation, a cache or group made, a report) also
+/// sizes its slabs to the page source's memory then: add a `Region`'s
+/// memory before it (see [`Kmem::with_max_slab_order`]).
 ///
 /// ```
 /// use kmemcg::{Kmem, Region};
@@ -74,9 +80,20 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     oom: AtomicPtr<()>,
     /// The address this `Kmem` was first used at (0 before): slab headers,
     /// groups, tokens and large objects point back into it from then on,
-    /// so [`Kmem::settle`] refuses to run anywhere else. Set once, by CAS.
+    /// so [`Kmem::settle`] refuses to run anywhere else. Set once, by CAS,
+    /// to that address `| SETTLING` while the first use fits the caches to
+    /// the page source, then (`Release`) to the address.
     home: AtomicUsize,
+    /// The largest slab order of this allocator's caches: `fit::AUTO` until
+    /// the first use fits it to the page source (or `with_max_slab_order`
+    /// fixed it); written before `home` is published.
+    slab_cap: AtomicUsize,
+    /// Why the page source last came up short (see `oom`).
+    last_oom: oom::OomRecord,
 }
+
+/// The low bit of `Kmem::home` while the first use fits the caches.
+const SETTLING: usize = 1;
 
 /// Called when the page source cannot supply `pages` pages even after
 /// reclaim ([`Kmem::set_oom_handler`]); returns whether it added memory
@@ -237,6 +254,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 decay: decay::Decayer::new(Decay::DEFAULT),
                 oom: crate::sync::atomic_null(),
                 home: crate::sync::atomic_usize(0),
+                slab_cap: crate::sync::atomic_usize(fit::AUTO),
+                last_oom: oom::OomRecord::new(),
             }
             .reading_env()
         }
@@ -296,23 +315,58 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// may move freely until it is first used (into a `Box`, say); only a
     /// move after that stops the program, with a message, where it would
     /// otherwise follow dangling pointers.
+    ///
+    /// The first use also fits the slab order of every cache to the page
+    /// source ([`Kmem::with_max_slab_order`]): the thread that makes it
+    /// rewrites the geometries while every other thread waits here, and
+    /// publishes them with the address.
     #[inline(always)]
     fn settle(&self) {
         let me = core::ptr::from_ref(self).addr();
-        // Relaxed: the address is only compared; a thread that reads 0
-        // here takes the CAS, which settles it for everyone.
-        if self.home.load(Ordering::Relaxed) != me {
-            self.settle_slow(me);
+        // Acquire: pairs with the Release that publishes the address after
+        // the first use fitted the caches, so their geometries are read
+        // after that write. (A thread that reads anything else takes the
+        // CAS, which settles it for everyone.)
+        if self.home.load(Ordering::Acquire) != me {
+            self.settle_slow(me, true);
         }
     }
 
+    /// [`Kmem::settle`] for an allocation, which may run in interrupt
+    /// context: there it cannot wait for the first use to fit the caches
+    /// (the context it interrupted may be the one fitting them), so it
+    /// returns `false` instead, and the allocation fails.
+    #[inline(always)]
+    fn settle_alloc(&self) -> bool {
+        let me = core::ptr::from_ref(self).addr();
+        // Acquire: as in `settle`.
+        self.home.load(Ordering::Acquire) == me || self.settle_slow(me, false)
+    }
+
+    /// The first use, or a wait for it; `false` only without `wait`, in
+    /// interrupt context, while the caches are being fitted.
     #[cold]
     #[inline(never)]
-    fn settle_slow(&self, me: usize) {
-        match self.home.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => {}
-            Err(home) if home == me => {}
-            Err(_) => moved(),
+    fn settle_slow(&self, me: usize, wait: bool) -> bool {
+        loop {
+            match self.home.compare_exchange(0, me | SETTLING, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => {
+                    // SAFETY: this is the first use: no cache of this `Kmem`
+                    // has a slab yet (every path that grows one settles
+                    // first), and every other thread waits below until the
+                    // Release store, which orders these writes before its
+                    // reads.
+                    unsafe { self.fit_to_source() };
+                    self.home.store(me, Ordering::Release);
+                    return true;
+                }
+                Err(home) if home == me => return true,
+                Err(home) if home == me | SETTLING && !wait && self.platform.in_interrupt() => return false,
+                // Another context is fitting the caches (a few hundred
+                // instructions and the source's lock, once per `Kmem`).
+                Err(home) if home == me | SETTLING => crate::sync::spin_hint(),
+                Err(_) => moved(),
+            }
         }
     }
 
@@ -387,6 +441,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// for a `Region`) and return `true`; the allocation then retries
     /// once. `None` removes it. Not called in interrupt context, nor from
     /// inside itself or a shrinker (those allocations fail instead).
+    /// [`Kmem::last_oom`] tells it what the allocation was short of.
     pub fn set_oom_handler(&self, f: Option<OomHandler<Self>>) {
         let p = f.map_or(core::ptr::null_mut(), |f| f as *const () as *mut ());
         self.oom.store(p, Ordering::Release);
@@ -583,7 +638,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_special(&self, g: *const Group<R>, size: usize, align: usize, handle: bool) -> Option<NonNull<u8>> {
-        self.settle();
+        if !self.settle_alloc() {
+            return None;
+        }
         let m = self.resolve_mode();
         // SAFETY: callers pass null or a live group of this allocator.
         if m & mode::INJECT != 0 && unsafe { g.as_ref() }.is_some_and(|g| self.tree.inject_fails(g, handle)) {
@@ -699,15 +756,29 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     fn alloc_slow_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
-        self.settle();
+        if !self.settle_alloc() {
+            return Err(Error::OutOfMemory);
+        }
         let grow = || match cache.alloc_slow(self) {
             Ok(p) => Ok(p),
             Err(e) => self.tree.grow_failed(self, cache, e),
         };
         let r = match grow() {
-            // The source is dry even after reclaim: the handler may add
-            // memory; one retry.
-            Err(Error::OutOfMemory) if self.out_of_memory(1 << cache.cache.geometry().order) => grow(),
+            // The source is dry even after reclaim: recorded for
+            // `last_oom`, then the handler may add memory; one retry.
+            Err(Error::OutOfMemory) => {
+                let geo = cache.cache.geometry();
+                self.record_oom_slab(geo);
+                if self.out_of_memory(1 << geo.order) {
+                    grow().inspect_err(|e| {
+                        if *e == Error::OutOfMemory {
+                            self.record_oom_slab(geo)
+                        }
+                    })
+                } else {
+                    Err(Error::OutOfMemory)
+                }
+            }
             r => r,
         };
         if let Ok(p) = r {

@@ -37,7 +37,11 @@
 //!   naming its cache and holding a bitmap of its free objects (in the
 //!   header's cache line for slabs of up to 192 objects); the slab of an
 //!   object is found by masking its address. Free objects hold nothing the
-//!   allocator reads.
+//!   allocator reads. A cache's *slab order* is capped by the memory of a
+//!   fixed page source (a slab is at most an eighth of a [`Region`]'s
+//!   pages), chosen at the allocator's first use
+//!   ([`Kmem::with_max_slab_order`]); a capped slab is *exact*: the pages
+//!   of its run past its last object go back to the source.
 //! * **cache**: the slabs of one object size and alignment: a size class of
 //!   the general heap, or a named typed cache ([`Kmem::create_cache`]); an
 //!   accounted cache has a *child cache* per group that allocates from it.
@@ -127,6 +131,11 @@
 //!
 //! Outer before inner; no path takes them the other way:
 //!
+//! 0. the first use (`Kmem::settle`), once per allocator: the context that
+//!    makes it fits every cache's slab order taking only the page
+//!    source's lock (6); any other waits for it at the start of its
+//!    operation, before it takes a lock (in interrupt context an
+//!    allocation fails instead of waiting);
 //! 1. `Tree::registry_lock` (cache creation and destruction only);
 //! 2. `Tree::lock`, the tree lock (group creation and removal, pressure
 //!    resources, subtree reclaim, group reclamation); shrinkers are called
@@ -201,6 +210,9 @@
 //! | `Detector` settings | `read_env` before clearing `ENV` | `Relaxed` | ordered by the `Release`/`Acquire` pair on `Tree::mode` |
 //! | injection table slots | `Table::arm` under the tree lock (rule first, then the group pointer) | `Release` | `Acquire` in `Table::find` |
 //! | `Kmem::oom`, `Tree::event_hook` | their setters | `Release` | `Acquire` before the call |
+//! | `Kmem::home` | the first use: CAS from 0 to its address with the `SETTLING` bit, then (after fitting every cache's slab order, `Cache::geo`, and `Kmem::slab_cap`) the address | `Acquire` CAS, `Release` store | `Acquire` in `Kmem::settle` before any path reads a geometry; contexts that find `SETTLING` wait (interrupt context fails its allocation instead) |
+//! | `Kmem::slab_cap` | construction, the first use | `Relaxed` | ordered by `Kmem::home`'s `Release`/`Acquire` |
+//! | `Kmem::last_oom` record | an allocation that finds the page source exhausted (a sequence lock: CAS to odd, fields, even) | `Acquire` CAS, `Relaxed` fields, `Release` store | `Acquire` load, fields, `Acquire` fence, count re-read in `Kmem::last_oom`; a writer that finds it odd skips |
 //! | decay `ticks`, `last`, `running` | slow paths; the decaying context (CAS on `running`) | `Relaxed` (ticks: load + store, lost updates only delay), `Acquire`/`Release` on `running` | one decay reap at a time |
 //! | `YieldingRawMutex::state` | lockers (CAS from `UNLOCKED`; from `HANDOFF` only by the starving waiter), the holder's unlock | `Acquire` CAS, `Release` store | each other: one holder at a time |
 //! | `YieldingRawMutex::starving` | the one waiter that marks itself (CAS), and clears it once it holds the lock | `Acquire` CAS, `Release` clear | `Relaxed` in unlock (a missed mark costs one acquisition's fairness); the next marker's `Acquire` |
@@ -349,7 +361,7 @@ pub use handle::{
     AtomicScope, CacheBox, CacheFlags, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat, KmemCache,
     Pressure,
 };
-pub use heap::{Decay, Detection, GUARDED_MAX, Heap, Kmem, KmemStats, OomHandler, SlabInfo};
+pub use heap::{Decay, Detection, GUARDED_MAX, Heap, Kmem, KmemStats, OomHandler, OomReport, OomSite, SlabInfo};
 pub use magazine::{MagazineStats, SlotStats};
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
@@ -358,9 +370,9 @@ pub use platform::OsPages;
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::Threads;
 pub use platform::{
-    Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, IrqSpinLock, MAX_CPUS, MAX_NODES, MAX_ORDER, NoCpus,
-    Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError, SourceStats, arch,
-    order_for_pages,
+    Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, FIRST_REGION_PAGES, IrqSpinLock, MAX_CPUS, MAX_NODES,
+    MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError,
+    SourceStats, arch, order_for_pages,
 };
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;

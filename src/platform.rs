@@ -120,7 +120,7 @@ pub(crate) fn report_abort(args: core::fmt::Arguments<'_>) -> ! {
 
 #[cfg(feature = "std")]
 pub use os::OsPages;
-pub use region::{Region, RegionError};
+pub use region::{FIRST_REGION_PAGES, Region, RegionError};
 
 use core::ptr::NonNull;
 
@@ -246,6 +246,25 @@ pub unsafe trait PageSource: Sync {
         0
     }
 
+    /// For a source that serves a fixed amount of memory (it never maps
+    /// more by itself, as a [`Region`] does not), the pages it manages
+    /// now, free or handed out; `None` (the default) for one that grows on
+    /// demand, as `OsPages` does. A `Kmem` sizes its slabs from it at its
+    /// first use (see the slab layer's *Geometry*): `None` keeps the
+    /// largest slabs.
+    fn fixed_pages(&self) -> Option<usize> {
+        None
+    }
+
+    /// Writes into `out[k]` how many free runs of order `k` the source
+    /// holds right now (summed over nodes), for a report of why an
+    /// allocation failed; returns `false` (the default) if it cannot tell,
+    /// leaving `out` unspecified. It takes the source's locks, so it is
+    /// never called with an allocator lock held.
+    fn free_runs(&self, _out: &mut [usize; MAX_ORDER as usize]) -> bool {
+        false
+    }
+
     /// A pointer to `ptr`'s address carrying this source's own provenance
     /// (the zone or mapping it lies in), for the allocator's writes to its
     /// metadata next to an object a caller handed back: under Miri's
@@ -315,6 +334,12 @@ unsafe impl<S: PageSource> PageSource for &S {
     }
     fn trim(&self) -> usize {
         (**self).trim()
+    }
+    fn fixed_pages(&self) -> Option<usize> {
+        (**self).fixed_pages()
+    }
+    fn free_runs(&self, out: &mut [usize; MAX_ORDER as usize]) -> bool {
+        (**self).free_runs(out)
     }
     fn claim_pages(&self, at: NonNull<u8>, pages: usize) -> bool {
         (**self).claim_pages(at, pages)

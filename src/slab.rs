@@ -28,7 +28,7 @@ use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
 use crate::counter::PageCounter;
-use crate::page::slab_base;
+use crate::page::{free_exact, slab_base};
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
 
@@ -36,7 +36,7 @@ pub(crate) mod classes;
 mod geometry;
 mod node;
 
-pub(crate) use geometry::Geometry;
+pub(crate) use geometry::{Geometry, order_cap};
 use node::{ListKind, NodeSlabs, Slab, free_map};
 
 /// Bytes reserved for the header at the start of every slab: at least
@@ -103,44 +103,62 @@ impl<'a, S: PageSource> Pages<'a, S> {
         Pages { src, counter: None, slot: None, owner: ptr::null(), overdraft: 0 }
     }
 
-    /// A run for a new slab, charged first.
-    fn grow(&self, order: u32, node: usize) -> Result<PageRun, GrowError> {
+    /// A run for a new slab of `geo`, charged first: `2^order` pages, of
+    /// which an exact slab keeps `geo.slab_pages()` and gives the rest
+    /// back at once (only those it keeps are charged).
+    fn grow(&self, geo: &Geometry, node: usize) -> Result<PageRun, GrowError> {
+        let pages = geo.slab_pages();
         if let Some(c) = self.counter {
             let r = if self.overdraft == 0 {
-                c.try_charge_stocked(self.slot, 1 << order)
+                c.try_charge_stocked(self.slot, pages)
             } else {
-                c.try_charge_over(1 << order, self.overdraft)
+                c.try_charge_over(pages, self.overdraft)
             };
             r.map_err(|k| GrowError::Limit(k))?;
         }
-        match self.src.alloc_pages(order, node) {
+        match self.src.alloc_pages(geo.order, node) {
             Some(run) => {
+                if geo.is_exact() {
+                    let tail = run.addr.as_ptr().wrapping_add(pages * PAGE_SIZE);
+                    // SAFETY: the pages past the slab's end are an unused part
+                    // of the run just allocated, nothing refers to them, and
+                    // `NonNull`: they lie inside it.
+                    unsafe { free_exact(self.src, NonNull::new_unchecked(tail), (1 << geo.order) - pages) };
+                }
                 if let Some(c) = self.counter {
-                    c.add_node_pages(run.node, 1 << order);
+                    c.add_node_pages(run.node, pages);
                 }
                 Ok(run)
             }
             None => {
                 if let Some(c) = self.counter {
-                    c.uncharge_stocked(self.slot, 1 << order);
+                    c.uncharge_stocked(self.slot, pages);
                 }
                 Err(GrowError::OutOfMemory)
             }
         }
     }
 
-    /// Gives runs back to the source and uncharges them: one call into the
-    /// source and one uncharge.
+    /// Gives slabs of `geo` back to the source and uncharges them: one call
+    /// into the source (for slabs that keep their whole run) and one
+    /// uncharge.
     ///
     /// # Safety
     ///
-    /// Each run as for [`PageSource::free_pages`], charged by `grow` with
-    /// the same counter.
-    unsafe fn release_bulk(&self, runs: &[NonNull<u8>], order: u32) {
-        // SAFETY: forwarded.
-        unsafe { self.src.free_pages_bulk(runs, order) };
+    /// Each run is the start of a slab of `geo` that `grow` made with the
+    /// same counter, given back once, and nothing uses its pages after.
+    unsafe fn release_bulk(&self, runs: &[NonNull<u8>], geo: &Geometry) {
+        if geo.is_exact() {
+            for &r in runs {
+                // SAFETY: forwarded: the pages the slab kept of its run.
+                unsafe { free_exact(self.src, r, geo.slab_pages()) };
+            }
+        } else {
+            // SAFETY: forwarded: whole runs of the slab order.
+            unsafe { self.src.free_pages_bulk(runs, geo.order) };
+        }
         if let Some(c) = self.counter {
-            c.uncharge_stocked(self.slot, runs.len() << order);
+            c.uncharge_stocked(self.slot, runs.len() * geo.slab_pages());
         }
     }
 }
@@ -166,7 +184,12 @@ pub struct CacheStats {
 /// records it, which is how frees are checked and, for accounted caches, how
 /// a slab's owner is found.
 pub(crate) struct Cache<R: RawMutex> {
-    geo: Geometry,
+    /// Written at construction and at most once more by [`Cache::refit`],
+    /// before the cache has a slab and before any other thread reads it
+    /// (a `Kmem`'s first use: see `Kmem::settle`); read-only after. Not
+    /// the loom-checked cell of `sync`: read on every slab operation, and
+    /// no loom model refits a cache.
+    geo: core::cell::UnsafeCell<Geometry>,
     /// Set once when the cache's group is removed: empty slabs then go
     /// back at once (no reserve). `Relaxed`: a free that misses the flag
     /// keeps one empty slab, which the removal's own shrink (ordered after
@@ -177,12 +200,18 @@ pub(crate) struct Cache<R: RawMutex> {
     nodes: [CachePadded<Mutex<R, NodeSlabs>>; MAX_NODES],
 }
 
+// SAFETY: the node lists are behind their locks (what `Mutex` needs: a
+// `Sync` lock and `Send` contents), the counters are atomics, and the
+// geometry cell is only written under `refit`'s contract, which keeps the
+// write from racing any access.
+unsafe impl<R: RawMutex + Sync> Sync for Cache<R> {}
+
 impl<R: RawMutex> Cache<R> {
     loom_const_fn! {
         /// A cache with no slabs yet.
         pub(crate) fn new(geo: Geometry) -> Self {
             Cache {
-                geo,
+                geo: core::cell::UnsafeCell::new(geo),
                 dead: atomic_bool(false),
                 nslabs: atomic_usize(0),
                 nodes: repeat!(CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())); MAX_NODES),
@@ -193,7 +222,31 @@ impl<R: RawMutex> Cache<R> {
     /// The layout of this cache's objects.
     #[inline]
     pub(crate) fn geometry(&self) -> &Geometry {
-        &self.geo
+        self.geo()
+    }
+
+    #[inline(always)]
+    fn geo(&self) -> &Geometry {
+        // SAFETY: the geometry is only written by `refit`, whose contract
+        // orders the write before every read and keeps it from overlapping
+        // any (see the field).
+        unsafe { &*self.geo.get() }
+    }
+
+    /// Replaces the layout of this cache's objects (same size and
+    /// alignment, another slab order: see `geometry`).
+    ///
+    /// # Safety
+    ///
+    /// The cache has never had a slab, no reference from
+    /// [`Cache::geometry`] is live, and no other thread reads the geometry
+    /// until a synchronisation orders this write before its reads (a
+    /// `Kmem`'s first use publishes it with a `Release` store that its
+    /// readers load with `Acquire` before they use a cache).
+    pub(crate) unsafe fn refit(&self, geo: Geometry) {
+        debug_assert!(self.nslabs() == 0 && geo.size == self.geo().size && geo.align == self.geo().align);
+        // SAFETY: per the contract, nothing reads or writes the cell now.
+        unsafe { *self.geo.get() = geo };
     }
 
     #[inline]
@@ -206,7 +259,7 @@ impl<R: RawMutex> Cache<R> {
     pub(crate) fn alloc<S: PageSource>(&self, pg: &Pages<'_, S>, node: usize) -> Result<NonNull<u8>, GrowError> {
         let node = node.min(MAX_NODES - 1);
         // SAFETY: every slab on this cache's lists has this cache's geometry.
-        if let Some(p) = unsafe { self.nodes[node].lock().take(&self.geo) } {
+        if let Some(p) = unsafe { self.nodes[node].lock().take(self.geo()) } {
             return Ok(p);
         }
         self.alloc_slow(pg, node)
@@ -217,14 +270,14 @@ impl<R: RawMutex> Cache<R> {
     #[inline(never)]
     fn alloc_slow<S: PageSource>(&self, pg: &Pages<'_, S>, node: usize) -> Result<NonNull<u8>, GrowError> {
         // The page source is called without any cache lock held.
-        let run = pg.grow(self.geo.order, node)?;
+        let run = pg.grow(self.geo(), node)?;
         let s = self.init_slab(run, pg.owner);
         let mut lists = self.nodes[run.node].lock();
         // SAFETY: `s` is a live header on no list; we hold its node's lock,
         // and it has this cache's geometry; a fresh slab has a free object.
         unsafe {
             lists.partial.push(s, ListKind::Partial);
-            Ok(lists.take(&self.geo).unwrap_unchecked())
+            Ok(lists.take(self.geo()).unwrap_unchecked())
         }
     }
 
@@ -243,10 +296,10 @@ impl<R: RawMutex> Cache<R> {
         {
             let mut lists = self.nodes[node].lock();
             // SAFETY: every listed slab has this cache's geometry.
-            n += unsafe { lists.take_bulk(&self.geo, out) };
+            n += unsafe { lists.take_bulk(self.geo(), out) };
         }
         while n < out.len() {
-            let run = match pg.grow(self.geo.order, node) {
+            let run = match pg.grow(self.geo(), node) {
                 Ok(run) => run,
                 Err(e) if n == 0 => return Err(e),
                 Err(_) => break,
@@ -256,7 +309,7 @@ impl<R: RawMutex> Cache<R> {
             // SAFETY: `s` is a fresh header on no list, of this geometry.
             unsafe { lists.partial.push(s, ListKind::Partial) };
             // SAFETY: as above.
-            n += unsafe { lists.take_bulk(&self.geo, &mut out[n..]) };
+            n += unsafe { lists.take_bulk(self.geo(), &mut out[n..]) };
         }
         Ok(n)
     }
@@ -269,7 +322,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// Every pointer must be a distinct live object of this cache from `src`.
     pub(crate) unsafe fn free_bulk<S: PageSource>(&self, pg: &Pages<'_, S>, objs: &[*mut u8]) {
-        let slab_of = |p: *mut u8| slab_base(p, self.geo.order) as *mut Slab;
+        let slab_of = |p: *mut u8| slab_base(p, self.geo().order) as *mut Slab;
         // The first headers' misses start now, the rest in the scan below.
         for &p in objs.iter().take(PREFETCH_AHEAD) {
             prefetch_write(slab_of(p).cast());
@@ -298,7 +351,7 @@ impl<R: RawMutex> Cache<R> {
                         j += 1;
                     }
                     // SAFETY: distinct live objects of slab `s`, on this node.
-                    if let Some(r) = unsafe { lists.put_run(s, &objs[i..j], &self.geo, self.reserve()) } {
+                    if let Some(r) = unsafe { lists.put_run(s, &objs[i..j], self.geo(), self.reserve()) } {
                         release[nrel] = r;
                         nrel += 1;
                     }
@@ -320,7 +373,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// The page at `slab_base(ptr)` must be readable.
     pub(crate) unsafe fn live_owner(&self, ptr: *mut u8) -> Option<*const ()> {
-        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        let s = slab_base(ptr, self.geo().order) as *const Slab;
         // SAFETY: per the contract the page is readable, and any bits are
         // a valid `u32` and pointer (the page may hold anything if `ptr`
         // is not ours). A live slab's `magic` and `cache` are fixed while
@@ -336,11 +389,11 @@ impl<R: RawMutex> Cache<R> {
     /// this cache.
     #[inline]
     pub(crate) fn is_slot(&self, ptr: NonNull<u8>, cache: *const ()) -> bool {
-        let off = ptr.as_ptr().addr() & ((PAGE_SIZE << self.geo.order) - 1);
+        let off = ptr.as_ptr().addr() & ((PAGE_SIZE << self.geo().order) - 1);
         cache == self.id()
-            && off >= self.geo.first
-            && (off - self.geo.first).is_multiple_of(self.geo.size)
-            && (off - self.geo.first) / self.geo.size < self.geo.capacity
+            && off >= self.geo().first
+            && (off - self.geo().first).is_multiple_of(self.geo().size)
+            && (off - self.geo().first) / self.geo().size < self.geo().capacity
     }
 
     /// The cache that owns the slab holding `ptr`, judged by the slab
@@ -351,7 +404,7 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object of a cache with this cache's slab order.
     #[inline]
     pub(crate) unsafe fn owner_of(&self, ptr: *mut u8) -> *const () {
-        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        let s = slab_base(ptr, self.geo().order) as *const Slab;
         // SAFETY: the header of a live slab; `cache` is fixed at creation.
         unsafe { (*s).cache }
     }
@@ -362,7 +415,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// `ptr` must be a live object of this cache.
     pub(crate) unsafe fn birth_of(&self, ptr: *mut u8) -> u32 {
-        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        let s = slab_base(ptr, self.geo().order) as *const Slab;
         // SAFETY: the header of a live slab; `birth` is fixed at creation.
         unsafe { (*s).birth }
     }
@@ -374,7 +427,7 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object of this cache.
     #[inline]
     pub(crate) unsafe fn node_of(&self, ptr: *mut u8) -> usize {
-        let s = slab_base(ptr, self.geo.order) as *const Slab;
+        let s = slab_base(ptr, self.geo().order) as *const Slab;
         // SAFETY: the header of a live slab; `node` is fixed at creation.
         unsafe { (*s).node as usize }
     }
@@ -399,14 +452,14 @@ impl<R: RawMutex> Cache<R> {
                 prev: ptr::null_mut(),
             });
         }
-        let words = self.geo.words();
+        let words = self.geo().words();
         // SAFETY: the bitmaps lie between the header and the first object
         // (`Geometry::new` reserved `bitmap_bytes` for them), inside the
         // fresh run: every object free, and (hardened) none handed out.
         unsafe {
             let map = free_map(s);
             for w in 0..words {
-                let left = self.geo.capacity - w * 64;
+                let left = self.geo().capacity - w * 64;
                 map.add(w).write(if left >= 64 { u64::MAX } else { (1u64 << left) - 1 });
             }
             if cfg!(feature = "hardened") {
@@ -425,9 +478,9 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` is an object slot of a live slab of this cache.
     unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicUsize, usize) {
         const BITS: usize = usize::BITS as usize;
-        let base = slab_base(ptr, self.geo.order);
-        let idx = (ptr.addr() - base.addr() - self.geo.first) / self.geo.size;
-        let at = MAP_OFFSET + self.geo.words() * 8 + idx / BITS * (BITS / 8);
+        let base = slab_base(ptr, self.geo().order);
+        let idx = (ptr.addr() - base.addr() - self.geo().first) / self.geo().size;
+        let at = MAP_OFFSET + self.geo().words() * 8 + idx / BITS * (BITS / 8);
         // The word lies in the allocation bitmap after the free bitmap (as
         // many bytes, reserved by `Geometry::new`, zeroed with the slab),
         // aligned to 8, and is only ever accessed through these
@@ -469,11 +522,11 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object allocated from this cache with `src`.
     #[inline]
     pub(crate) unsafe fn free<S: PageSource>(&self, pg: &Pages<'_, S>, ptr: NonNull<u8>) {
-        let s = slab_base(ptr.as_ptr(), self.geo.order) as *mut Slab;
+        let s = slab_base(ptr.as_ptr(), self.geo().order) as *mut Slab;
         // SAFETY: `ptr` is a live object of this cache.
         let node = unsafe { self.node_of(ptr.as_ptr()) };
         // SAFETY: `ptr` is a live object of slab `s`, on node `node`.
-        let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), &self.geo, self.reserve()) };
+        let release = unsafe { self.nodes[node].lock().put(s, ptr.as_ptr(), self.geo(), self.reserve()) };
         if let Some(s) = release {
             // SAFETY: the slab is off every list and holds no live object.
             unsafe { self.release_slab(pg, s) };
@@ -511,13 +564,13 @@ impl<R: RawMutex> Cache<R> {
         }
         if let Some(c) = pg.counter {
             for (node, &k) in on_node.iter().enumerate().filter(|(_, k)| **k > 0) {
-                c.sub_node_pages(node, k << self.geo.order);
+                c.sub_node_pages(node, k * self.geo().slab_pages());
             }
         }
         let n = slabs.len().min(runs.len());
         self.nslabs.fetch_sub(n, Ordering::Relaxed);
         // SAFETY: empty slabs of ours, charged by `grow` when they grew.
-        unsafe { pg.release_bulk(&runs[..n], self.geo.order) };
+        unsafe { pg.release_bulk(&runs[..n], self.geo()) };
     }
 
     /// Empty slabs kept per node: none once dead.
@@ -583,7 +636,7 @@ impl<R: RawMutex> Cache<R> {
                 };
                 // SAFETY: `s` is empty and unlisted.
                 unsafe { self.release_slab(pg, s) };
-                pages += self.geo.slab_pages();
+                pages += self.geo().slab_pages();
             }
         }
         pages
@@ -599,8 +652,8 @@ impl<R: RawMutex> Cache<R> {
             st.slabs += slabs;
             st.empty_slabs += lists.empty.len;
         }
-        st.total_objects = st.slabs * self.geo.capacity;
-        st.pages = st.slabs * self.geo.slab_pages();
+        st.total_objects = st.slabs * self.geo().capacity;
+        st.pages = st.slabs * self.geo().slab_pages();
         st
     }
 
@@ -625,27 +678,27 @@ impl<R: RawMutex> Cache<R> {
                     assert_eq!(slab.node as usize, n);
                     assert_eq!(slab.list, kind);
                     assert_eq!(slab.prev, prev);
-                    assert_eq!(s as usize % (PAGE_SIZE << self.geo.order), 0);
+                    assert_eq!(s as usize % (PAGE_SIZE << self.geo().order), 0);
                     let map = free_map(s);
                     let mut free = 0;
-                    for w in 0..self.geo.words() {
+                    for w in 0..self.geo().words() {
                         // SAFETY: the free bitmap of a live slab, under our lock.
                         let bits = unsafe { map.add(w).read() };
-                        let valid = if self.geo.capacity - w * 64 >= 64 {
+                        let valid = if self.geo().capacity - w * 64 >= 64 {
                             u64::MAX
                         } else {
-                            (1u64 << (self.geo.capacity - w * 64)) - 1
+                            (1u64 << (self.geo().capacity - w * 64)) - 1
                         };
                         assert_eq!(bits & !valid, 0, "free bit beyond the slab's capacity");
                         assert!(w >= slab.hint as usize || bits == 0, "free bit below the hint");
                         free += bits.count_ones() as usize;
                     }
                     let inuse = slab.inuse as usize;
-                    assert_eq!(inuse + free, self.geo.capacity);
+                    assert_eq!(inuse + free, self.geo().capacity);
                     match kind {
-                        ListKind::Full => assert_eq!(inuse, self.geo.capacity),
+                        ListKind::Full => assert_eq!(inuse, self.geo().capacity),
                         ListKind::Empty => assert_eq!(inuse, 0),
-                        ListKind::Partial => assert!(inuse < self.geo.capacity),
+                        ListKind::Partial => assert!(inuse < self.geo().capacity),
                     }
                     active += inuse;
                     len += 1;

@@ -290,6 +290,21 @@ impl<R: RawMutex> Tree<R> {
         &self.classes
     }
 
+    /// Caps the slab order of the size classes and of the metadata caches
+    /// at `cap` (see `slab::geometry`); child caches made later copy their
+    /// class's.
+    ///
+    /// # Safety
+    ///
+    /// As for `Cache::refit`, for each of those caches.
+    pub(crate) unsafe fn refit(&self, cap: u32) {
+        let metadata = [&*self.groups, &*self.child_caches, &*self.descriptors];
+        for c in self.classes.iter().map(|c| &c.cache).chain(metadata) {
+            // SAFETY: forwarded; the geometry is copied out before the write.
+            unsafe { c.refit(c.geometry().within(cap)) };
+        }
+    }
+
     /// This tree's identity, recorded in its groups' token heads.
     #[inline(always)]
     fn id(&self) -> *const () {

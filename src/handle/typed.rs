@@ -14,7 +14,7 @@ use crate::error::{Error, Name};
 use crate::heap::{Heap, Kmem, KmemOf, TRAILER, hardened_on_alloc};
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
-use crate::slab::{CacheStats, Geometry};
+use crate::slab::CacheStats;
 
 /// Options of a typed cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // With detection on, objects carry its trailer (red zone and tag).
         let size = size_of::<T>() + if self.detecting() { TRAILER } else { 0 };
-        let geo = Geometry::new(size, align).ok_or(Error::BadLayout)?;
+        let geo = self.cache_geometry(size, align).ok_or(Error::BadLayout)?;
         let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
         Ok(KmemCache { kmem: self, desc, _type: PhantomData })
     }

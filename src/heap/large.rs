@@ -28,7 +28,7 @@ use super::Kmem;
 use crate::cgroup::Group;
 use crate::counter::PageCounter;
 use crate::page::{alloc_exact, free_exact, pages_for};
-use crate::platform::{PAGE_SIZE, PageSource, Platform};
+use crate::platform::{MAX_ORDER, PAGE_SIZE, PageSource, Platform, order_for_pages};
 
 /// Marks a live large-object header ("kmlarge\\0").
 const LARGE_MAGIC: u64 = 0x6b6d_6c61_7267_6500;
@@ -84,7 +84,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         grown: bool,
         sample: bool,
     ) -> Option<NonNull<u8>> {
-        self.settle();
+        if !self.settle_alloc() {
+            return None;
+        }
         let align = align.max(PAGE_SIZE);
         if size > isize::MAX as usize - align {
             return None;
@@ -109,9 +111,23 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let run = if sample {
             alloc()
         } else {
-            alloc()
-                .or_else(|| self.tree.under_contention(self, alloc))
-                .or_else(|| if self.out_of_memory(lead + pages) { alloc() } else { None })
+            // Recorded for `last_oom` before the handler runs, and again
+            // if its memory did not do.
+            let short = || {
+                let order = order_for_pages(lead + pages).unwrap_or(MAX_ORDER);
+                self.record_oom_large(size, order, pages + 1);
+            };
+            alloc().or_else(|| self.tree.under_contention(self, alloc)).or_else(|| {
+                short();
+                if !self.out_of_memory(lead + pages) {
+                    return None;
+                }
+                let run = alloc();
+                if run.is_none() {
+                    short();
+                }
+                run
+            })
         };
         let (run, node) = run?;
         core::mem::forget(charge);

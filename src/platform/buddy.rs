@@ -1,8 +1,12 @@
 //! A binary buddy allocator over page-aligned zones of memory.
 //!
-//! Bookkeeping lives out of band, one byte per page in a *meta* array carved
-//! from each zone: `FREE | order` on the first page of a free block, `0` on
-//! every other page. In-band, a free block holds only its list links. Blocks
+//! Bookkeeping lives out of band, one byte per page in a *meta* array:
+//! `FREE | order` on the first page of a free block, `0` on every other
+//! page. A zone's meta array lies in the bytes of its memory before its
+//! first whole page or after its last when they hold it (memory handed in
+//! unaligned), else inside the buddy for a zone of up to [`INLINE_META`]
+//! pages while room is left there, else in whole pages carved from the
+//! zone; so a small region keeps all of its pages, and their alignment. In-band, a free block holds only its list links. Blocks
 //! are naturally aligned in absolute addresses, so the buddy of the block at
 //! `a` of order `k` is `a ^ (PAGE_SIZE << k)`, wherever zones begin.
 //!
@@ -17,10 +21,16 @@
 //! * two free buddies of one order never coexist when they may merge;
 //! * `free_pages` equals the pages on all lists.
 
+use core::cell::Cell;
+
 use super::{MAX_ORDER, PAGE_SIZE};
 
 const FREE: u8 = 0x80;
 const ORDERS: usize = MAX_ORDER as usize;
+/// Meta bytes a buddy keeps inside itself, for its first small zones: a
+/// zone of up to this many pages (256 KiB) needs no meta page, which in a
+/// page-aligned region would also halve its largest block.
+pub(crate) const INLINE_META: usize = 64;
 
 /// One span of managed memory: pages `[start, start + pages * PAGE_SIZE)`,
 /// with its meta array elsewhere (carved from the same memory the zone was
@@ -36,7 +46,9 @@ struct Zone {
     base: *mut u8,
     start: usize,
     pages: usize,
+    /// The meta array; null: it is `Buddy::inline[inline_at..][..pages]`.
     meta: *mut u8,
+    inline_at: usize,
     /// Pages handed out from this zone; maintained for islands only.
     used: usize,
     /// First address of the memory the zone was built from (incl. meta).
@@ -52,6 +64,7 @@ impl Zone {
         start: 0,
         pages: 0,
         meta: core::ptr::null_mut(),
+        inline_at: 0,
         used: 0,
         raw_start: 0,
         raw_len: 0,
@@ -96,10 +109,18 @@ pub(crate) struct Buddy<const Z: usize> {
     nzones: usize,
     /// Head of the free list of each order (null = empty).
     heads: [*mut FreeBlock; ORDERS],
+    /// Blocks on the free list of each order (for reports: what a failed
+    /// allocation found).
+    counts: [usize; ORDERS],
     free_pages: usize,
     managed_pages: usize,
     /// Island zones that are entirely free.
     empty_islands: usize,
+    /// Meta arrays of small zones (see [`INLINE_META`]), by offset rather
+    /// than by pointer, so the buddy (and its `Region`) may move.
+    inline: [Cell<u8>; INLINE_META],
+    /// Bytes of `inline` taken.
+    inline_used: usize,
 }
 
 // SAFETY: the raw meta pointers point into memory the buddy owns exclusively
@@ -114,9 +135,12 @@ impl<const Z: usize> Buddy<Z> {
             zones: [Zone::EMPTY; Z],
             nzones: 0,
             heads: [core::ptr::null_mut(); ORDERS],
+            counts: [0; ORDERS],
             free_pages: 0,
             managed_pages: 0,
             empty_islands: 0,
+            inline: [const { Cell::new(0) }; INLINE_META],
+            inline_used: 0,
         }
     }
 
@@ -128,6 +152,11 @@ impl<const Z: usize> Buddy<Z> {
     /// Pages handed out or free, excluding meta pages.
     pub(crate) fn managed_pages(&self) -> usize {
         self.managed_pages
+    }
+
+    /// Free blocks of each order.
+    pub(crate) fn free_blocks(&self) -> &[usize; ORDERS] {
+        &self.counts
     }
 
     #[cfg_attr(not(feature = "std"), allow(dead_code))] // used by OsPages
@@ -174,13 +203,31 @@ impl<const Z: usize> Buddy<Z> {
     fn meta(&self, zi: usize, addr: usize) -> *mut u8 {
         let z = &self.zones[zi];
         debug_assert!(addr >= z.start && addr < z.end());
-        // SAFETY: `addr` lies in zone `zi` (asserted by every caller's lookup),
-        // so the page index is below `z.pages`, the meta array's length.
-        unsafe { z.meta.add((addr - z.start) / PAGE_SIZE) }
+        self.meta_at(z, (addr - z.start) / PAGE_SIZE)
     }
 
-    /// Adds `[start, start + len)` as a zone, carving its meta array from it,
-    /// and frees its pages. Returns the zone's usable address range.
+    /// The meta byte of page `page` of zone `z`; `page < z.pages`.
+    #[inline]
+    fn meta_at(&self, z: &Zone, page: usize) -> *mut u8 {
+        if z.meta.is_null() {
+            // A `Cell`'s pointer may be written through a shared reference.
+            self.inline[z.inline_at + page].as_ptr()
+        } else {
+            // SAFETY: `page < z.pages`, the meta array's length (every
+            // caller looked the page up in the zone).
+            unsafe { z.meta.add(page) }
+        }
+    }
+
+    /// Adds `[start, start + len)` as a zone with its meta array, and frees
+    /// its pages; refuses it if fewer than `min_pages` pages (at least 1)
+    /// would be left for use. Returns the zone's usable address range.
+    ///
+    /// The meta array (a byte per usable page) goes into the bytes before
+    /// the first whole page or after the last one when it fits there (memory
+    /// handed in unaligned, as a `static` byte array usually is), so such a
+    /// zone keeps every whole page; else it takes whole pages of the zone
+    /// (one per 4,096 pages). Islands always take a page.
     ///
     /// # Safety
     ///
@@ -191,36 +238,61 @@ impl<const Z: usize> Buddy<Z> {
         base: *mut u8,
         len: usize,
         island: bool,
+        min_pages: usize,
     ) -> Result<(usize, usize), ZoneError> {
         let start = base.addr();
-        let lo = start.checked_add(PAGE_SIZE - 1).ok_or(ZoneError::TooSmall)? & !(PAGE_SIZE - 1);
-        let hi = start.checked_add(len).ok_or(ZoneError::TooSmall)? & !(PAGE_SIZE - 1);
-        if hi <= lo {
-            return Err(ZoneError::TooSmall);
-        }
-        let total = (hi - lo) / PAGE_SIZE;
-        let meta_pages = total.div_ceil(PAGE_SIZE);
-        if total <= meta_pages {
+        let inline_room = if island { 0 } else { INLINE_META - self.inline_used };
+        let Some(layout) = ZoneLayout::of(start, len, island, inline_room) else { return Err(ZoneError::TooSmall) };
+        if layout.pages < min_pages.max(1) {
             return Err(ZoneError::TooSmall);
         }
         if self.nzones == Z {
             return Err(ZoneError::Full);
         }
-        if self.zones[..self.nzones].iter().any(|z| lo < z.raw_start + z.raw_len && z.raw_start < hi) {
+        let (lo, hi) = (layout.lo, layout.hi);
+        let (raw_lo, raw_hi) = layout.raw();
+        if self.zones[..self.nzones].iter().any(|z| raw_lo < z.raw_start + z.raw_len && z.raw_start < raw_hi) {
             return Err(ZoneError::Overlap);
         }
-        let pages = total - meta_pages;
-        // Put the meta array on the side away from a mergeable neighbour
-        // below, so free blocks can grow across the seam.
-        let low_neighbour =
-            !island && self.zones[..self.nzones].iter().any(|z| !z.island && z.raw_start + z.raw_len == lo);
-        let (ustart, meta) =
-            if low_neighbour { (lo, lo + pages * PAGE_SIZE) } else { (lo + meta_pages * PAGE_SIZE, lo) };
-        let base = base.with_addr(lo);
-        let meta = base.with_addr(meta);
-        // SAFETY: the meta range lies inside the memory the caller gave us.
-        unsafe { core::ptr::write_bytes(meta, 0, pages) };
-        let zone = Zone { base, start: ustart, pages, meta, used: 0, raw_start: lo, raw_len: hi - lo, island };
+        let pages = layout.pages;
+        let mut zone = Zone {
+            base: base.with_addr(lo),
+            start: lo,
+            pages,
+            meta: core::ptr::null_mut(),
+            inline_at: 0,
+            used: 0,
+            raw_start: raw_lo,
+            raw_len: raw_hi - raw_lo,
+            island,
+        };
+        match layout.meta {
+            MetaAt::Bytes(at) => zone.meta = base.with_addr(at),
+            MetaAt::Inline => {
+                zone.inline_at = self.inline_used;
+                self.inline_used += pages;
+            }
+            MetaAt::Pages => {
+                let meta_pages = (hi - lo) / PAGE_SIZE - pages;
+                // Put the meta pages on the side away from a mergeable
+                // neighbour below, so free blocks can grow across the seam.
+                let low_neighbour =
+                    !island && self.zones[..self.nzones].iter().any(|z| !z.island && z.raw_start + z.raw_len == lo);
+                if low_neighbour {
+                    zone.meta = base.with_addr(lo + pages * PAGE_SIZE);
+                } else {
+                    zone.meta = base.with_addr(lo);
+                    zone.start = lo + meta_pages * PAGE_SIZE;
+                }
+            }
+        }
+        for p in 0..pages {
+            // SAFETY: the meta bytes lie inside the memory the caller gave
+            // us, outside the usable pages (`ZoneLayout` placed them), or in
+            // `inline`; `p < pages`, the array's length.
+            unsafe { self.meta_at(&zone, p).write(0) };
+        }
+        let ustart = zone.start;
         let idx = self.zones[..self.nzones].partition_point(|z| z.start < ustart);
         self.zones.copy_within(idx..self.nzones, idx + 1);
         self.zones[idx] = zone;
@@ -231,7 +303,7 @@ impl<const Z: usize> Buddy<Z> {
         }
         // Free the usable range as maximal naturally aligned blocks.
         // SAFETY: each block is a fresh, unused part of the zone.
-        for_each_block(base.with_addr(ustart), pages, |block, order| unsafe { self.release(block, order) });
+        for_each_block(zone.ptr(ustart), pages, |block, order| unsafe { self.release(block, order) });
         Ok((ustart, ustart + pages * PAGE_SIZE))
     }
 
@@ -250,6 +322,7 @@ impl<const Z: usize> Buddy<Z> {
             unsafe { (*head).prev = block };
         }
         self.heads[order as usize] = block;
+        self.counts[order as usize] += 1;
         // SAFETY: zone `zi` holds `block` (see `meta`).
         unsafe { *self.meta(zi, block.addr()) = FREE | order as u8 };
         self.free_pages += 1 << order;
@@ -275,6 +348,7 @@ impl<const Z: usize> Buddy<Z> {
             }
             *self.meta(zi, block.addr()) = 0;
         }
+        self.counts[order as usize] -= 1;
         self.free_pages -= 1 << order;
     }
 
@@ -502,18 +576,112 @@ impl<const Z: usize> Buddy<Z> {
             }
         }
         assert_eq!(listed, self.free_pages, "free page count drifted");
+        for order in 0..ORDERS {
+            let mut n = 0;
+            let mut cur = self.heads[order];
+            while !cur.is_null() {
+                n += 1;
+                // SAFETY: `cur` is on a free list, so it holds links.
+                cur = unsafe { cur.read() }.next;
+            }
+            assert_eq!(n, self.counts[order], "block count of order {order} drifted");
+        }
         let mut heads = 0usize;
         for zi in 0..self.nzones {
             let z = &self.zones[zi];
             for p in 0..z.pages {
                 // SAFETY: p < z.pages, the meta length.
-                let m = unsafe { *z.meta.add(p) };
+                let m = unsafe { *self.meta_at(z, p) };
                 if m & FREE != 0 {
                     heads += 1 << (m & !FREE);
                 }
             }
         }
         assert_eq!(heads, self.free_pages, "meta bytes and lists disagree");
+    }
+}
+
+/// Where a zone's meta array goes (see [`Buddy::add_zone`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MetaAt {
+    /// At this address, in the bytes before the first whole page or after
+    /// the last.
+    Bytes(usize),
+    /// In the buddy's `inline` bytes.
+    Inline,
+    /// In whole pages of the zone.
+    Pages,
+}
+
+/// Where the pages and the meta array of a zone built from `[start, start
+/// + len)` go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ZoneLayout {
+    /// The whole pages of the memory, `[lo, hi)`.
+    lo: usize,
+    hi: usize,
+    /// Usable pages: those whole pages less the meta pages.
+    pages: usize,
+    meta: MetaAt,
+}
+
+impl ZoneLayout {
+    /// The layout of a zone over `[start, start + len)` in a buddy with
+    /// `inline_room` inline meta bytes left; `None` if that holds no whole
+    /// page or overflows.
+    fn of(start: usize, len: usize, island: bool, inline_room: usize) -> Option<ZoneLayout> {
+        let lo = start.checked_add(PAGE_SIZE - 1)? & !(PAGE_SIZE - 1);
+        let end = start.checked_add(len)?;
+        let hi = end & !(PAGE_SIZE - 1);
+        if hi <= lo {
+            return None;
+        }
+        let total = (hi - lo) / PAGE_SIZE;
+        let whole = |meta| Some(ZoneLayout { lo, hi, pages: total, meta });
+        if !island && total <= lo - start {
+            return whole(MetaAt::Bytes(start));
+        }
+        if !island && total <= end - hi {
+            return whole(MetaAt::Bytes(hi));
+        }
+        if total <= inline_room {
+            return whole(MetaAt::Inline);
+        }
+        let meta_pages = total.div_ceil(PAGE_SIZE);
+        Some(ZoneLayout { lo, hi, pages: total.saturating_sub(meta_pages), meta: MetaAt::Pages })
+    }
+
+    /// The bytes the zone takes: its whole pages, and its meta array if
+    /// that lies outside them.
+    fn raw(&self) -> (usize, usize) {
+        match self.meta {
+            MetaAt::Bytes(at) => (self.lo.min(at), self.hi.max(at + self.pages)),
+            MetaAt::Inline | MetaAt::Pages => (self.lo, self.hi),
+        }
+    }
+}
+
+impl<const Z: usize> Buddy<Z> {
+    /// The shortest memory starting at `start` that [`Buddy::add_zone`]
+    /// (not an island) would accept with `pages` usable pages (exact below
+    /// 4,096 pages, within a page above), or `usize::MAX` if none fits
+    /// below the top of the address space.
+    pub(crate) fn min_len(&self, start: usize, pages: usize) -> usize {
+        let head = start.next_multiple_of(PAGE_SIZE) - start;
+        let whole = |total: usize| total.checked_mul(PAGE_SIZE).and_then(|b| b.checked_add(head));
+        // The meta array in the head or inline; in a tail of `pages`
+        // bytes (less than a page); or in pages of its own.
+        let len = if pages <= head || pages <= INLINE_META - self.inline_used {
+            whole(pages)
+        } else if pages < PAGE_SIZE {
+            whole(pages).and_then(|b| b.checked_add(pages))
+        } else {
+            whole(pages + pages.div_ceil(PAGE_SIZE - 1))
+        };
+        match len {
+            Some(len) if start.checked_add(len).is_some() => len,
+            _ => usize::MAX,
+        }
     }
 }
 

@@ -237,7 +237,7 @@ impl<R: RawMutex> OsPages<R> {
         let mut pool = self.pool.lock();
         if self.has_room(&pool) {
             // SAFETY: the chunk was just mapped and is ours alone.
-            if unsafe { pool.buddy.add_zone(chunk, CHUNK_BYTES, true) }.is_ok() {
+            if unsafe { pool.buddy.add_zone(chunk, CHUNK_BYTES, true, 1) }.is_ok() {
                 pool.chunks += 1;
                 return pool.buddy.alloc(order);
             }
@@ -372,6 +372,13 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
 
     fn stats(&self) -> SourceStats {
         SourceStats { pages_in_use: self.in_use.get(), pages_reserved: self.mapped.get() }
+    }
+
+    /// The free blocks of the pooled chunks (runs mapped directly are
+    /// never free here).
+    fn free_runs(&self, out: &mut [usize; MAX_ORDER as usize]) -> bool {
+        out.copy_from_slice(self.pool.lock().buddy.free_blocks());
+        true
     }
 
     fn trim(&self) -> usize {

@@ -6,16 +6,28 @@ use core::ptr::NonNull;
 use lock_api::{Mutex, RawMutex};
 
 use super::buddy::{Buddy, ZoneError};
-use super::{DefaultRawMutex, MAX_NODES, Ownership, PageRun, PageSource, SourceStats};
+use super::{DefaultRawMutex, MAX_NODES, MAX_ORDER, Ownership, PageRun, PageSource, SourceStats};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, Stat, atomic_null, atomic_usize, loom_const_fn};
+
+/// Usable pages the first region of a [`Region`] must give (later ones
+/// need one): a `Kmem`'s first allocation takes an order-0 slab for its
+/// size class and one for the magazine that caches it, and every size
+/// class up to 3.5 KiB fits an order-0 slab in a region this small.
+pub const FIRST_REGION_PAGES: usize = 2;
 
 /// Why a region was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RegionError {
     /// `node` is not below [`MAX_NODES`].
     BadNode,
-    /// Too small to hold its page metadata and at least one page.
-    TooSmall,
+    /// Too small: fewer usable pages than a region needs (one;
+    /// [`FIRST_REGION_PAGES`] for the first one) once its partial pages
+    /// and its page metadata are taken off.
+    TooSmall {
+        /// The shortest region at the same start address that would have
+        /// been accepted, in bytes.
+        min_len: usize,
+    },
     /// Overlaps a region already added.
     Overlap,
     /// The node already has `ZONES` regions.
@@ -24,12 +36,16 @@ pub enum RegionError {
 
 impl core::fmt::Display for RegionError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            RegionError::BadNode => "node id out of range",
-            RegionError::TooSmall => "region too small for its metadata and one page",
-            RegionError::Overlap => "region overlaps one already added",
-            RegionError::Full => "no room for another region on this node",
-        })
+        match self {
+            RegionError::BadNode => f.write_str("node id out of range"),
+            RegionError::TooSmall { min_len } => write!(
+                f,
+                "region too small for its page metadata and the pages it must give; \
+                 at least {min_len} bytes at this address are needed"
+            ),
+            RegionError::Overlap => f.write_str("region overlaps one already added"),
+            RegionError::Full => f.write_str("no room for another region on this node"),
+        }
     }
 }
 
@@ -53,8 +69,12 @@ struct Span {
 /// lock; regions can be added at any time (`add` takes `&self`), and
 /// adjacent regions of one node merge.
 ///
-/// `ZONES` bounds the regions per node. About `1/4096` of each region is
-/// taken for page metadata (one byte per page).
+/// `ZONES` bounds the regions per node. Each region keeps a byte of page
+/// metadata per page: in the bytes before its first whole page or after
+/// its last when they hold it (memory handed in unaligned), else in whole
+/// pages of its own (one per 4,096 pages, so at least one). The first
+/// region must give [`FIRST_REGION_PAGES`] usable pages, later ones one
+/// ([`RegionError::TooSmall`] names the shortest length accepted).
 pub struct Region<R: RawMutex = DefaultRawMutex, const ZONES: usize = 32> {
     nodes: [Mutex<R, Buddy<ZONES>>; MAX_NODES],
     /// Address → node map for `free_pages`, append-only.
@@ -115,11 +135,15 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
             return Err(RegionError::BadNode);
         }
         let mut buddy = self.nodes[node].lock();
+        // The first region of the source serves a `Kmem`'s first
+        // allocation. (Two regions added at once to different nodes may
+        // both count as first; each is then big enough for it.)
+        let min_pages = if self.reserved.get() == 0 { FIRST_REGION_PAGES } else { 1 };
         let n = self.spans[node].load(Ordering::Relaxed);
         let before = buddy.managed_pages();
         // SAFETY: forwarded from the caller.
-        let (lo, hi) = unsafe { buddy.add_zone(start, len, false) }.map_err(|e| match e {
-            ZoneError::TooSmall => RegionError::TooSmall,
+        let (lo, hi) = unsafe { buddy.add_zone(start, len, false, min_pages) }.map_err(|e| match e {
+            ZoneError::TooSmall => RegionError::TooSmall { min_len: buddy.min_len(start.addr(), min_pages) },
             ZoneError::Overlap => RegionError::Overlap,
             ZoneError::Full => RegionError::Full,
         })?;
@@ -237,5 +261,24 @@ unsafe impl<R: RawMutex + Sync, const ZONES: usize> PageSource for Region<R, ZON
 
     fn stats(&self) -> SourceStats {
         SourceStats { pages_in_use: self.in_use.get(), pages_reserved: self.reserved.get() }
+    }
+
+    /// The pages of every region added so far: a `Region` never maps more
+    /// by itself.
+    fn fixed_pages(&self) -> Option<usize> {
+        Some(self.reserved.get())
+    }
+
+    fn free_runs(&self, out: &mut [usize; MAX_ORDER as usize]) -> bool {
+        out.fill(0);
+        for (n, buddy) in self.nodes.iter().enumerate() {
+            if self.spans[n].load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            for (o, k) in out.iter_mut().zip(buddy.lock().free_blocks()) {
+                *o += k;
+            }
+        }
+        true
     }
 }

@@ -25,7 +25,7 @@ fn order_for_pages_edges() {
 fn region_errors() {
     let r = leak(R::new());
     assert_eq!(r.add(arena(8 * PAGE_SIZE), MAX_NODES), Err(RegionError::BadNode));
-    assert_eq!(r.add(arena(PAGE_SIZE), 0), Err(RegionError::TooSmall));
+    assert!(matches!(r.add(arena(PAGE_SIZE), 0), Err(RegionError::TooSmall { .. })));
     let mem = arena(64 * PAGE_SIZE);
     let (p, len) = (mem.as_mut_ptr() as *mut u8, mem.len());
     r.add(mem, 0).unwrap();
@@ -35,6 +35,75 @@ fn region_errors() {
         r.add(arena(8 * PAGE_SIZE), 0).unwrap();
     }
     assert_eq!(r.add(arena(8 * PAGE_SIZE), 0), Err(RegionError::Full));
+    r.check();
+}
+
+/// `len` bytes of leaked memory starting `skew` bytes past a 1 MiB
+/// boundary.
+fn placed(len: usize, skew: usize) -> *mut u8 {
+    let mem = arena(len + skew + (1 << 20)).as_mut_ptr().cast::<u8>();
+    mem.map_addr(|a| a.next_multiple_of(1 << 20) + skew)
+}
+
+/// Where a region's page metadata goes: a small page-aligned region keeps
+/// every page (and its largest block), an unaligned one uses its partial
+/// pages, a large aligned one gives a page.
+#[test]
+fn region_metadata_costs_small_regions_no_page() {
+    let r = leak(R::new());
+    // 16 pages, aligned: the metadata is inline, the region one block.
+    // SAFETY: leaked memory, used by nothing else.
+    unsafe { r.add_raw(placed(16 * PAGE_SIZE, 0), 16 * PAGE_SIZE, 0) }.unwrap();
+    assert_eq!(r.stats().pages_reserved, 16);
+    let run = r.alloc_pages(4, 0).expect("one 16-page block");
+    // SAFETY: the run just allocated.
+    unsafe { r.free_pages(run.addr, run.order) };
+    // 8 pages and 100 bytes before them: the metadata in those bytes.
+    // SAFETY: as above.
+    unsafe { r.add_raw(placed(8 * PAGE_SIZE + 100, PAGE_SIZE - 100), 8 * PAGE_SIZE + 100, 1) }.unwrap();
+    assert_eq!(r.stats().pages_reserved, 24);
+    // 1 MiB, aligned: over the inline room; a meta page.
+    // SAFETY: as above.
+    unsafe { r.add_raw(placed(1 << 20, 0), 1 << 20, 2) }.unwrap();
+    assert_eq!(r.stats().pages_reserved, 24 + 255);
+    // The inline room is per node: node 0 has 48 bytes left, so a 64-page
+    // region there gives a page, and one on node 3 none.
+    // SAFETY: as above.
+    unsafe { r.add_raw(placed(64 * PAGE_SIZE, 0), 64 * PAGE_SIZE, 0) }.unwrap();
+    assert_eq!(r.stats().pages_reserved, 24 + 255 + 63);
+    // SAFETY: as above.
+    unsafe { r.add_raw(placed(64 * PAGE_SIZE, 0), 64 * PAGE_SIZE, 3) }.unwrap();
+    assert_eq!(r.stats().pages_reserved, 24 + 255 + 63 + 64);
+    let mut runs = [0; MAX_ORDER as usize];
+    assert!(r.free_runs(&mut runs));
+    assert_eq!(runs.iter().enumerate().map(|(k, n)| n << k).sum::<usize>(), r.stats().pages_reserved);
+    // Node 3's 64 pages are one block; node 2's meta page at its start
+    // leaves it blocks of 1, 2, ..., 128 pages.
+    assert_eq!((runs[6], runs[7], runs[8]), (2, 1, 0));
+    r.check();
+}
+
+/// The first region must give `FIRST_REGION_PAGES` pages, later ones one;
+/// the error names the shortest length accepted at the same address.
+#[test]
+fn too_small_names_the_length_needed() {
+    let r = leak(R::new());
+    let p = placed(PAGE_SIZE, 0);
+    // SAFETY: leaked memory; refused before it is touched.
+    let e = unsafe { r.add_raw(p, PAGE_SIZE, 0) };
+    assert_eq!(e, Err(RegionError::TooSmall { min_len: FIRST_REGION_PAGES * PAGE_SIZE }));
+    let p = placed(3 * PAGE_SIZE, 10);
+    // SAFETY: as above.
+    let Err(RegionError::TooSmall { min_len }) = (unsafe { r.add_raw(p, 2 * PAGE_SIZE, 0) }) else { panic!() };
+    assert_eq!(min_len, PAGE_SIZE - 10 + 2 * PAGE_SIZE);
+    // SAFETY: as above; `min_len` bytes lie inside the leaked buffer.
+    unsafe { r.add_raw(p, min_len, 0) }.unwrap();
+    assert_eq!(r.stats().pages_reserved, 2);
+    // SAFETY: as above.
+    unsafe { r.add_raw(placed(PAGE_SIZE, 0), PAGE_SIZE, 1) }.unwrap();
+    // SAFETY: as above.
+    assert!(matches!(unsafe { r.add_raw(placed(PAGE_SIZE, 0), PAGE_SIZE - 1, 1) }, Err(RegionError::TooSmall { .. })));
+    assert_eq!(r.stats().pages_reserved, 3);
     r.check();
 }
 

@@ -7,6 +7,44 @@
 //! at the page), so an over-aligned request moves up to the first class
 //! whose alignment suffices; the 4 KiB, 8 KiB, 12 KiB and 16 KiB classes are
 //! page aligned, so every alignment up to the page finds a class.
+//!
+//! # Slabs in small memory
+//!
+//! [`GEOMETRIES`] is each class's layout in a large page source: waste
+//! under 1/8, in slabs of up to 64 pages (the 4 KiB class takes 16-page
+//! slabs, the 8 KiB class 32, the 16 KiB class 64). A `Kmem` over a fixed
+//! source caps the order at its first use (see `geometry`): with a cap of
+//! 0 (a source of under 16 pages) every class up to 3.5 KiB has one-page
+//! slabs, and the page-aligned classes, which need a header page before
+//! their first object, keep the fewest pages that hold one: 2 for 4 KiB,
+//! 3 for 8 KiB, 5 for 16 KiB (exact slabs, whose run's last pages go back
+//! to the source). Each further order of cap halves the waste of those.
+//!
+//! What that gives a `Kmem` over one page-aligned region, with one CPU
+//! slot (`NoCpus`), first thing after it is made (`examples/small_regions`
+//! prints this table and `tests/small_regions.rs` checks it; before issue
+//! 29, when every cache kept its largest slabs and every region a page of
+//! metadata, "every allocation up to" was 896 B, 1,792 B, 3.5 KiB, 3.5
+//! KiB, 14 KiB and 508 KiB):
+//!
+//! | region | slab order cap | region metadata | allocator metadata | every allocation up to | 64-byte boxes |
+//! | ---: | ---: | ---: | ---: | ---: | ---: |
+//! | 16 KiB | 0 | 0 | 4 KiB | 7 KiB | 189 |
+//! | 32 KiB | 0 | 0 | 4 KiB | 14 KiB | 441 |
+//! | 64 KiB | 1 | 0 | 4 KiB | 60 KiB | 945 |
+//! | 100 KiB | 1 | 0 | 4 KiB | 60 KiB | 1,512 |
+//! | 256 KiB | 3 | 0 | 4 KiB | 252 KiB | 3,969 |
+//! | 1 MiB | 4 | 4 KiB | 4 KiB | 508 KiB | 16,002 |
+//!
+//! *Region metadata* is what the region keeps of the memory (a byte per
+//! page, inside the `Region` for its first 64 pages per node, else a page
+//! of the region); *allocator metadata* the magazine slab the first
+//! allocation makes. *Every allocation up to* is the largest size such
+//! that one allocation of any size up to it succeeds: a size class needs
+//! its slab and a magazine page (in 16 KiB the 8 KiB class's slab needs an
+//! aligned 4-page run, which the magazine page breaks), a larger block a
+//! run for itself and a header page (so at most half the region when its
+//! metadata takes a page). *64-byte boxes* is how many fit at once.
 
 use crate::platform::PAGE_SIZE;
 use crate::slab::Geometry;
@@ -30,7 +68,7 @@ const fn natural_align(size: usize) -> usize {
 
 /// Slab geometry of each class.
 pub(crate) const GEOMETRIES: [Geometry; NCLASSES] = {
-    let mut out = [Geometry { size: 0, align: 0, order: 0, capacity: 0, first: 0, recip: 0 }; NCLASSES];
+    let mut out = [Geometry { size: 0, align: 0, order: 0, pages: 0, capacity: 0, first: 0, recip: 0 }; NCLASSES];
     let mut i = 0;
     while i < NCLASSES {
         out[i] = match Geometry::new(CLASS_SIZES[i], natural_align(CLASS_SIZES[i])) {

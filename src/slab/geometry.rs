@@ -1,5 +1,35 @@
 //! Slab geometry: how one cache's objects, header and bitmaps are laid
-//! out in its slabs.
+//! out in its slabs, and how large a slab may be for the memory at hand.
+//!
+//! A slab is a naturally aligned run of `2^order` pages: a free finds its
+//! header by masking the object's address with the slab size, so every
+//! slab of a cache has the cache's one order. [`Geometry::new`] picks the
+//! smallest order whose waste (header, padding, tail) is under 1/8 of the
+//! slab, which for the size classes means slabs of up to 64 pages (the 16
+//! KiB class): cheap in a large page source, but in a 100 KiB region a
+//! 64 KiB slab for one 4 KiB object cannot even be found.
+//!
+//! So a cache's order is capped by the memory its page source holds
+//! ([`order_cap`]): a slab is at most 1/8 of a fixed source's pages (and
+//! no larger than its largest free run), as Linux SLUB falls back to
+//! smaller slabs where a higher order is not to be had, except that here
+//! the order is chosen once, since every slab of a cache must have its
+//! order. A cache whose slabs would be larger than the cap gets
+//! [`Geometry::capped`]: the smallest order up to the cap whose waste is
+//! under 1/8, else the least wasteful one, counted in the pages its slabs
+//! really keep, for a capped slab is *exact*: the pages of its run past
+//! its last object go back to the source when it grows, as a large
+//! object's do, and only the pages it keeps are charged (an 8 KiB object
+//! with its page-aligned header keeps 3 pages of a 4-page run). If no
+//! object fits a slab up to the cap (a page-aligned 4 KiB object needs a
+//! header page before it), the smallest order that holds one. Caches
+//! whose order is within the cap keep [`Geometry::new`]'s layout: a source
+//! of 512 pages or more (a 2 MiB region and a page) leaves every size
+//! class as it was, and `OsPages`, which maps more on demand, keeps the
+//! largest slabs. A `Kmem` reads its source's size once, at its first
+//! use, and caps every cache it has then or creates later
+//! (`Kmem::with_max_slab_order` fixes the cap instead); the table of
+//! what that gives per region size is in `classes`.
 
 use super::{HEADER, MAP_OFFSET, MAX_SLAB_ORDER};
 use crate::platform::PAGE_SIZE;
@@ -13,6 +43,24 @@ const fn bitmap_bytes(bytes: usize, size: usize) -> usize {
     if cfg!(feature = "hardened") { words * 16 } else { words * 8 }
 }
 
+/// The largest slab order for a page source that holds `pages` pages
+/// (`None`: one that maps more on demand, which gets
+/// [`MAX_SLAB_ORDER`]) whose largest free run has order `largest`
+/// (`None`: unknown or none): the largest `k` with `8 * 2^k <= pages`, at
+/// most `largest`, so a slab is at most 1/8 of the memory and can be found
+/// in it (see the module docs).
+pub(crate) const fn order_cap(pages: Option<usize>, largest: Option<u32>) -> u32 {
+    let Some(pages) = pages else { return MAX_SLAB_ORDER };
+    let mut k = 0;
+    while k < MAX_SLAB_ORDER && (8usize << (k + 1)) <= pages {
+        k += 1;
+    }
+    match largest {
+        Some(l) if l < k => l,
+        _ => k,
+    }
+}
+
 /// How objects are laid out in a slab of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
@@ -20,8 +68,12 @@ pub(crate) struct Geometry {
     /// and object alignment (at most `PAGE_SIZE`).
     pub(crate) size: usize,
     pub(crate) align: usize,
-    /// log2 of the pages per slab.
+    /// log2 of the pages of the run a slab is cut from (its alignment).
     pub(crate) order: u32,
+    /// Pages a slab keeps of that run: `2^order`, or fewer for an exact
+    /// slab ([`Geometry::capped`]), whose run's pages past its last object
+    /// go back to the page source at grow.
+    pub(crate) pages: usize,
     /// Objects per slab, and the offset of the first from the slab start.
     pub(crate) capacity: usize,
     pub(crate) first: usize,
@@ -98,13 +150,88 @@ impl Geometry {
             return None;
         }
         let capacity = (bytes - first) / size;
-        Some(Geometry { size, align, order, capacity, first, recip: u64::MAX / size as u64 + 1 })
+        Some(Geometry { size, align, order, pages: 1 << order, capacity, first, recip: u64::MAX / size as u64 + 1 })
     }
 
-    /// Pages per slab.
+    /// This layout as an exact slab: it keeps only the pages up to the end
+    /// of its last object.
+    const fn exact(mut self) -> Geometry {
+        self.pages = (self.first + self.capacity * self.size).div_ceil(PAGE_SIZE);
+        self
+    }
+
+    /// `self` (a layout from [`Geometry::new`] or [`Geometry::in_order`])
+    /// with its order capped at `cap` (see the module docs): unchanged if
+    /// its order is within the cap, else [`Geometry::capped`]'s for its
+    /// object size and alignment.
+    pub(crate) const fn within(self, cap: u32) -> Geometry {
+        if self.order <= cap {
+            return self;
+        }
+        match Self::capped(self.size, self.align, cap) {
+            Some(g) => g,
+            // The object already fits a slab of `self.order`.
+            None => self,
+        }
+    }
+
+    /// The layout for objects of `size` bytes aligned to `align` (a power of
+    /// two) in exact slabs of at most `2^cap` pages: the smallest order up
+    /// to `cap` whose waste is under 1/8 of the pages it keeps, else the
+    /// least wasteful one; if no object fits a slab up to `cap`, the
+    /// smallest order that holds one. `None` if an object does not fit a
+    /// 1 MiB slab.
+    pub(crate) const fn capped(size: usize, align: usize, cap: u32) -> Option<Geometry> {
+        if !align.is_power_of_two() || align > PAGE_SIZE {
+            return None;
+        }
+        let min = core::mem::size_of::<usize>();
+        let size = if size < min { min } else { size };
+        let size = match size.checked_add(align - 1) {
+            Some(s) => s & !(align - 1),
+            None => return None,
+        };
+        let mut best: Option<Geometry> = None;
+        let mut best_waste_ppm = usize::MAX;
+        let mut order = 0;
+        while order <= MAX_SLAB_ORDER {
+            if order > cap && best.is_some() {
+                return best;
+            }
+            if let Some(g) = Self::at_order(size, align, order) {
+                let g = g.exact();
+                if order > cap {
+                    // No object fits a slab up to the cap: the first that holds one.
+                    return Some(g);
+                }
+                let bytes = g.pages * PAGE_SIZE;
+                let waste = bytes - g.capacity * g.size;
+                if waste * 8 < bytes {
+                    return Some(g);
+                }
+                // Per mille of a slab of at most 1 MiB, without overflow
+                // where `usize` is 32 bits.
+                let ppm = waste * 1000 / (bytes / 1000);
+                if ppm < best_waste_ppm {
+                    best_waste_ppm = ppm;
+                    best = Some(g);
+                }
+            }
+            order += 1;
+        }
+        best
+    }
+
+    /// Pages a slab keeps (see `pages`).
     #[inline]
     pub(crate) const fn slab_pages(&self) -> usize {
-        1 << self.order
+        self.pages
+    }
+
+    /// Whether a slab keeps fewer pages than its run has.
+    #[inline]
+    pub(crate) const fn is_exact(&self) -> bool {
+        self.pages < 1 << self.order
     }
 
     /// Words of a slab's free bitmap.

@@ -1,7 +1,8 @@
 use std::vec::Vec;
 
 use super::*;
-use crate::platform::{DefaultRawMutex, Region};
+use crate::counter::PageCounter;
+use crate::platform::{DefaultRawMutex, PageSource, Region};
 use crate::testutil::{Rng, arena};
 
 type Src = Region<DefaultRawMutex, 4>;
@@ -62,6 +63,102 @@ fn geometry_in_an_order_whatever_the_waste() {
     assert_eq!(Geometry::in_order(2048, 128, 0, 2), Geometry::new(2048, 128));
     assert_eq!(Geometry::in_order(1664, 3, 0, 2), None, "alignment must be a power of two");
     assert_eq!(Geometry::in_order(usize::MAX, 8, 0, 2), None);
+}
+
+/// Capped geometries (small page sources): within the cap where an
+/// object fits, exact (no page past the last object), the smallest order
+/// that holds one where none fits; today's layout once the cap allows it.
+#[test]
+fn capped_geometry_fits_small_sources() {
+    use super::classes::{GEOMETRIES, NCLASSES};
+    for cap in 0..=MAX_SLAB_ORDER {
+        for (c, base) in GEOMETRIES.iter().enumerate().take(NCLASSES) {
+            let g = base.within(cap);
+            assert_eq!((g.size, g.align), (base.size, base.align));
+            assert!(g.capacity >= 1 && g.first >= HEADER && g.first % g.align == 0, "{g:?}");
+            assert!(g.first + g.capacity * g.size <= g.slab_pages() * PAGE_SIZE, "{g:?}");
+            assert!(g.slab_pages() <= 1 << g.order);
+            if base.order <= cap {
+                assert_eq!(g, *base, "within the cap: unchanged");
+            } else {
+                // Exact: the last page holds part of an object.
+                assert!(g.first + g.capacity * g.size > (g.slab_pages() - 1) * PAGE_SIZE, "{g:?}");
+                let fits =
+                    (0..=cap).any(|o| Geometry::capped(base.size, base.align, o).is_some_and(|h| h.order <= cap));
+                if fits {
+                    assert!(g.order <= cap, "class {c} at cap {cap}: {g:?}");
+                } else {
+                    assert_eq!(g.capacity, 1, "the smallest order that holds one: {g:?}");
+                }
+            }
+        }
+    }
+    // Order 0 for every class up to 3.5 KiB; a page-aligned 4 KiB object
+    // needs a header page: two pages; 8 KiB three, 16 KiB five.
+    let at0 = |size: usize| GEOMETRIES.iter().find(|g| g.size == size).unwrap().within(0);
+    assert!(GEOMETRIES.iter().filter(|g| g.size <= 3584).all(|g| g.within(0).order == 0));
+    assert_eq!((at0(4096).order, at0(4096).slab_pages()), (1, 2));
+    assert_eq!((at0(8192).order, at0(8192).slab_pages()), (2, 3));
+    assert_eq!((at0(16384).order, at0(16384).slab_pages()), (3, 5));
+    assert_eq!(Geometry::capped(2 << 20, 8, 0), None, "larger than the largest slab");
+    assert_eq!(Geometry::capped(64, 3, 0), None, "alignment must be a power of two");
+}
+
+#[test]
+fn order_cap_is_an_eighth_of_the_pages() {
+    assert_eq!(order_cap(None, None), MAX_SLAB_ORDER, "a source that grows on demand");
+    assert_eq!(order_cap(Some(0), None), 0);
+    assert_eq!(order_cap(Some(15), None), 0);
+    assert_eq!(order_cap(Some(16), None), 1);
+    assert_eq!(order_cap(Some(25), None), 1);
+    assert_eq!(order_cap(Some(64), None), 3);
+    assert_eq!(order_cap(Some(511), None), 5);
+    assert_eq!(order_cap(Some(512), None), 6);
+    assert_eq!(order_cap(Some(1 << 20), None), MAX_SLAB_ORDER);
+    assert_eq!(order_cap(Some(1 << 20), Some(2)), 2, "no larger than the largest free run");
+    assert_eq!(order_cap(None, Some(3)), MAX_SLAB_ORDER, "it maps a larger run when asked");
+}
+
+/// An exact slab (8 KiB objects capped at order 2: three pages of a
+/// four-page run) keeps, charges and gives back only its three pages; the
+/// fourth serves others meanwhile.
+#[test]
+fn exact_slabs_keep_charge_and_return_only_their_pages() {
+    let g = Geometry::capped(8192, 4096, 2).unwrap();
+    assert_eq!((g.order, g.slab_pages(), g.capacity), (2, 3, 1));
+    assert!(g.is_exact());
+    let src = source(64 * PAGE_SIZE);
+    let counter: &'static PageCounter = std::boxed::Box::leak(std::boxed::Box::new(PageCounter::new_root()));
+    let cache: &'static Cache<DefaultRawMutex> = std::boxed::Box::leak(std::boxed::Box::new(Cache::new(g)));
+    let pg = Pages { src, counter: Some(counter), slot: None, owner: ptr::null(), overdraft: 0 };
+    let free = src.free_pages_on(0);
+    let objs: Vec<_> = (0..4).map(|_| cache.alloc(&pg, 0).unwrap()).collect();
+    cache.check();
+    assert_eq!(src.stats().pages_in_use, 12, "three pages a slab");
+    assert_eq!(src.free_pages_on(0), free - 12, "the fourth page of each run went back");
+    assert_eq!(counter.usage(), 12, "only the pages kept are charged");
+    assert_eq!(cache.stats().pages, 12);
+    for o in &objs {
+        assert_eq!(o.as_ptr() as usize % PAGE_SIZE, 0);
+        // SAFETY: a live object of this cache.
+        assert!(unsafe { cache.is_object(*o) });
+    }
+    // The freed tail pages are anyone's: a page run takes them.
+    let tails: Vec<_> = std::iter::from_fn(|| src.alloc_pages(0, 0)).take(4).collect();
+    assert_eq!(tails.len(), 4);
+    for o in objs {
+        // SAFETY: each live object is freed once.
+        unsafe { cache.free(&pg, o) };
+    }
+    cache.shrink(&pg);
+    for t in tails {
+        // SAFETY: runs of `src`, freed once.
+        unsafe { src.free_pages(t.addr, t.order) };
+    }
+    assert_eq!(src.stats().pages_in_use, 0);
+    assert_eq!(src.free_pages_on(0), free, "every page back, merged");
+    assert_eq!(counter.usage(), 0);
+    src.check();
 }
 
 #[test]
