@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use kmemcg::{FIRST_REGION_PAGES, Kmem, NoCpus, OomReport, OomSite, PAGE_SIZE, PageSource, Region, RegionError};
-use small::{SmallKmem, leaked, measure, small_kmem, tutorial};
+use small::{SmallKmem, leaked, measure, small_kmem, small_kmem_exact, tutorial};
 
 #[test]
 fn tutorial_heap_tests_pass_in_100_kib() {
@@ -83,7 +83,7 @@ fn note(k: &SmallKmem, _pages: usize) -> bool {
 
 #[test]
 fn a_shortage_says_what_it_was_short_of() {
-    let k = small_kmem(64 << 10, 0);
+    let k = small_kmem_exact(64 << 10, 0);
     assert_eq!(k.last_oom(), None, "no shortage yet");
     k.set_oom_handler(Some(note));
     // Page-aligned 4 KiB blocks (the 4 KiB class) until none is left.
@@ -179,7 +179,7 @@ fn small_region_table() {
 #[test]
 fn random_program_in_a_small_region_leaves_nothing_behind() {
     let bytes = 64 << 10;
-    let k = small_kmem(bytes, 0);
+    let k = small_kmem_exact(bytes, 0);
     let mut live: BTreeMap<usize, (usize, Layout, u8)> = BTreeMap::new();
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {

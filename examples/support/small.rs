@@ -33,6 +33,17 @@ pub fn small_kmem(bytes: usize, skew: usize) -> &'static SmallKmem {
     k
 }
 
+/// [`small_kmem`] with detection off whatever `KMEMCG_DEBUG` says, for
+/// what counts pages and classes exactly: red zones, quarantine and guard
+/// pages change both.
+#[allow(dead_code)] // used by tests/small_regions.rs, not by the example
+pub fn small_kmem_exact(bytes: usize, skew: usize) -> &'static SmallKmem {
+    let k: &'static SmallKmem =
+        Box::leak(Box::new(Kmem::with_platform(Region::new(), NoCpus::new()).with_detection(kmemcg::Detection::OFF)));
+    k.source().add(leaked(bytes, skew), 0).expect("the region is accepted");
+    k
+}
+
 /// What one region size gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Row {
@@ -57,7 +68,9 @@ pub struct Row {
 /// reused from one call to the next: the allocator and its region are
 /// dropped before it returns).
 fn fresh<T>(buf: *mut u8, bytes: usize, f: impl FnOnce(&SmallKmem) -> T) -> T {
-    let k: Box<SmallKmem> = Box::new(Kmem::with_platform(Region::new(), NoCpus::new()));
+    // Detection off whatever `KMEMCG_DEBUG` says: the table counts pages.
+    let k: Box<SmallKmem> =
+        Box::new(Kmem::with_platform(Region::new(), NoCpus::new()).with_detection(kmemcg::Detection::OFF));
     // SAFETY: `buf` holds `bytes` bytes that only this allocator uses, and
     // it is dropped (with its region) at the end of this call.
     unsafe { k.source().add_raw(buf, bytes, 0) }.expect("the region is accepted");
