@@ -124,11 +124,12 @@ const fn first_class_fitting(size: usize, align: usize) -> usize {
 /// paths). `align` must be a power of two.
 #[inline(always)]
 pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
-    // One test for `0 < size <= LUT_MAX && align <= 8`: both operands of
-    // the `|` are below `LUT_MAX` (a power of two) exactly then (a zero
-    // size wraps around), and so is their `|`.
-    const _: () = assert!(LUT_MAX.is_power_of_two() && 8 << 8 < LUT_MAX && 16 << 8 >= LUT_MAX);
-    if (size.wrapping_sub(1) | (align << 8)) < LUT_MAX {
+    // One test for `0 < size <= LUT_MAX && align <= 8`: both shifts are
+    // zero exactly then (a zero size wraps around). Shifts to the right:
+    // an alignment shifted left can overflow to zero (2^56 << 8), which
+    // the fuzzer found handing out 8-aligned blocks for huge alignments.
+    const _: () = assert!(LUT_MAX == 1 << 12);
+    if (size.wrapping_sub(1) >> 12) | (align >> 4) == 0 {
         // SAFETY: `size <= LUT_MAX` keeps the row in bounds.
         return Some(unsafe { at(&LUT, (size + 3) >> 2) }[(align > 4) as usize] as usize);
     }

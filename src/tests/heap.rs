@@ -28,6 +28,19 @@ fn os_kmem() -> &'static Kmem<crate::OsPages> {
     Box::leak(Box::new(Kmem::new(crate::OsPages::new())))
 }
 
+/// Every alignment a `Layout` allows, up to 2^(usize::BITS - 1): none
+/// above the page gets a class (an earlier range test shifted the
+/// alignment left, which overflowed to zero for 2^56 and up and gave
+/// 8-aligned blocks; found by the `global_alloc` fuzzer).
+#[test]
+fn huge_alignments_get_no_class() {
+    for shift in 13..usize::BITS {
+        for size in [1, 8, 64, 4096, 16384] {
+            assert_eq!(class_of(size, 1 << shift), None, "size {size}, align 2^{shift}");
+        }
+    }
+}
+
 #[test]
 fn classes_cover_every_size_and_alignment() {
     for w in CLASS_SIZES.windows(2) {
