@@ -27,13 +27,10 @@ mod workloads;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use kmemcg::{Kmem, OsPages};
-use workloads::{BATCH, Rng, on_threads};
+use workloads::{BATCH, on_threads, random, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -56,42 +53,6 @@ fn pair<A: GlobalAlloc>(a: &A, steps: usize) {
     }
 }
 
-fn random<A: GlobalAlloc>(a: &A, steps: usize) -> Duration {
-    const LIVE: usize = 10_000;
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let plan: Vec<(usize, usize)> = (0..1 << 16)
-        .map(|_| {
-            let bits = 3 + rng.next() % 10;
-            let size = (1usize << bits) + (rng.next() as usize % (1usize << bits));
-            ((rng.next() as usize) % LIVE, size.min(4096))
-        })
-        .collect();
-    let mut live: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 8); LIVE];
-    let mut run = |n: usize| {
-        for &(slot, size) in plan.iter().cycle().take(n) {
-            let (old, old_size) = live[slot];
-            // SAFETY: each live block is freed once with its layout.
-            unsafe {
-                if !old.is_null() {
-                    a.dealloc(old, Layout::from_size_align_unchecked(old_size, 8));
-                }
-                live[slot] = (a.alloc(Layout::from_size_align_unchecked(size, 8)), size);
-            }
-        }
-    };
-    run(1 << 16);
-    let t = Instant::now();
-    run(steps);
-    let d = t.elapsed();
-    for (p, size) in live {
-        if !p.is_null() {
-            // SAFETY: as above.
-            unsafe { a.dealloc(p, Layout::from_size_align_unchecked(size, 8)) };
-        }
-    }
-    d
-}
-
 /// One batch round of `size`-byte objects; the time of the alloc phase
 /// or of the free phase.
 fn batch<A: GlobalAlloc>(a: &A, size: usize, time_alloc: bool) -> Duration {
@@ -109,63 +70,6 @@ fn batch<A: GlobalAlloc>(a: &A, size: usize, time_alloc: bool) -> Duration {
         unsafe { a.dealloc(black_box(p), layout) };
     }
     if time_alloc { alloc } else { t.elapsed() }
-}
-
-/// A single-producer single-consumer ring of pointers (no allocation
-/// after construction).
-struct Ring {
-    slots: Vec<AtomicUsize>,
-    head: AtomicUsize,
-    tail: AtomicUsize,
-}
-
-impl Ring {
-    fn push(&self, v: usize) {
-        let h = self.head.load(Ordering::Relaxed);
-        while h - self.tail.load(Ordering::Acquire) == self.slots.len() {
-            std::hint::spin_loop();
-        }
-        self.slots[h % self.slots.len()].store(v, Ordering::Relaxed);
-        self.head.store(h + 1, Ordering::Release);
-    }
-    fn pop(&self) -> usize {
-        let t = self.tail.load(Ordering::Relaxed);
-        while self.head.load(Ordering::Acquire) == t {
-            std::hint::spin_loop();
-        }
-        let v = self.slots[t % self.slots.len()].load(Ordering::Relaxed);
-        self.tail.store(t + 1, Ordering::Release);
-        v
-    }
-}
-
-fn xfree<A: GlobalAlloc + Sync>(a: &'static A, objects: usize) -> Duration {
-    let ring = Arc::new(Ring {
-        slots: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
-        head: AtomicUsize::new(0),
-        tail: AtomicUsize::new(0),
-    });
-    let barrier = Arc::new(Barrier::new(2));
-    let consumer = {
-        let (ring, barrier) = (ring.clone(), barrier.clone());
-        thread::spawn(move || {
-            pair(a, 1);
-            barrier.wait();
-            for _ in 0..objects {
-                // SAFETY: each block is freed once with its layout.
-                unsafe { a.dealloc(ring.pop() as *mut u8, PAIR) };
-            }
-        })
-    };
-    pair(a, 1);
-    barrier.wait();
-    let t = Instant::now();
-    for _ in 0..objects {
-        // SAFETY: a valid layout.
-        ring.push(unsafe { a.alloc(PAIR) } as usize);
-    }
-    consumer.join().unwrap();
-    t.elapsed()
 }
 
 const WORKLOADS: [&str; 11] = [
@@ -196,7 +100,7 @@ fn measure<A: GlobalAlloc + Sync>(a: &'static A, w: &str) -> f64 {
         "random" => per(random(a, 4_000_000), 4_000_000),
         "batch-alloc/64" => per(batch(a, 64, true), BATCH),
         w if w.starts_with("batch-free/") => per(batch(a, w[11..].parse().unwrap(), false), BATCH),
-        "xfree" => per(xfree(a, 4_000_000), 4_000_000),
+        "xfree" => per(xfree_run(a, 4_000_000), 4_000_000),
         w if w.starts_with("threads/") => {
             let threads: usize = w[8..].parse().unwrap();
             let each = THREAD_PAIRS / threads;

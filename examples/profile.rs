@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use kmemcg::{Kmem, OsPages};
 use mimalloc::MiMalloc;
 use tikv_jemallocator::Jemalloc;
-use workloads::{Alloc, BATCH, REALLOC_GROW_STEPS, Rng, batch_phase, realloc_grow, xfree_run};
+use workloads::{Alloc, BATCH, REALLOC_GROW_STEPS, batch_phase, random, realloc_grow, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
@@ -37,43 +37,6 @@ fn pair(a: Alloc, steps: usize) -> Duration {
         }
     }
     t.elapsed()
-}
-
-fn random(a: Alloc, steps: usize) -> Duration {
-    const LIVE: usize = 10_000;
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let plan: Vec<(usize, usize)> = (0..1 << 16)
-        .map(|_| {
-            let bits = 3 + rng.next() % 10;
-            let size = (1usize << bits) + (rng.next() as usize % (1usize << bits));
-            ((rng.next() as usize) % LIVE, size.min(4096))
-        })
-        .collect();
-    let mut live: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 8); LIVE];
-    // One pass to fill the live set, untimed.
-    let mut run = |n: usize| {
-        for &(slot, size) in plan.iter().cycle().take(n) {
-            let (old, old_size) = live[slot];
-            // SAFETY: each live block is freed once with its layout.
-            unsafe {
-                if !old.is_null() {
-                    a.dealloc(old, Layout::from_size_align_unchecked(old_size, 8));
-                }
-                live[slot] = (a.alloc(Layout::from_size_align_unchecked(size, 8)), size);
-            }
-        }
-    };
-    run(1 << 16);
-    let t = Instant::now();
-    run(steps);
-    let d = t.elapsed();
-    for (p, size) in live {
-        if !p.is_null() {
-            // SAFETY: as above.
-            unsafe { a.dealloc(p, Layout::from_size_align_unchecked(size, 8)) };
-        }
-    }
-    d
 }
 
 fn main() {

@@ -351,11 +351,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         loop {
             match self.home.compare_exchange(0, me | SETTLING, Ordering::Acquire, Ordering::Acquire) {
                 Ok(_) => {
-                    // SAFETY: this is the first use: no cache of this `Kmem`
-                    // has a slab yet (every path that grows one settles
-                    // first), and every other thread waits below until the
-                    // Release store, which orders these writes before its
-                    // reads.
+                    // This is the first use: no cache of this `Kmem` has a
+                    // slab yet (every path that grows one settles first),
+                    // and every other thread waits below until the Release
+                    // store, which orders these writes before its reads.
+                    // SAFETY: as just said.
                     unsafe { self.fit_to_source() };
                     self.home.store(me, Ordering::Release);
                     return true;

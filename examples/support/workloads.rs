@@ -18,7 +18,7 @@ pub type Alloc = &'static (dyn GlobalAlloc + Sync);
 pub const BATCH: usize = 1_000_000;
 
 /// One 64-byte alloc+free pair.
-pub fn pair(a: Alloc, layout: Layout) {
+pub fn pair<A: GlobalAlloc + ?Sized>(a: &A, layout: Layout) {
     // SAFETY: valid layout; the block is freed at once.
     unsafe {
         let p = a.alloc(black_box(layout));
@@ -119,7 +119,7 @@ pub struct Ring {
 }
 
 impl Ring {
-    fn push(&self, v: usize) {
+    pub fn push(&self, v: usize) {
         let h = self.head.load(Ordering::Relaxed);
         while h - self.tail.load(Ordering::Acquire) == self.slots.len() {
             std::hint::spin_loop();
@@ -127,7 +127,7 @@ impl Ring {
         self.slots[h % self.slots.len()].store(v, Ordering::Relaxed);
         self.head.store(h + 1, Ordering::Release);
     }
-    fn pop(&self) -> usize {
+    pub fn pop(&self) -> usize {
         let t = self.tail.load(Ordering::Relaxed);
         while self.head.load(Ordering::Acquire) == t {
             std::hint::spin_loop();
@@ -138,7 +138,7 @@ impl Ring {
     }
 }
 
-pub fn xfree_run(a: Alloc, objects: u64) -> Duration {
+pub fn xfree_run<A: GlobalAlloc + Sync + ?Sized>(a: &'static A, objects: u64) -> Duration {
     let ring = Arc::new(Ring {
         slots: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
         head: AtomicUsize::new(0),
@@ -166,4 +166,44 @@ pub fn xfree_run(a: Alloc, objects: u64) -> Duration {
     }
     consumer.join().unwrap();
     t.elapsed()
+}
+
+/// The `random` workload: a live set of 10k log-uniform 8..4096-byte
+/// blocks (fixed seed); a step frees one and allocates one. Returns the
+/// time of `steps` steps after an untimed pass that fills the live set.
+pub fn random<A: GlobalAlloc + ?Sized>(a: &A, steps: usize) -> Duration {
+    const LIVE: usize = 10_000;
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let plan: Vec<(usize, usize)> = (0..1 << 16)
+        .map(|_| {
+            let bits = 3 + rng.next() % 10;
+            let size = (1usize << bits) + (rng.next() as usize % (1usize << bits));
+            ((rng.next() as usize) % LIVE, size.min(4096))
+        })
+        .collect();
+    let mut live: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 8); LIVE];
+    // One pass to fill the live set, untimed.
+    let mut run = |n: usize| {
+        for &(slot, size) in plan.iter().cycle().take(n) {
+            let (old, old_size) = live[slot];
+            // SAFETY: each live block is freed once with its layout.
+            unsafe {
+                if !old.is_null() {
+                    a.dealloc(old, Layout::from_size_align_unchecked(old_size, 8));
+                }
+                live[slot] = (a.alloc(Layout::from_size_align_unchecked(size, 8)), size);
+            }
+        }
+    };
+    run(1 << 16);
+    let t = Instant::now();
+    run(steps);
+    let d = t.elapsed();
+    for (p, size) in live {
+        if !p.is_null() {
+            // SAFETY: as above.
+            unsafe { a.dealloc(p, Layout::from_size_align_unchecked(size, 8)) };
+        }
+    }
+    d
 }

@@ -312,11 +312,12 @@ fn contend() {
 
 /// Publishes the calling holder's `FAST` word for revokers of `slot`.
 fn publish(slot: usize) {
-    // SAFETY: the caller holds `slot`; a `const` thread-local without a
-    // destructor lives as long as its thread, and the holder withdraws
-    // the word (`withdraw`) before it frees the slot or its thread ends
-    // (the exit hook).
-    FAST.with(|f| unsafe { REVOKER.publish(slot, f) });
+    FAST.with(|f| {
+        // SAFETY: the caller holds `slot`; a `const` thread-local without
+        // a destructor lives as long as its thread, and the holder
+        // withdraws the word before it frees the slot or its thread ends.
+        unsafe { REVOKER.publish(slot, f) }
+    });
 }
 
 /// Withdraws the caller's `FAST` word from revokers of `slot`, which it
