@@ -100,6 +100,9 @@ unsafe impl Platform for LoomCpus {
     fn asymmetric(&self) -> bool {
         self.single.as_ref().is_some_and(|one| one.asymmetric())
     }
+    fn slots_are_locks(&self) -> bool {
+        self.single.as_ref().is_some_and(|one| one.slots_are_locks())
+    }
     fn heavy_barrier(&self) {
         if let Some(one) = &self.single {
             one.heavy_barrier()
