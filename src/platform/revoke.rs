@@ -6,6 +6,19 @@
 //! (`src/tests/loom_revoke.rs`) run the protocol itself; `Threads` keeps one static [`Revoker`]
 //! and the words in its thread-locals.
 //!
+//! # After `fork`
+//!
+//! A child of a multithreaded process keeps the parent's `owner[s]`
+//! pointers to the words of threads that do not exist in it (as it keeps
+//! their slots claimed). A revoker there compares each word with its slot
+//! before it writes, and those slots stay claimed, so no thread of the
+//! child holds one; but the memory of a dead thread's word may have been
+//! reused for something else that happens to hold that number. So a
+//! child that goes on allocating from many threads after `fork` (which
+//! is `unsafe` to call, and which `std::process::Command` does not do:
+//! its child only execs) should not rely on this module; clearing the
+//! pointers in a `pthread_atfork` child handler is left to do.
+//!
 //! # The word
 //!
 //! | value | meaning | written by |
