@@ -50,8 +50,10 @@ pub const MAX_CPUS: usize = if cfg!(loom) {
 ///    is `true`, a context holds a slot from an acquiring read-modify-write
 ///    in `enter` or `try_enter` to a releasing store in `exit`, and
 ///    `heavy_barrier` takes and releases every slot's lock in turn (the
-///    same way), so that holders and drainers are ordered by those locks
-///    alone.
+///    same way), and `steal(slot)` takes the slot's lock (the same way)
+///    whenever no context holds it: a drain waits for a held slot by
+///    calling `steal` until it succeeds, so holders and drainers are
+///    ordered by those locks alone.
 pub unsafe trait Platform: Sync {
     /// The calling context's current group token (null: the root group).
     /// A token is opaque to the platform: it only stores it.
