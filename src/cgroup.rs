@@ -406,13 +406,18 @@ pub(crate) struct Group<R: RawMutex> {
     /// guard, allocator handle, child group, child cache and large object.
     /// The group's memory is reclaimed when it reaches zero.
     refs: AtomicUsize,
-    /// Children, linked through `next_sibling`; changed under the tree lock.
+    /// Children, linked through `next_sibling` (and back through
+    /// `prev_sibling`, read only under the tree lock, so a removal unlinks
+    /// in constant time); changed under the tree lock.
     first_child: AtomicPtr<Group<R>>,
     next_sibling: AtomicPtr<Group<R>>,
+    prev_sibling: AtomicPtr<Group<R>>,
     /// The next older group of the same tree; changed under the tree lock
     /// when a group is unlinked, read by iterations that hold a read guard
-    /// (which keeps unlinked groups from being freed).
+    /// (which keeps unlinked groups from being freed). `prev_all` links
+    /// back, under the tree lock only.
     next_all: AtomicPtr<Group<R>>,
+    prev_all: AtomicPtr<Group<R>>,
     /// Link on the zombie stack (written before the push, whose `Release`
     /// publishes it) and then in the tree lock's limbo list. An atomic, so
     /// it is written through shared references like every other field.
@@ -464,7 +469,9 @@ impl<R: RawMutex> Group<R> {
                 refs: atomic_usize(1),
                 first_child: atomic_null(),
                 next_sibling: atomic_null(),
+                prev_sibling: atomic_null(),
                 next_all: atomic_null(),
+                prev_all: atomic_null(),
                 next_zombie: atomic_null(),
                 caches: CellArray::new(repeat!(atomic_null(); MAX_ACCOUNTED)),
                 large_pages: Stat::new(),

@@ -36,6 +36,7 @@ use crate::sync::{
 
 mod events;
 mod ids;
+mod names;
 mod protection;
 mod reclaim;
 mod registry;
@@ -138,6 +139,9 @@ pub(crate) struct Limbo<R: RawMutex> {
     descs: *mut CacheDesc<R>,
     /// The id table's pages, detached when the last group went.
     ids: Option<ids::Detached>,
+    /// The sibling-name index (not something waiting: kept here because
+    /// it changes only under the tree lock).
+    names: names::Names,
 }
 
 // SAFETY: what is in limbo is owned by the lists, which are only reached
@@ -146,7 +150,13 @@ unsafe impl<R: RawMutex> Send for Limbo<R> {}
 
 impl<R: RawMutex> Limbo<R> {
     const fn new() -> Self {
-        Limbo { groups: core::ptr::null_mut(), caches: core::ptr::null_mut(), descs: core::ptr::null_mut(), ids: None }
+        Limbo {
+            groups: core::ptr::null_mut(),
+            caches: core::ptr::null_mut(),
+            descs: core::ptr::null_mut(),
+            ids: None,
+            names: names::Names::new(),
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -206,6 +216,67 @@ pub(super) unsafe fn unlink<T>(head: &AtomicPtr<T>, item: &T, next: impl Fn(&T) 
         // SAFETY: linked items are live (caller contract).
         link = next(unsafe { c.as_ref() });
     }
+}
+
+/// Unlinks `item` from the doubly linked list at `head` (links `next`,
+/// and `prev` back, null at the first item) in constant time, and
+/// returns the pointer the list held (see [`unlink`]). Walks that follow
+/// `next` under a read guard see the list before or after, and one at
+/// `item` goes on from it as before. An item not linked comes back as
+/// given.
+///
+/// # Safety
+///
+/// As for [`unlink`].
+pub(super) unsafe fn unlink_doubly<T>(
+    head: &AtomicPtr<T>,
+    item: &T,
+    next: impl Fn(&T) -> &AtomicPtr<T>,
+    prev: impl Fn(&T) -> &AtomicPtr<T>,
+) -> NonNull<T> {
+    let before = prev(item).load(Ordering::Relaxed);
+    let after = next(item).load(Ordering::Relaxed);
+    let link = match NonNull::new(before) {
+        None => head,
+        // SAFETY: linked items are live (caller contract).
+        Some(b) => next(unsafe { b.as_ref() }),
+    };
+    let held = link.load(Ordering::Relaxed);
+    if !ptr::eq(held, item) {
+        return NonNull::from(item);
+    }
+    link.store(after, Ordering::Release);
+    if let Some(a) = NonNull::new(after) {
+        // SAFETY: as above.
+        prev(unsafe { a.as_ref() }).store(before, Ordering::Relaxed);
+    }
+    prev(item).store(ptr::null_mut(), Ordering::Relaxed);
+    // SAFETY: `held` equals `item`, so it is not null.
+    unsafe { NonNull::new_unchecked(held) }
+}
+
+/// Links `item` (initialised, not linked) first in the doubly linked list
+/// at `head`; published with `Release` for walks.
+///
+/// # Safety
+///
+/// As for [`unlink`]; `item` is live.
+pub(super) unsafe fn push_doubly<T>(
+    head: &AtomicPtr<T>,
+    item: NonNull<T>,
+    next: impl Fn(&T) -> &AtomicPtr<T>,
+    prev: impl Fn(&T) -> &AtomicPtr<T>,
+) {
+    let first = head.load(Ordering::Relaxed);
+    // SAFETY: live items (caller contract).
+    unsafe {
+        next(item.as_ref()).store(first, Ordering::Relaxed);
+        prev(item.as_ref()).store(ptr::null_mut(), Ordering::Relaxed);
+        if let Some(f) = NonNull::new(first) {
+            prev(f.as_ref()).store(item.as_ptr(), Ordering::Relaxed);
+        }
+    }
+    head.store(item.as_ptr(), Ordering::Release);
 }
 
 /// Calls `f` on every item of the singly linked list at `head` (links
@@ -506,10 +577,13 @@ impl<R: RawMutex> Tree<R> {
         parent: &Group<R>,
         name: Name,
     ) -> Result<NonNull<Group<R>>, Error> {
-        let check = || {
+        let check = |limbo: &Limbo<R>| {
             if parent.is_offline() {
                 Err(Error::Removed)
-            } else if parent.children().any(|c| c.name == name) {
+            }
+            // SAFETY: indexed groups are live: they leave the index at
+            // removal, before they can be freed.
+            else if unsafe { limbo.names.contains(parent, &name) } {
                 Err(Error::NameTaken)
             } else {
                 Ok(())
@@ -517,12 +591,12 @@ impl<R: RawMutex> Tree<R> {
         };
         let mut limbo = self.lock.lock();
         self.reclaim_groups(env, &mut limbo);
-        check()?;
+        check(&limbo)?;
         // Contention reclaim must not run under the tree lock (it takes it).
         drop(limbo);
         let mem = self.alloc_meta(env, &self.groups).ok_or(Error::OutOfMemory)?;
-        let _tree = self.lock.lock();
-        if let Err(e) = check() {
+        let mut limbo = self.lock.lock();
+        if let Err(e) = check(&limbo) {
             // SAFETY: ours, unused.
             unsafe { self.groups.free(&Pages::plain(env.src()), mem) };
             return Err(e);
@@ -542,15 +616,18 @@ impl<R: RawMutex> Tree<R> {
             // The way back from the counter, with the group's provenance;
             // before anyone can see the group.
             core::ptr::addr_of_mut!((*g.as_ptr()).counter.owner).write(g.as_ptr().cast_const().cast());
-            let gr = g.as_ref();
-            gr.next_all.store(self.all_groups.load(Ordering::Relaxed), Ordering::Relaxed);
-            gr.next_sibling.store(parent.first_child.load(Ordering::Relaxed), Ordering::Relaxed);
+            if !limbo.names.insert(env.src(), g.as_ref()) {
+                self.ids.remove(index);
+                core::ptr::drop_in_place(g.as_ptr());
+                self.groups.free(&Pages::plain(env.src()), mem);
+                return Err(Error::OutOfMemory);
+            }
             // Publish the initialised group (pairs with Acquire in walks).
-            parent.first_child.store(g.as_ptr(), Ordering::Release);
-            self.all_groups.store(g.as_ptr(), Ordering::Release);
+            push_doubly(&parent.first_child, g, |x| &x.next_sibling, |x| &x.prev_sibling);
+            push_doubly(&self.all_groups, g, |x| &x.next_all, |x| &x.prev_all);
             self.set_mode(mode::GROUPS, true);
             // The group starts with its online reference; the caller's.
-            gr.get();
+            g.as_ref().get();
         }
         // The child holds a reference on its parent.
         parent.get();
@@ -570,8 +647,12 @@ impl<R: RawMutex> Tree<R> {
             return Err(Error::Busy);
         }
         if let Some(parent) = g.parent() {
-            // SAFETY: siblings are live, and we hold the tree lock.
-            unsafe { unlink(&parent.first_child, g, |x| &x.next_sibling) };
+            // SAFETY: siblings are live, and we hold the tree lock;
+            // indexed groups are live.
+            unsafe {
+                unlink_doubly(&parent.first_child, g, |x| &x.next_sibling, |x| &x.prev_sibling);
+                limbo.names.remove(env.src(), g);
+            }
         }
         g.head.state.store(OFFLINE, Ordering::Release);
         // A removed group protects nothing (Linux resets both at offline):
@@ -640,7 +721,7 @@ impl<R: RawMutex> Tree<R> {
                 // Its id names nothing from here on (before the fence below).
                 self.ids.remove(gr.index);
                 // SAFETY: linked groups are live, and we hold the tree lock.
-                let g = unsafe { unlink(&self.all_groups, gr, |x| &x.next_all) };
+                let g = unsafe { unlink_doubly(&self.all_groups, gr, |x| &x.next_all, |x| &x.prev_all) };
                 // SAFETY: as above; `g` is the same group.
                 unsafe { g.as_ref() }.next_zombie.store(limbo.groups, Ordering::Relaxed);
                 limbo.groups = g.as_ptr();
