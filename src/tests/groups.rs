@@ -288,15 +288,15 @@ fn many_siblings_keep_unique_names() {
             g.take().unwrap().remove().unwrap();
         }
     }
-    for i in 0..n {
+    for (i, slot) in groups.iter_mut().enumerate() {
         let name = std::format!("s{i}");
-        if i % 2 == 0 {
-            assert_eq!(root.create_child(&name).err(), Some(Error::NameTaken), "{name} is still there");
-            // The same name below a sibling is another group.
-            let g = groups[i].as_ref().unwrap();
-            g.create_child(&name).unwrap().remove().unwrap();
-        } else {
-            groups[i] = Some(root.create_child(&name).unwrap());
+        match slot {
+            Some(g) => {
+                assert_eq!(root.create_child(&name).err(), Some(Error::NameTaken), "{name} is still there");
+                // The same name below a sibling is another group.
+                g.create_child(&name).unwrap().remove().unwrap();
+            }
+            None => *slot = Some(root.create_child(&name).unwrap()),
         }
     }
     for i in (0..n).step_by(7) {
