@@ -47,7 +47,7 @@ mod inject;
 mod pressure;
 mod tree;
 
-pub use inject::{FailRule, FaultInjection, MAX_INJECTIONS};
+pub use inject::{FailRule, FaultInjection};
 pub use pressure::MAX_PRESSURES;
 pub(crate) use pressure::PressureRow;
 #[cfg(all(test, not(loom)))]
@@ -424,6 +424,8 @@ pub(crate) struct Group<R: RawMutex> {
     next_zombie: AtomicPtr<Group<R>>,
     /// Child caches by accounting index; null until first use.
     caches: CellArray<AtomicPtr<MagCache<R>>, MAX_ACCOUNTED>,
+    /// The group's fault-injection rule (off until armed).
+    pub(crate) inject: inject::Inject,
     /// Pages of large (page-run) objects charged to this group itself.
     large_pages: Stat,
     /// The usage at the last `high` throttle delay of this group: what was
@@ -474,6 +476,7 @@ impl<R: RawMutex> Group<R> {
                 prev_all: atomic_null(),
                 next_zombie: atomic_null(),
                 caches: CellArray::new(repeat!(atomic_null(); MAX_ACCOUNTED)),
+                inject: inject::Inject::new(),
                 large_pages: Stat::new(),
                 high_mark: atomic_usize(0),
                 events: Events::new(),

@@ -68,8 +68,6 @@ pub enum Error {
     /// The group's fault-injection rule failed this allocation
     /// ([`crate::Cgroup::inject_faults`]).
     Injected,
-    /// [`crate::MAX_INJECTIONS`] groups hold fault-injection rules.
-    TooManyInjections,
 }
 
 /// A group's name, as carried by errors and reports.
@@ -130,7 +128,6 @@ impl fmt::Display for Error {
                 write!(f, "uncharge of more than the resource's usage of {usage} bytes")
             }
             Error::Injected => f.write_str("failed by the group's fault-injection rule"),
-            Error::TooManyInjections => f.write_str("every fault-injection slot is taken"),
         }
     }
 }

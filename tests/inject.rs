@@ -141,3 +141,24 @@ fn leak_and_budget_checks_name_what_a_scope_holds() {
     assert!(over.downcast_ref::<String>().unwrap().contains("over its budget of 4096"));
     g.remove().unwrap();
 }
+
+/// Any number of groups can hold rules at once (there were 8 slots), each
+/// counting its own failures.
+#[test]
+fn a_hundred_groups_armed_at_once_each_fail_their_own_nth() {
+    let c = KMEM.create_cache::<u64>("inject-many", CacheFlags::ACCOUNT).unwrap();
+    let groups: Vec<_> = (0..100).map(|i| KMEM.root().create_child(&format!("inject-many-{i}")).unwrap()).collect();
+    for (i, g) in groups.iter().enumerate() {
+        g.inject_faults(FaultInjection::new(FailRule::Nth(1 + i % 3))).unwrap();
+    }
+    for (i, g) in groups.iter().enumerate() {
+        // The allocations (1st, 2nd, 3rd) that failed.
+        let failed_at: Vec<usize> = (1..=3).filter(|_| c.alloc_in(g, 0).is_err()).collect();
+        assert_eq!(failed_at, [1 + i % 3], "group {i}");
+        assert_eq!(g.injected_failures(), 1, "group {i}");
+    }
+    for g in groups {
+        g.assert_empty();
+        g.remove().unwrap();
+    }
+}

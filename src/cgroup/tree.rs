@@ -104,8 +104,6 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(super) contention_mark: AtomicUsize,
     /// Contention-reclaim episodes started (see `reclaim::Episode`).
     pub(super) episodes: AtomicU32,
-    /// Groups' fault-injection rules.
-    injections: super::inject::Table,
     /// The event hook: null, or a [`EventHook`] (see `events`).
     pub(super) event_hook: AtomicPtr<()>,
     /// Which index names which group, for ids handed back (see `ids`).
@@ -336,7 +334,6 @@ impl<R: RawMutex> Tree<R> {
                 shrinkers: Mutex::const_new(R::INIT, [None; MAX_SHRINKERS]),
                 contention_mark: atomic_usize(usize::MAX),
                 episodes: atomic_u32(0),
-                injections: super::inject::Table::new(),
                 event_hook: atomic_null(),
                 ids: ids::Ids::new(),
             }
@@ -422,7 +419,7 @@ impl<R: RawMutex> Tree<R> {
         if g.is_offline() {
             return Err(Error::Removed);
         }
-        self.injections.arm(ptr::from_ref(g).cast(), f)?;
+        g.inject.set(f);
         if f.is_some() {
             self.set_mode(mode::INJECT, true);
         }
@@ -443,12 +440,12 @@ impl<R: RawMutex> Tree<R> {
     /// Whether group `g`'s fault-injection rule fails this allocation
     /// (`handle`: on a path that reports failure).
     pub(crate) fn inject_fails(&self, g: &Group<R>, handle: bool) -> bool {
-        self.injections.fails(ptr::from_ref(g).cast(), handle)
+        g.inject.fails(handle)
     }
 
     /// Failures injected into `g`.
     pub(crate) fn injected(&self, g: &Group<R>) -> usize {
-        self.injections.injected(ptr::from_ref(g).cast())
+        g.inject.injected()
     }
 
     /// The group to charge for a context whose current-group token is
@@ -761,7 +758,6 @@ impl<R: RawMutex> Tree<R> {
                 // it: ours to free.
                 unsafe {
                     l = g.as_ref().next_zombie.load(Ordering::Relaxed);
-                    self.injections.forget(g.as_ptr().cast_const().cast());
                     self.free_group(env, g);
                 }
             }

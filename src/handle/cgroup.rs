@@ -344,7 +344,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// Arms fault injection for allocations charged to this group (see
     /// [`FaultInjection`] for which paths it applies to); arming again
     /// replaces the rule and restarts its count. Errors:
-    /// [`Error::Removed`], [`Error::TooManyInjections`].
+    /// [`Error::Removed`].
     pub fn inject_faults(&self, f: FaultInjection) -> Result<(), Error> {
         self.kmem.tree().inject_faults(self.g(), Some(f))
     }
