@@ -48,8 +48,7 @@ mod pressure;
 mod tree;
 
 pub use inject::{FailRule, FaultInjection};
-pub use pressure::MAX_PRESSURES;
-pub(crate) use pressure::PressureRow;
+pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 #[cfg(all(test, not(loom)))]
 pub(crate) use tree::delay;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
@@ -435,7 +434,7 @@ pub(crate) struct Group<R: RawMutex> {
     pub(crate) high_mark: AtomicUsize,
     events: Events,
     /// Named pressure resources (see `counter::pressure`).
-    pressures: [pressure::PressureSlot; MAX_PRESSURES],
+    pressures: AtomicPtr<pressure::PressureNode>,
 }
 
 /// `TokenHead::release` of a root group: never called (a root's token is
@@ -480,7 +479,7 @@ impl<R: RawMutex> Group<R> {
                 large_pages: Stat::new(),
                 high_mark: atomic_usize(0),
                 events: Events::new(),
-                pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
+                pressures: atomic_null(),
             }
         }
     }

@@ -53,9 +53,6 @@ pub enum Error {
         /// The parent's `max`.
         parent_max: usize,
     },
-    /// The group already holds [`crate::MAX_PRESSURES`] named pressure
-    /// resources.
-    TooManyResources,
     /// A handle of another allocator was passed (e.g. a group of one
     /// `Kmem` to a typed cache of another).
     ForeignGroup,
@@ -122,7 +119,6 @@ impl fmt::Display for Error {
             Error::AboveParentMax { parent_max } => {
                 write!(f, "a threshold is above the parent's max of {parent_max} bytes")
             }
-            Error::TooManyResources => f.write_str("the group holds the most pressure resources it can"),
             Error::ForeignGroup => f.write_str("the group belongs to another allocator"),
             Error::UnchargeAboveUsage { usage } => {
                 write!(f, "uncharge of more than the resource's usage of {usage} bytes")

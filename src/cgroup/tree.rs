@@ -88,6 +88,8 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(crate) child_caches: OneCell<Cache<R>>,
     /// Self-hosted metadata: descriptors of typed caches.
     pub(crate) descriptors: OneCell<Cache<R>>,
+    /// Self-hosted metadata: groups' named pressure resources.
+    pub(crate) pressure_nodes: OneCell<Cache<R>>,
     /// Typed caches, newest first. Pushed with `Release` and unlinked
     /// under `registry_lock`; read with `Acquire` without it, under a read
     /// guard: a destroyed cache's descriptor is unlinked and freed once no
@@ -329,6 +331,7 @@ impl<R: RawMutex> Tree<R> {
                 groups: OneCell::new(Cache::new(Group::<R>::GEOMETRY)),
                 child_caches: OneCell::new(Cache::new(MagCache::<R>::GEOMETRY)),
                 descriptors: OneCell::new(Cache::new(CacheDesc::<R>::GEOMETRY)),
+                pressure_nodes: OneCell::new(Cache::new(super::pressure::PressureNode::GEOMETRY)),
                 registry: atomic_null(),
                 registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
                 shrinkers: Mutex::const_new(R::INIT, [None; MAX_SHRINKERS]),
@@ -366,7 +369,7 @@ impl<R: RawMutex> Tree<R> {
     ///
     /// As for `Cache::refit`, for each of those caches.
     pub(crate) unsafe fn refit(&self, cap: u32) {
-        let metadata = [&*self.groups, &*self.child_caches, &*self.descriptors];
+        let metadata = [&*self.groups, &*self.child_caches, &*self.descriptors, &*self.pressure_nodes];
         for c in self.classes.iter().map(|c| &c.cache).chain(metadata) {
             // SAFETY: forwarded; the geometry is copied out before the write.
             unsafe { c.refit(c.geometry().within(cap)) };
@@ -823,6 +826,11 @@ impl<R: RawMutex> Tree<R> {
                 unsafe { Self::free_object(env, cache, &self.child_caches) };
             }
         }
+        let nodes = gr.pressures.load(Ordering::Relaxed);
+        // SAFETY: the group's resources, which nothing can reach once the
+        // group cannot be (handles keep the group), objects of
+        // `pressure_nodes`.
+        unsafe { self.free_chain(env, nodes, &self.pressure_nodes, |n| n.next()) };
         let parent = gr.parent().map(NonNull::from);
         gr.head.state.store(FREED, Ordering::Release);
         // SAFETY: per the contract; the group is an object of `groups`.

@@ -9,7 +9,7 @@ use lock_api::RawMutex;
 
 use crate::cgroup::FaultInjection;
 use crate::cgroup::{
-    Event, Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, set_no_reclaim,
+    Event, Group, GroupId, MAX_ACCOUNTED, PressureRow, STAT_PRESSURES, class_name, release_token, set_no_reclaim,
     swap_token,
 };
 use crate::error::{Error, GroupName, Name};
@@ -711,7 +711,8 @@ pub struct GroupStat {
     pub injected: usize,
     caches: [CacheRow; MAX_ACCOUNTED],
     ncaches: usize,
-    pressures: ([PressureRow; MAX_PRESSURES], usize),
+    /// The first [`STAT_PRESSURES`] resources, and how many there are.
+    pressures: ([PressureRow; STAT_PRESSURES], usize),
 }
 
 impl GroupStat {
@@ -760,8 +761,12 @@ impl fmt::Display for GroupStat {
         for (name, objects, pages) in self.caches() {
             writeln!(f, "slab {name} {objects} {pages}")?;
         }
-        for row in &self.pressures.0[..self.pressures.1] {
+        let (rows, n) = &self.pressures;
+        for row in &rows[..(*n).min(STAT_PRESSURES)] {
             writeln!(f, "{row}")?;
+        }
+        if *n > STAT_PRESSURES {
+            writeln!(f, "pressure_more {}", n - STAT_PRESSURES)?;
         }
         Ok(())
     }

@@ -91,7 +91,7 @@ impl TreeEnv {
         for c in [&t.classes()[class()]].into_iter().chain(caches.iter().copied()) {
             c.stats();
         }
-        for meta in [&t.groups, &t.child_caches, &t.descriptors, &self.mags] {
+        for meta in [&t.groups, &t.child_caches, &t.descriptors, &t.pressure_nodes, &self.mags] {
             meta.stats();
         }
         for node in 0..MAX_NODES {

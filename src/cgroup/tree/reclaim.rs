@@ -946,7 +946,7 @@ impl<R: RawMutex> Tree<R> {
         drop(read);
         self.finish_reclaim(env);
         let plain = Pages::plain(env.src());
-        for meta in [&self.child_caches, &self.groups, &self.descriptors] {
+        for meta in [&self.child_caches, &self.groups, &self.descriptors, &self.pressure_nodes] {
             meta.shrink(&plain);
         }
         pages
