@@ -542,10 +542,7 @@ impl<R: RawMutex> MagCache<R> {
                     Some(e) => e,
                     None => {
                         drop(depot);
-                        match Self::new_magazine(cx, node) {
-                            Some(e) => e,
-                            None => return self.cache.alloc(&self.pages(cx, Some(slot)), node),
-                        }
+                        return self.alloc_then_magazine(cx, slot, node, m);
                     }
                 };
             } else {
@@ -557,6 +554,41 @@ impl<R: RawMutex> MagCache<R> {
             n?;
             Self::pop(m)
         }
+    }
+
+    /// The refill of a slot with no magazine at all, and none empty in the
+    /// depot: the object from the slabs first, then a new magazine, filled
+    /// with one round less than a full refill (the same objects leave the
+    /// slabs). In that order a shortage falls on the magazine, which is
+    /// optional (without one the object is served unbuffered), never on
+    /// the object: in a small region the magazine's page may be the one
+    /// the object's slab needs (a 16 KiB region has four pages: a slab for
+    /// 8 KiB objects takes three of a run of four, which a magazine's page
+    /// taken first would have split).
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::alloc_refill`], with `m.loaded` null.
+    unsafe fn alloc_then_magazine<E: Env<R>>(
+        &self,
+        cx: &E,
+        slot: usize,
+        node: usize,
+        m: &mut CpuMags,
+    ) -> Result<NonNull<u8>, GrowError> {
+        let p = self.cache.alloc(&self.pages(cx, Some(slot)), node)?;
+        let Some(e) = Self::new_magazine(cx, node) else { return Ok(p) };
+        // SAFETY: `e` is a fresh magazine, ours alone; with `m.loaded` null
+        // (contract) it becomes the slot's loaded magazine, and its count
+        // is set before anyone reads it (the caller's `reload`).
+        unsafe {
+            m.loaded = e;
+            let rounds = &mut (&mut (*e).rounds)[..self.rounds - 1];
+            // A shortage here leaves the magazine empty: the next
+            // allocation refills it, or fails with its own report.
+            (*e).count = self.cache.alloc_bulk(&self.pages(cx, Some(slot)), node, rounds).unwrap_or(0);
+        }
+        Ok(p)
     }
 
     /// An empty magazine from the internal magazine cache.
