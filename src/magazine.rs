@@ -549,11 +549,26 @@ impl<R: RawMutex> MagCache<R> {
                 drop(depot);
             }
             let l = m.loaded;
-            let n = self.cache.alloc_bulk(&self.pages(cx, Some(slot)), node, &mut (&mut (*l).rounds)[..self.rounds]);
+            let fill = self.refill_rounds(cx.src());
+            let n = self.cache.alloc_bulk(&self.pages(cx, Some(slot)), node, &mut (&mut (*l).rounds)[..fill]);
             (*l).count = *n.as_ref().unwrap_or(&0);
             n?;
             Self::pop(m)
         }
+    }
+
+    /// How many objects a refill takes from the slabs: a full magazine,
+    /// but from a fixed page source (a [`crate::Region`]) at most what
+    /// slabs of an eighth of its pages hold, and at least one. A refill
+    /// grows slabs to fill the magazine, and a magazine of a large class
+    /// holds several slabs' worth (4 rounds of 8 KiB objects are 12 pages
+    /// with 3-page slabs): in a 64 KiB region that was three quarters of
+    /// it, held by one slot for objects nobody asked for. A region of a
+    /// few MiB or more fills every magazine in full, as before.
+    fn refill_rounds<S: PageSource>(&self, src: &S) -> usize {
+        let Some(pages) = src.fixed_pages() else { return self.rounds };
+        let geo = self.cache.geometry();
+        (pages / 8 / geo.pages * geo.capacity).clamp(1, self.rounds)
     }
 
     /// The refill of a slot with no magazine at all, and none empty in the
@@ -583,7 +598,7 @@ impl<R: RawMutex> MagCache<R> {
         // is set before anyone reads it (the caller's `reload`).
         unsafe {
             m.loaded = e;
-            let rounds = &mut (&mut (*e).rounds)[..self.rounds - 1];
+            let rounds = &mut (&mut (*e).rounds)[..self.refill_rounds(cx.src()) - 1];
             // A shortage here leaves the magazine empty: the next
             // allocation refills it, or fails with its own report.
             (*e).count = self.cache.alloc_bulk(&self.pages(cx, Some(slot)), node, rounds).unwrap_or(0);

@@ -101,6 +101,31 @@ fn a_16_kib_region_serves_an_8_kib_object_first_thing() {
     }
 }
 
+#[test]
+fn a_refill_in_a_small_region_takes_only_what_it_needs() {
+    // A magazine of 8 KiB objects holds four, 12 pages of 3-page slabs:
+    // the first allocation filled it, taking 13 of a 64 KiB region's 16
+    // pages for one object, and a typed cache's descriptor found no page.
+    let k = small_kmem_exact(64 << 10, 0);
+    let l = Layout::from_size_align(8 << 10, 8).unwrap();
+    // SAFETY: a valid layout; freed with it.
+    unsafe {
+        let p = k.alloc(l);
+        assert!(!p.is_null());
+        assert_eq!(k.source().stats().pages_in_use, 4, "the object's slab and the magazine's page");
+        k.dealloc(p, l);
+    }
+    // A few MiB fill the magazine as before.
+    let k = small_kmem_exact(4 << 20, 0);
+    // SAFETY: as above.
+    unsafe {
+        let p = k.alloc(l);
+        assert!(!p.is_null());
+        assert!(k.source().stats().pages_in_use > 4, "a full magazine, several objects' slabs");
+        k.dealloc(p, l);
+    }
+}
+
 /// What the out-of-memory handler saw.
 static SEEN: Mutex<Option<OomReport>> = Mutex::new(None);
 
