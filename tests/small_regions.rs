@@ -220,8 +220,11 @@ fn small_region_table() {
             assert!(r.largest > 16 << 10, "every size class, and page runs past them\n{table}");
         }
     }
-    assert!(rows[0].largest >= 7 << 10, "16 KiB\n{table}");
-    assert!(rows[1].largest >= 14 << 10, "32 KiB\n{table}");
+    // A class's slab may take all but the magazine's page, or every page:
+    // its object is then served without a magazine (a 14 KiB object's
+    // 4-page slab in a 16 KiB region).
+    assert!(rows[0].largest >= 14 << 10, "16 KiB\n{table}");
+    assert!(rows[1].largest >= 28 << 10, "32 KiB\n{table}");
 }
 
 /// Random allocations and frees of 8 B to 20 KiB in a 64 KiB region,
