@@ -53,8 +53,7 @@ pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 pub(crate) use tree::delay;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
 pub use tree::{
-    EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, MAX_SHRINKERS,
-    ShrinkControl, Shrinker,
+    EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, ShrinkControl, Shrinker,
 };
 
 /// `Group::state` of a live group.

@@ -43,8 +43,6 @@ pub enum Error {
     Removed,
     /// The root group cannot be removed or protected (`min`, `low`).
     RootGroup,
-    /// [`crate::MAX_SHRINKERS`] shrinkers are registered.
-    TooManyShrinkers,
     /// Pressure thresholds not ordered `min <= pressure <= max`.
     BadThresholds,
     /// A pressure threshold above the parent's `max` for that resource
@@ -114,7 +112,6 @@ impl fmt::Display for Error {
             Error::Busy => f.write_str("the group still has children"),
             Error::Removed => f.write_str("the group has been removed"),
             Error::RootGroup => f.write_str("the root group cannot be removed or protected"),
-            Error::TooManyShrinkers => f.write_str("every shrinker slot is taken"),
             Error::BadThresholds => f.write_str("pressure thresholds must satisfy min <= pressure <= max"),
             Error::AboveParentMax { parent_max } => {
                 write!(f, "a threshold is above the parent's max of {parent_max} bytes")

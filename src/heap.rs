@@ -415,10 +415,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
-    /// uses the list it copied). Registering one twice is a no-op; more
-    /// than [`crate::MAX_SHRINKERS`] gives [`Error::TooManyShrinkers`].
+    /// uses the entries it copied). Registering one twice is a no-op. Any
+    /// number can be registered: the list's table takes a page from the
+    /// page source per 256 shrinkers, and [`Error::OutOfMemory`] comes
+    /// back if it cannot grow.
     pub fn register_shrinker(&self, s: &'static dyn Shrinker) -> Result<(), Error> {
-        self.tree.register_shrinker(s)
+        self.tree.register_shrinker(&self.source, s)
     }
 
     /// Unregisters a shrinker; a reclaim already running may still call it

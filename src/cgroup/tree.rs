@@ -45,8 +45,7 @@ pub use events::EventHook;
 #[cfg(all(test, not(loom)))]
 pub(crate) use reclaim::delay;
 pub use reclaim::{
-    GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, MAX_SHRINKERS, ShrinkControl,
-    Shrinker,
+    GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, ShrinkControl, Shrinker,
 };
 use registry::AcctIndices;
 pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
@@ -100,7 +99,7 @@ pub(crate) struct Tree<R: RawMutex> {
     /// `lock`.
     pub(super) registry_lock: Mutex<R, AcctIndices>,
     /// Registered shrinkers (copied out before they are called).
-    pub(super) shrinkers: Mutex<R, [Option<&'static dyn Shrinker>; MAX_SHRINKERS]>,
+    pub(super) shrinkers: Mutex<R, reclaim::Shrinkers>,
     /// Root usage (pages) above which allocations trigger contention
     /// reclaim; `usize::MAX`: only when the page source is exhausted.
     pub(super) contention_mark: AtomicUsize,
@@ -334,7 +333,7 @@ impl<R: RawMutex> Tree<R> {
                 pressure_nodes: OneCell::new(Cache::new(super::pressure::PressureNode::GEOMETRY)),
                 registry: atomic_null(),
                 registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
-                shrinkers: Mutex::const_new(R::INIT, [None; MAX_SHRINKERS]),
+                shrinkers: Mutex::const_new(R::INIT, reclaim::Shrinkers::new()),
                 contention_mark: atomic_usize(usize::MAX),
                 episodes: atomic_u32(0),
                 event_hook: atomic_null(),

@@ -339,12 +339,12 @@ fn loom_shrinker_registration_races_reclaim() {
     model(|env| {
         let a: &'static Counting = Box::leak(Box::new(Counting(Default::default())));
         let b: &'static Counting = Box::leak(Box::new(Counting(Default::default())));
-        env.tree.register_shrinker(a).unwrap();
+        env.tree.register_shrinker(&env.src, a).unwrap();
         // Reclaim of a group without caches: the shrinker protocol alone.
         let g = env.child("g");
         env.warm(&[]);
         let reg = spawn(&env, move |env| {
-            env.tree.register_shrinker(b).unwrap();
+            env.tree.register_shrinker(&env.src, b).unwrap();
             env.tree.unregister_shrinker(a);
         });
         env.tree.reclaim(&*env, g, 1);

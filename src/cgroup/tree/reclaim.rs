@@ -43,13 +43,98 @@ use crate::cgroup::{Event, Group, RECLAIM_OVERDRAFT, RECLAIMING, TokenHead, call
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
 use crate::magazine::{Acct, Env, MagCache, drain_many};
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Cache, GrowError, Pages};
 use crate::sync::Ordering;
 
-/// Shrinkers one allocator can hold at once; one more gives
-/// [`Error::TooManyShrinkers`]. Unregistering frees the slot.
-pub const MAX_SHRINKERS: usize = 64;
+/// Shrinkers a reclaim copies out of the list per hold of its lock.
+const SHRINKER_CHUNK: usize = 8;
+
+/// The registered shrinkers: a table in pages taken straight from the page
+/// source (uncharged), doubled when full and kept for the allocator's
+/// life; unregistering leaves a hole that the next registration takes.
+/// Only touched under the tree's `shrinkers` lock.
+pub(crate) struct Shrinkers {
+    /// `cap` entries, the first `len` in use (holes are `None`).
+    table: *mut Option<&'static dyn Shrinker>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: the table is owned memory, reached only under the lock.
+unsafe impl Send for Shrinkers {}
+
+impl Shrinkers {
+    pub(super) const fn new() -> Self {
+        Shrinkers { table: core::ptr::null_mut(), cap: 0, len: 0 }
+    }
+
+    /// The entries in use.
+    fn entries(&mut self) -> &mut [Option<&'static dyn Shrinker>] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `table` holds `cap >= len` initialised entries, ours
+        // while the lock is held.
+        unsafe { core::slice::from_raw_parts_mut(self.table, self.len) }
+    }
+
+    /// Up to [`SHRINKER_CHUNK`] entries from index `from`, and the number
+    /// of entries in use.
+    fn chunk(&mut self, from: usize) -> ([Option<&'static dyn Shrinker>; SHRINKER_CHUNK], usize) {
+        let mut out = [None; SHRINKER_CHUNK];
+        let e = self.entries();
+        if let Some(src) = e.get(from..) {
+            let n = src.len().min(SHRINKER_CHUNK);
+            out[..n].copy_from_slice(&src[..n]);
+        }
+        (out, e.len())
+    }
+
+    /// Adds `s` (once); `OutOfMemory` when the table is full and a larger
+    /// one cannot be had.
+    fn add<S: PageSource>(&mut self, src: &S, s: &'static dyn Shrinker) -> Result<(), Error> {
+        if self.entries().iter().flatten().any(|x| core::ptr::addr_eq(*x, s)) {
+            return Ok(());
+        }
+        if let Some(hole) = self.entries().iter_mut().find(|x| x.is_none()) {
+            *hole = Some(s);
+            return Ok(());
+        }
+        if self.len == self.cap {
+            const ENTRY: usize = size_of::<Option<&'static dyn Shrinker>>();
+            let cap = if self.cap == 0 { PAGE_SIZE / ENTRY } else { self.cap * 2 };
+            let order = (cap * ENTRY / PAGE_SIZE).trailing_zeros();
+            let run = src.alloc_pages(order, 0).ok_or(Error::OutOfMemory)?;
+            let table = run.addr.as_ptr().cast::<Option<&'static dyn Shrinker>>();
+            for i in 0..cap {
+                // SAFETY: a fresh run of `cap` entries, ours, aligned for
+                // them; entries below `len` copied from the old table.
+                unsafe { table.add(i).write(if i < self.len { *self.table.add(i) } else { None }) };
+            }
+            if self.cap != 0 {
+                let old = (self.cap * ENTRY / PAGE_SIZE).trailing_zeros();
+                // SAFETY: the old table came from `src`, and is copied out.
+                unsafe { src.free_pages(NonNull::new_unchecked(self.table.cast()), old) };
+            }
+            self.table = table;
+            self.cap = cap;
+        }
+        // SAFETY: `len < cap`: an initialised entry of the table.
+        unsafe { *self.table.add(self.len) = Some(s) };
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Takes `s` out, leaving a hole.
+    fn remove(&mut self, s: &'static dyn Shrinker) {
+        for x in self.entries() {
+            if x.is_some_and(|y| core::ptr::addr_eq(y, s)) {
+                *x = None;
+            }
+        }
+    }
+}
 /// The `high` throttle: the delay for [`HIGH_DELAY_BATCH`] pages charged
 /// while the group stays above its `high`, after reclaim, by as much as
 /// the `high` itself (at twice its `high`); in proportion to both the
@@ -356,25 +441,15 @@ pub trait Shrinker: Sync {
 
 impl<R: RawMutex> Tree<R> {
     /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
-    /// uses the list it copied). Registering one twice is a no-op.
-    pub(crate) fn register_shrinker(&self, s: &'static dyn Shrinker) -> Result<(), Error> {
-        let mut list = self.shrinkers.lock();
-        if list.iter().flatten().any(|x| core::ptr::addr_eq(*x, s)) {
-            return Ok(());
-        }
-        let slot = list.iter_mut().find(|x| x.is_none()).ok_or(Error::TooManyShrinkers)?;
-        *slot = Some(s);
-        Ok(())
+    /// uses the entries it copied). Registering one twice is a no-op.
+    pub(crate) fn register_shrinker<S: PageSource>(&self, src: &S, s: &'static dyn Shrinker) -> Result<(), Error> {
+        self.shrinkers.lock().add(src, s)
     }
 
     /// Unregisters a shrinker; a reclaim already running may still call it
     /// once (it is `'static`, so that is safe).
     pub(crate) fn unregister_shrinker(&self, s: &'static dyn Shrinker) {
-        for x in self.shrinkers.lock().iter_mut() {
-            if x.is_some_and(|y| core::ptr::addr_eq(y, s)) {
-                *x = None;
-            }
-        }
+        self.shrinkers.lock().remove(s);
     }
 
     /// Sets the contention mark, in pages (see `Kmem::set_contention_mark`).
@@ -610,9 +685,11 @@ impl<R: RawMutex> Tree<R> {
         share: usize,
         mut goal: Option<&mut Goal<'_>>,
     ) -> (usize, usize) {
-        let list = *self.shrinkers.lock();
+        // The first chunk is copied once; a reclaim with more shrinkers
+        // than that copies the rest a chunk at a time, per group visited.
+        let (first, len) = self.shrinkers.lock().chunk(0);
         let (mut freed, mut held) = (0usize, 0usize);
-        if list.iter().all(Option::is_none) {
+        if first.iter().all(Option::is_none) && len <= SHRINKER_CHUNK {
             return (0, 0);
         }
         let platform = env.plat();
@@ -629,29 +706,38 @@ impl<R: RawMutex> Tree<R> {
                     return;
                 }
                 let id = self.group_id(v);
-                for s in list.iter().flatten() {
-                    for node in 0..platform.nodes().max(1) {
-                        let sc = ShrinkControl {
-                            target: id,
-                            node,
-                            own: take == Take::Own,
-                            tree: core::ptr::from_ref(self).cast(),
-                            known: Self::knows,
-                        };
-                        // A share per round (at least one), as Linux scans
-                        // at a priority rather than emptying a cache at once.
-                        let n = s.count(&sc);
-                        held = held.saturating_add(n);
-                        let bound = goal.as_deref().map_or(usize::MAX, Goal::bound);
-                        let nr = ask(n, share, v.counter.usage(), floor, bound);
-                        if n > 0 && nr > 0 {
-                            let got = s.scan(&sc, nr).min(nr);
-                            freed = freed.saturating_add(got);
-                            if let Some(g) = goal.as_deref_mut() {
-                                g.objects = g.objects.saturating_add(got);
+                let mut chunk = first;
+                let mut next = SHRINKER_CHUNK;
+                loop {
+                    for s in chunk.iter().flatten() {
+                        for node in 0..platform.nodes().max(1) {
+                            let sc = ShrinkControl {
+                                target: id,
+                                node,
+                                own: take == Take::Own,
+                                tree: core::ptr::from_ref(self).cast(),
+                                known: Self::knows,
+                            };
+                            // A share per round (at least one), as Linux scans
+                            // at a priority rather than emptying a cache at once.
+                            let n = s.count(&sc);
+                            held = held.saturating_add(n);
+                            let bound = goal.as_deref().map_or(usize::MAX, Goal::bound);
+                            let nr = ask(n, share, v.counter.usage(), floor, bound);
+                            if n > 0 && nr > 0 {
+                                let got = s.scan(&sc, nr).min(nr);
+                                freed = freed.saturating_add(got);
+                                if let Some(g) = goal.as_deref_mut() {
+                                    g.objects = g.objects.saturating_add(got);
+                                }
                             }
                         }
                     }
+                    if next >= len {
+                        break;
+                    }
+                    (chunk, _) = self.shrinkers.lock().chunk(next);
+                    next += SHRINKER_CHUNK;
                 }
             });
         }
