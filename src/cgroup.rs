@@ -440,6 +440,11 @@ pub(crate) struct Group<R: RawMutex> {
 /// null), and a root is never freed anyway.
 fn release_root(_: NonNull<TokenHead>) {}
 
+// A group is shared by handles across a caught panic as a `Kmem` is
+// (see its `RefUnwindSafe`): its state is atomics and what the tree lock
+// guards, consistent whenever no allocator code runs.
+impl<R: RawMutex> core::panic::RefUnwindSafe for Group<R> {}
+
 // SAFETY: all mutable state is atomic or written under the tree lock; the
 // raw pointers refer to groups and caches that outlive this group.
 unsafe impl<R: RawMutex + Sync> Sync for Group<R> {}

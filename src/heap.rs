@@ -92,6 +92,23 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     last_oom: oom::OomRecord,
 }
 
+// A `Kmem` is unwind safe: no operation leaves a broken invariant behind
+// when a panic unwinds through it (only callbacks can panic: shrinkers,
+// the event hook and the out-of-memory handler, and the drop guards
+// around them restore the context's marks, release every lock and read
+// guard, and take back the charge of the allocation they interrupted),
+// so code that catches the panic may go on using the allocator, its
+// groups and caches. Its cells are behind atomics and locks; its page
+// source and platform must be unwind safe themselves.
+impl<S: PageSource + core::panic::RefUnwindSafe, R: RawMutex, P: Platform + core::panic::RefUnwindSafe>
+    core::panic::RefUnwindSafe for Kmem<S, R, P>
+{
+}
+impl<S: PageSource + core::panic::UnwindSafe, R: RawMutex, P: Platform + core::panic::UnwindSafe>
+    core::panic::UnwindSafe for Kmem<S, R, P>
+{
+}
+
 /// The low bit of `Kmem::home` while the first use fits the caches.
 const SETTLING: usize = 1;
 

@@ -360,6 +360,11 @@ pub(crate) struct MagCache<R: RawMutex> {
     depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
 }
 
+// Unwind safe as the `Kmem` around it is (see there): its cells are
+// touched only under the slot protocol and its locks, by code that calls
+// no user code part way through an update.
+impl<R: RawMutex> core::panic::RefUnwindSafe for MagCache<R> {}
+
 // SAFETY: a slot's `CpuMags` is touched only by the context holding the
 // slot (platform contract) or by a drainer that completed the handshake;
 // everything else is behind locks. Magazine pointers are owned by exactly

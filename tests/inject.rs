@@ -162,3 +162,23 @@ fn a_hundred_groups_armed_at_once_each_fail_their_own_nth() {
         g.remove().unwrap();
     }
 }
+
+/// Handles cross `catch_unwind` without `AssertUnwindSafe`: a failed leak
+/// check is caught, and the allocator, the group and the cache go on.
+#[test]
+fn a_failed_leak_check_is_caught_without_assert_unwind_safe() {
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
+    let g = KMEM.root().create_child("unwind").unwrap();
+    let c = KMEM.create_cache::<u64>("unwind-objs", CacheFlags::ACCOUNT).unwrap();
+    unwind_safe(&KMEM);
+    unwind_safe(&g);
+    unwind_safe(&c);
+    let leak = c.alloc_in(&g, 7).unwrap();
+    assert!(std::panic::catch_unwind(|| g.assert_empty()).is_err(), "one object is live");
+    assert_eq!(*leak, 7);
+    drop(leak);
+    g.assert_empty();
+    let again = c.alloc_in(&g, 8).unwrap();
+    drop(again);
+    g.remove().unwrap();
+}
