@@ -345,6 +345,13 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// Bonwick's reap returns what a working-set interval did not use.
     /// Only a hint: a drain is safe whenever it runs.
     active_slots: AtomicUsize,
+    /// Set for good the first time a slot takes a slow path on this cache
+    /// (in `note_slot`, before its fence): until then no slot or depot
+    /// holds a magazine of it, and with no slabs either it holds nothing
+    /// at all, so shrink, reap and drains pass it by ([`MagCache::idle`])
+    /// instead of locking each of its nodes (the 43 size classes of an
+    /// allocator that uses a few).
+    touched: AtomicBool,
     /// Set by the one caller that saw this dead cache empty.
     released: AtomicBool,
     /// Set once, on a dead cache, by the caller that found the objects out
@@ -390,6 +397,7 @@ impl<R: RawMutex> MagCache<R> {
                 depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
                 used_slots: atomic_usize(0),
                 active_slots: atomic_usize(0),
+                touched: atomic_bool(false),
                 released: atomic_bool(false),
                 unbuffered: atomic_bool(false),
                 retired_next: atomic_null(),
@@ -413,7 +421,20 @@ impl<R: RawMutex> MagCache<R> {
         if self.active_slots.load(Ordering::Relaxed) & bit == 0 {
             self.active_slots.fetch_or(bit, Ordering::Relaxed);
         }
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Relaxed);
+        }
         fence(Ordering::SeqCst);
+    }
+
+    /// Whether the cache holds nothing: never had a magazine (see
+    /// `touched`) and has no slab, so no object, full or empty magazine
+    /// or empty slab of it exists. A snapshot: a drain that relies on it
+    /// for a dead cache is ordered after the cache's `note_slot` fences
+    /// as the slot bits are (the flag is set before the fence).
+    #[inline]
+    pub(crate) fn idle(&self) -> bool {
+        !self.touched.load(Ordering::Relaxed) && self.cache.nslabs() == 0
     }
 
     /// The counter this cache's slabs are charged to, if any.
@@ -871,6 +892,9 @@ impl<R: RawMutex> MagCache<R> {
 
     /// Frees every depot magazine of this cache.
     fn empty_depots<E: Env<R>>(&self, cx: &E) -> usize {
+        if !self.touched.load(Ordering::Relaxed) {
+            return 0;
+        }
         (0..MAX_NODES).map(|node| self.trim_depot(cx, node, usize::MAX, usize::MAX)).sum()
     }
 

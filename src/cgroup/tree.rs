@@ -61,7 +61,7 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(super) root: OneCell<Group<R>>,
     /// The size classes: the root's own caches, and the base caches every
     /// group's child caches of a class copy.
-    pub(super) classes: CellArray<MagCache<R>, NCLASSES>,
+    pub(super) classes: Classes<R>,
     /// Every group but the root that is not yet reclaimed, newest first.
     /// Pushed with `Release` and unlinked under `lock`; iterated under a
     /// read guard.
@@ -295,8 +295,37 @@ pub(super) unsafe fn walk<T>(head: &AtomicPtr<T>, next: impl Fn(&T) -> &AtomicPt
     }
 }
 
+/// Where a tree holds its size classes' caches: inline, so that a `Kmem`
+/// can be a `static`.
+#[cfg(not(loom))]
+pub(crate) type Classes<R> = CellArray<MagCache<R>, NCLASSES>;
+
+/// Under loom, on the heap: a model thread's stack is 32 KiB unless the
+/// test asks for more, and the 43 caches are about 52 KB of loom objects,
+/// so a `Kmem` built inline could not be built inside `loom::model` as
+/// users write it. Built in place, element by element.
+#[cfg(loom)]
+pub(crate) type Classes<R> = std::boxed::Box<CellArray<MagCache<R>, NCLASSES>>;
+
+/// The size classes' caches, in place on the heap (see [`Classes`]).
+#[cfg(loom)]
+fn boxed_classes<R: RawMutex>() -> Classes<R> {
+    let mut b = std::boxed::Box::<CellArray<MagCache<R>, NCLASSES>>::new_uninit();
+    // `CellArray` is a transparent cell around the array, so its first
+    // element is at its start.
+    let first = b.as_mut_ptr().cast::<MagCache<R>>();
+    for (i, geo) in GEOMETRIES.iter().enumerate() {
+        // SAFETY: `i < NCLASSES`, inside the allocation; each slot is
+        // written once, none read before all are.
+        unsafe { first.add(i).write(MagCache::new(*geo, Acct::Root)) };
+    }
+    // SAFETY: every element was written above.
+    unsafe { b.assume_init() }
+}
+
 loom_const_fn! {
     /// One cache per size class.
+    #[cfg(not(loom))]
     fn class_caches<R: RawMutex>() -> [MagCache<R>; NCLASSES] {
         let mut out = core::mem::MaybeUninit::<[MagCache<R>; NCLASSES]>::uninit();
         let first = out.as_mut_ptr() as *mut MagCache<R>;
@@ -321,7 +350,10 @@ impl<R: RawMutex> Tree<R> {
                     Some(n) => n,
                     None => panic!("\"/\" is a valid name"),
                 })),
+                #[cfg(not(loom))]
                 classes: CellArray::new(class_caches()),
+                #[cfg(loom)]
+                classes: boxed_classes(),
                 all_groups: atomic_null(),
                 mode: atomic_usize(0),
                 lock: Mutex::const_new(R::INIT, Limbo::new()),

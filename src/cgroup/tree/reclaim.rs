@@ -262,7 +262,11 @@ impl<R: RawMutex> Tree<R> {
     pub(crate) fn drain_and_shrink<E: Env<R>>(env: &E, each: impl Fn(&mut dyn FnMut(&MagCache<R>))) -> usize {
         drain_many(env, &each, None);
         let mut pages = 0;
-        each(&mut |c| pages += c.cache.shrink(&c.pages(env, None)));
+        each(&mut |c| {
+            if !c.idle() {
+                pages += c.cache.shrink(&c.pages(env, None));
+            }
+        });
         pages
     }
 
@@ -379,8 +383,10 @@ impl<R: RawMutex> Tree<R> {
     pub(crate) fn reap<E: Env<R>>(&self, env: &E, idle: &[bool; crate::platform::MAX_CPUS]) -> usize {
         let mut pages = 0;
         self.for_each_cache(&mut |c| {
-            c.reap(env, idle);
-            pages += c.cache.shrink(&c.pages(env, None));
+            if !c.idle() {
+                c.reap(env, idle);
+                pages += c.cache.shrink(&c.pages(env, None));
+            }
         });
         self.finish_reclaim(env);
         pages
