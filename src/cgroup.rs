@@ -14,7 +14,12 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree, event counts; current-group tokens |
-//! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the tree lock, readers, zombies and limbo, the metadata caches; creating, removing, reclaiming groups; child caches |
+//! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the mode word, the metadata caches |
+//! | `lifecycle` | creating, removing and reclaiming groups: references, zombies, limbo, read guards |
+//! | `lists` | the tree's intrusive lists |
+//! | `names` | the sibling-name index |
+//! | `ids` | group ids that shrinkers may hand back |
+//! | `child_caches` | a group's child caches: made at first use, let go once dead and empty |
 //! | `registry` | the typed caches' descriptors, their accounting indices, destroying a cache |
 //! | `protection` | effective `min` and `low`; what a reclaim pass may take from a subtree |
 //! | `events` | counting events up the tree, the event hook |
