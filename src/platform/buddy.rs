@@ -25,6 +25,12 @@ use core::cell::Cell;
 
 use super::{MAX_ORDER, PAGE_SIZE};
 
+#[cfg(test)]
+mod check;
+mod layout;
+
+use layout::{MetaAt, ZoneLayout};
+
 const FREE: u8 = 0x80;
 const ORDERS: usize = MAX_ORDER as usize;
 /// Meta bytes a buddy keeps inside itself, for its first small zones: a
@@ -552,112 +558,6 @@ impl<const Z: usize> Buddy<Z> {
     pub(crate) fn take_empty_island(&mut self) -> Option<(*mut u8, usize)> {
         let z = self.zones[..self.nzones].iter().find(|z| z.island && z.used == 0)?.start;
         self.remove_empty_island(z)
-    }
-
-    /// Walks every list and meta array and checks the invariants; panics
-    /// with a description on the first violation (tests and `paranoid`).
-    #[cfg(test)]
-    pub(crate) fn check(&self) {
-        let mut listed = 0usize;
-        for order in 0..ORDERS {
-            let mut prev = core::ptr::null_mut();
-            let mut cur = self.heads[order];
-            while !cur.is_null() {
-                assert_eq!(cur.addr() % (PAGE_SIZE << order), 0, "misaligned free block");
-                let zi = self.zone_of(cur.addr()).expect("free block outside zones");
-                // SAFETY: `cur` is in zone `zi`.
-                assert_eq!(unsafe { *self.meta(zi, cur.addr()) }, FREE | order as u8);
-                // SAFETY: `cur` is on a free list, so it holds links.
-                let b = unsafe { cur.read() };
-                assert_eq!(b.prev, prev, "broken back link");
-                listed += 1 << order;
-                prev = cur;
-                cur = b.next;
-            }
-        }
-        assert_eq!(listed, self.free_pages, "free page count drifted");
-        for order in 0..ORDERS {
-            let mut n = 0;
-            let mut cur = self.heads[order];
-            while !cur.is_null() {
-                n += 1;
-                // SAFETY: `cur` is on a free list, so it holds links.
-                cur = unsafe { cur.read() }.next;
-            }
-            assert_eq!(n, self.counts[order], "block count of order {order} drifted");
-        }
-        let mut heads = 0usize;
-        for zi in 0..self.nzones {
-            let z = &self.zones[zi];
-            for p in 0..z.pages {
-                // SAFETY: p < z.pages, the meta length.
-                let m = unsafe { *self.meta_at(z, p) };
-                if m & FREE != 0 {
-                    heads += 1 << (m & !FREE);
-                }
-            }
-        }
-        assert_eq!(heads, self.free_pages, "meta bytes and lists disagree");
-    }
-}
-
-/// Where a zone's meta array goes (see [`Buddy::add_zone`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MetaAt {
-    /// At this address, in the bytes before the first whole page or after
-    /// the last.
-    Bytes(usize),
-    /// In the buddy's `inline` bytes.
-    Inline,
-    /// In whole pages of the zone.
-    Pages,
-}
-
-/// Where the pages and the meta array of a zone built from `[start, start
-/// + len)` go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ZoneLayout {
-    /// The whole pages of the memory, `[lo, hi)`.
-    lo: usize,
-    hi: usize,
-    /// Usable pages: those whole pages less the meta pages.
-    pages: usize,
-    meta: MetaAt,
-}
-
-impl ZoneLayout {
-    /// The layout of a zone over `[start, start + len)` in a buddy with
-    /// `inline_room` inline meta bytes left; `None` if that holds no whole
-    /// page or overflows.
-    fn of(start: usize, len: usize, island: bool, inline_room: usize) -> Option<ZoneLayout> {
-        let lo = start.checked_add(PAGE_SIZE - 1)? & !(PAGE_SIZE - 1);
-        let end = start.checked_add(len)?;
-        let hi = end & !(PAGE_SIZE - 1);
-        if hi <= lo {
-            return None;
-        }
-        let total = (hi - lo) / PAGE_SIZE;
-        let whole = |meta| Some(ZoneLayout { lo, hi, pages: total, meta });
-        if !island && total <= lo - start {
-            return whole(MetaAt::Bytes(start));
-        }
-        if !island && total <= end - hi {
-            return whole(MetaAt::Bytes(hi));
-        }
-        if total <= inline_room {
-            return whole(MetaAt::Inline);
-        }
-        let meta_pages = total.div_ceil(PAGE_SIZE);
-        Some(ZoneLayout { lo, hi, pages: total.saturating_sub(meta_pages), meta: MetaAt::Pages })
-    }
-
-    /// The bytes the zone takes: its whole pages, and its meta array if
-    /// that lies outside them.
-    fn raw(&self) -> (usize, usize) {
-        match self.meta {
-            MetaAt::Bytes(at) => (self.lo.min(at), self.hi.max(at + self.pages)),
-            MetaAt::Inline | MetaAt::Pages => (self.lo, self.hi),
-        }
     }
 }
 
