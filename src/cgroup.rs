@@ -25,6 +25,8 @@
 //! | `events` | counting events up the tree, the event hook |
 //! | `reclaim` | charging with reclaim, reclaim passes, `high` throttling, contention steps, shrinkers; the one drain-and-shrink every reclaim, `shrink` and `reap` use |
 //! | `pressure` | the named pressure resources of a group |
+//! | `marks` | the context's current-group token, its marks, and swapping tokens |
+//! | `inject` | fault injection per group |
 //!
 //! Every operation on the tree takes the allocator above as an [`Env`]:
 //! the page source, the platform, the CPU slots and the magazines' cache.
@@ -41,7 +43,6 @@ use lock_api::RawMutex;
 use crate::counter::PageCounter;
 use crate::error::Name;
 use crate::magazine::MagCache;
-use crate::platform::Platform;
 use crate::slab::classes::NCLASSES;
 use crate::sync::{
     AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, CellArray, Ordering, Stat, atomic_null, atomic_u8, atomic_u32,
@@ -49,10 +50,15 @@ use crate::sync::{
 };
 
 mod inject;
+mod marks;
 mod pressure;
 mod tree;
 
 pub use inject::{FailRule, FaultInjection};
+pub use marks::RECLAIM_OVERDRAFT;
+use marks::untag;
+pub(crate) use marks::{IN_HOOK, MEMALLOC};
+pub(crate) use marks::{Marks, RECLAIMING, callback_marks, in_callback, release_token, set_no_reclaim, swap_token};
 pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 #[cfg(all(test, not(loom)))]
 pub(crate) use tree::delay;
@@ -137,151 +143,6 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
 static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
-
-/// The low bit of a current-group token: set while its context runs
-/// shrinkers (or an event hook, or an atomic scope), so an allocation it
-/// makes skips reclaim instead of re-entering it. A tagged token names the
-/// same group, with the same reference, as the untagged one (groups are
-/// aligned to at least 8).
-pub(crate) const RECLAIMING: usize = 1;
-
-/// The next bit: set while its context runs the event hook, so events the
-/// hook's own allocations raise are counted but not reported to it again.
-const IN_HOOK: usize = 2;
-
-/// The next bit: set while its context runs a callback of the allocator
-/// (a shrinker, the event hook, the out-of-memory handler), Linux's
-/// `PF_MEMALLOC`: a charge it makes that a `max` refuses is made anyway,
-/// up to [`RECLAIM_OVERDRAFT`] pages past the `max` of each level, and
-/// counted there (`GroupStat::overdrafts`), rather than failing. (Interrupt
-/// context, where the platform keeps no marks, never has it.)
-const MEMALLOC: usize = 4;
-
-/// The tags of a token.
-const TAGS: usize = RECLAIMING | IN_HOOK | MEMALLOC;
-
-// The tags live in the low bits of a group's head address.
-static_assertions::const_assert!(core::mem::align_of::<Group<crate::platform::DefaultRawMutex>>() > TAGS);
-static_assertions::const_assert!(HEAD_OFFSET.is_multiple_of(TAGS + 1));
-
-/// Pages a charge made inside a callback of the allocator (a shrinker,
-/// the event hook, the out-of-memory handler) may take each level of the
-/// group tree past its `max`, all such charges of a group together, when
-/// the `max` refuses it (Linux forces the charges of a task in reclaim,
-/// `PF_MEMALLOC`, past `memory.max`): 256 KiB, room for a shrinker's list
-/// of victims. A charge that would go further fails as before; the page
-/// source is never overdrawn. The pages are counted in the group's
-/// [`GroupStat::overdrafts`](crate::GroupStat::overdrafts), and the limit
-/// holds again on the way back: the allocation that started the reclaim
-/// charges within `max` or fails, and the next reclaim of the group
-/// aims to take it back under its `max`.
-pub const RECLAIM_OVERDRAFT: usize = 64;
-
-/// The calling context's marks ([`RECLAIMING`], [`IN_HOOK`],
-/// [`MEMALLOC`]) with some added, for the length of a callback: dropping
-/// the guard restores the marks the context had when it was made, on
-/// whatever token is current then (the callback may have entered and left
-/// groups; each swap keeps the marks). A drop guard, so a callback that
-/// panics and unwinds leaves its context as it found it.
-pub(crate) struct Marks<'p, P: Platform> {
-    platform: &'p P,
-    /// The context's marks before.
-    saved: usize,
-}
-
-impl<'p, P: Platform> Marks<'p, P> {
-    /// Adds `tags` to the calling context's marks until the guard drops.
-    pub(crate) fn add(platform: &'p P, tags: usize) -> Self {
-        let token = platform.current_group();
-        if token.addr() & tags != tags {
-            // SAFETY: the context's own token, tagged: the same group and
-            // reference.
-            unsafe { platform.set_current_group(token.map_addr(|a| a | tags)) };
-        }
-        Marks { platform, saved: token.addr() & TAGS }
-    }
-
-    /// The context's marks from before the guard.
-    pub(crate) fn saved(&self) -> usize {
-        self.saved
-    }
-}
-
-impl<P: Platform> Drop for Marks<'_, P> {
-    fn drop(&mut self) {
-        let now = self.platform.current_group();
-        if now.addr() & TAGS != self.saved {
-            // SAFETY: the context's current token, retagged: the same group
-            // and reference.
-            unsafe { self.platform.set_current_group(now.map_addr(|a| (a & !TAGS) | self.saved)) };
-        }
-    }
-}
-
-/// Marks the calling context as running a callback that is not the event
-/// hook (a shrinker, the out-of-memory handler) until the guard drops:
-/// its allocations skip reclaim and may overdraw a `max`
-/// ([`RECLAIM_OVERDRAFT`]).
-pub(crate) fn callback_marks<P: Platform>(platform: &P) -> Marks<'_, P> {
-    Marks::add(platform, RECLAIMING | MEMALLOC)
-}
-
-/// Whether the calling context runs a callback of the allocator, whose
-/// refused charges may overdraw (see [`MEMALLOC`]).
-#[inline]
-pub(crate) fn in_callback<P: Platform>(platform: &P) -> bool {
-    !platform.in_interrupt() && platform.current_group().addr() & MEMALLOC != 0
-}
-
-/// `token` without its tags.
-#[inline(always)]
-fn untag(token: *const ()) -> *const () {
-    token.map_addr(|a| a & !TAGS)
-}
-
-/// Makes `token` (untagged) the calling context's current group and
-/// returns the token it replaces, with its reference. The context's
-/// marks ([`RECLAIMING`], [`IN_HOOK`]) stay as they are: they belong to
-/// the running context (a shrinker that enters or leaves a group stays
-/// marked), not to the token. The caller hands over the reference `token`
-/// carries.
-pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const () {
-    let marks = platform.current_group().addr() & TAGS;
-    // SAFETY: `token` is null or a group token whose reference the caller
-    // hands over (tagged with the context's own marks), and the caller
-    // takes the one returned.
-    unsafe { platform.set_current_group(untag(token).map_addr(|a| a | marks)) }
-}
-
-/// Sets (`on`) or clears the calling context's no-reclaim mark (the
-/// [`RECLAIMING`] bit of its token, which every swap keeps); returns
-/// whether it was set. While set, allocations are atomic: no reclaim, no
-/// shrinkers, no tree lock.
-pub(crate) fn set_no_reclaim<P: Platform>(platform: &P, on: bool) -> bool {
-    let token = platform.current_group();
-    let was = token.addr() & RECLAIMING != 0;
-    if was != on {
-        // SAFETY: the context's own token, retagged: the same group and
-        // reference.
-        unsafe { platform.set_current_group(token.map_addr(|a| if on { a | RECLAIMING } else { a & !RECLAIMING })) };
-    }
-    was
-}
-
-/// Releases the reference a current-group token holds; null (the root)
-/// holds none.
-///
-/// # Safety
-///
-/// `token` is null or points to the [`TokenHead`] of a live group, and the
-/// caller owns one of its references, which this gives up.
-pub(crate) unsafe fn release_token(token: *const ()) {
-    if let Some(t) = NonNull::new(untag(token).cast_mut().cast::<TokenHead>()) {
-        // SAFETY: a live group's head (caller contract); `release` is its
-        // tree's, for the reference the caller hands over.
-        unsafe { (t.as_ref().release)(t) }
-    }
-}
 
 /// A memory event of a group (Linux `memory.events`): counted in the
 /// group's [`GroupStat`](crate::GroupStat), locally and in each ancestor

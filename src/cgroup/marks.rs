@@ -1,0 +1,153 @@
+//! The calling context's current-group token and its marks: which group
+//! its allocations charge, and whether it runs reclaim, the event hook or
+//! another callback of the allocator.
+
+use core::ptr::NonNull;
+
+use super::{Group, HEAD_OFFSET, TokenHead};
+use crate::platform::Platform;
+
+/// The low bit of a current-group token: set while its context runs
+/// shrinkers (or an event hook, or an atomic scope), so an allocation it
+/// makes skips reclaim instead of re-entering it. A tagged token names the
+/// same group, with the same reference, as the untagged one (groups are
+/// aligned to at least 8).
+pub(crate) const RECLAIMING: usize = 1;
+
+/// The next bit: set while its context runs the event hook, so events the
+/// hook's own allocations raise are counted but not reported to it again.
+pub(crate) const IN_HOOK: usize = 2;
+
+/// The next bit: set while its context runs a callback of the allocator
+/// (a shrinker, the event hook, the out-of-memory handler), Linux's
+/// `PF_MEMALLOC`: a charge it makes that a `max` refuses is made anyway,
+/// up to [`RECLAIM_OVERDRAFT`] pages past the `max` of each level, and
+/// counted there (`GroupStat::overdrafts`), rather than failing. (Interrupt
+/// context, where the platform keeps no marks, never has it.)
+pub(crate) const MEMALLOC: usize = 4;
+
+/// The tags of a token.
+const TAGS: usize = RECLAIMING | IN_HOOK | MEMALLOC;
+
+// The tags live in the low bits of a group's head address.
+static_assertions::const_assert!(core::mem::align_of::<Group<crate::platform::DefaultRawMutex>>() > TAGS);
+static_assertions::const_assert!(HEAD_OFFSET.is_multiple_of(TAGS + 1));
+
+/// Pages a charge made inside a callback of the allocator (a shrinker,
+/// the event hook, the out-of-memory handler) may take each level of the
+/// group tree past its `max`, all such charges of a group together, when
+/// the `max` refuses it (Linux forces the charges of a task in reclaim,
+/// `PF_MEMALLOC`, past `memory.max`): 256 KiB, room for a shrinker's list
+/// of victims. A charge that would go further fails as before; the page
+/// source is never overdrawn. The pages are counted in the group's
+/// [`GroupStat::overdrafts`](crate::GroupStat::overdrafts), and the limit
+/// holds again on the way back: the allocation that started the reclaim
+/// charges within `max` or fails, and the next reclaim of the group
+/// aims to take it back under its `max`.
+pub const RECLAIM_OVERDRAFT: usize = 64;
+
+/// The calling context's marks ([`RECLAIMING`], [`IN_HOOK`],
+/// [`MEMALLOC`]) with some added, for the length of a callback: dropping
+/// the guard restores the marks the context had when it was made, on
+/// whatever token is current then (the callback may have entered and left
+/// groups; each swap keeps the marks). A drop guard, so a callback that
+/// panics and unwinds leaves its context as it found it.
+pub(crate) struct Marks<'p, P: Platform> {
+    platform: &'p P,
+    /// The context's marks before.
+    saved: usize,
+}
+
+impl<'p, P: Platform> Marks<'p, P> {
+    /// Adds `tags` to the calling context's marks until the guard drops.
+    pub(crate) fn add(platform: &'p P, tags: usize) -> Self {
+        let token = platform.current_group();
+        if token.addr() & tags != tags {
+            // SAFETY: the context's own token, tagged: the same group and
+            // reference.
+            unsafe { platform.set_current_group(token.map_addr(|a| a | tags)) };
+        }
+        Marks { platform, saved: token.addr() & TAGS }
+    }
+
+    /// The context's marks from before the guard.
+    pub(crate) fn saved(&self) -> usize {
+        self.saved
+    }
+}
+
+impl<P: Platform> Drop for Marks<'_, P> {
+    fn drop(&mut self) {
+        let now = self.platform.current_group();
+        if now.addr() & TAGS != self.saved {
+            // SAFETY: the context's current token, retagged: the same group
+            // and reference.
+            unsafe { self.platform.set_current_group(now.map_addr(|a| (a & !TAGS) | self.saved)) };
+        }
+    }
+}
+
+/// Marks the calling context as running a callback that is not the event
+/// hook (a shrinker, the out-of-memory handler) until the guard drops:
+/// its allocations skip reclaim and may overdraw a `max`
+/// ([`RECLAIM_OVERDRAFT`]).
+pub(crate) fn callback_marks<P: Platform>(platform: &P) -> Marks<'_, P> {
+    Marks::add(platform, RECLAIMING | MEMALLOC)
+}
+
+/// Whether the calling context runs a callback of the allocator, whose
+/// refused charges may overdraw (see [`MEMALLOC`]).
+#[inline]
+pub(crate) fn in_callback<P: Platform>(platform: &P) -> bool {
+    !platform.in_interrupt() && platform.current_group().addr() & MEMALLOC != 0
+}
+
+/// `token` without its tags.
+#[inline(always)]
+pub(super) fn untag(token: *const ()) -> *const () {
+    token.map_addr(|a| a & !TAGS)
+}
+
+/// Makes `token` (untagged) the calling context's current group and
+/// returns the token it replaces, with its reference. The context's
+/// marks ([`RECLAIMING`], [`IN_HOOK`]) stay as they are: they belong to
+/// the running context (a shrinker that enters or leaves a group stays
+/// marked), not to the token. The caller hands over the reference `token`
+/// carries.
+pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const () {
+    let marks = platform.current_group().addr() & TAGS;
+    // SAFETY: `token` is null or a group token whose reference the caller
+    // hands over (tagged with the context's own marks), and the caller
+    // takes the one returned.
+    unsafe { platform.set_current_group(untag(token).map_addr(|a| a | marks)) }
+}
+
+/// Sets (`on`) or clears the calling context's no-reclaim mark (the
+/// [`RECLAIMING`] bit of its token, which every swap keeps); returns
+/// whether it was set. While set, allocations are atomic: no reclaim, no
+/// shrinkers, no tree lock.
+pub(crate) fn set_no_reclaim<P: Platform>(platform: &P, on: bool) -> bool {
+    let token = platform.current_group();
+    let was = token.addr() & RECLAIMING != 0;
+    if was != on {
+        // SAFETY: the context's own token, retagged: the same group and
+        // reference.
+        unsafe { platform.set_current_group(token.map_addr(|a| if on { a | RECLAIMING } else { a & !RECLAIMING })) };
+    }
+    was
+}
+
+/// Releases the reference a current-group token holds; null (the root)
+/// holds none.
+///
+/// # Safety
+///
+/// `token` is null or points to the [`TokenHead`] of a live group, and the
+/// caller owns one of its references, which this gives up.
+pub(crate) unsafe fn release_token(token: *const ()) {
+    if let Some(t) = NonNull::new(untag(token).cast_mut().cast::<TokenHead>()) {
+        // SAFETY: a live group's head (caller contract); `release` is its
+        // tree's, for the reference the caller hands over.
+        unsafe { (t.as_ref().release)(t) }
+    }
+}
