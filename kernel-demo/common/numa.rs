@@ -155,7 +155,10 @@ struct Shared {
     /// CPUs taking part.
     n: usize,
     barrier: Barrier,
-    group: Cgroup<'static, NumaHeap>,
+    /// The test's group (none when the boot measures: an allocator with a
+    /// group besides the root takes a longer path on every refill, which
+    /// would make the comparison with the global heap unfair).
+    group: Option<Cgroup<'static, NumaHeap>>,
     /// `partner[i]`: the CPU on the other node whose objects CPU `i` frees.
     partner: [usize; MAX_CPUS],
     /// `objects[i * OBJECTS..][..OBJECTS]`: CPU `i`'s objects of the
@@ -197,10 +200,10 @@ fn layout() -> Layout {
     Layout::new::<[u64; SIZE / 8]>()
 }
 
-/// Marks the boot as the NUMA test with `nodes` nodes and `ncpus` CPUs,
-/// sets up the group, and returns once other CPUs may call [`cpu_part`]
-/// or [`remote_part`] (boot CPU, after [`give`] and [`set_cpu_node`]).
-pub fn start(ncpus: usize) -> Test {
+/// Sets up the test on `ncpus` CPUs (or the measurement, if `measuring`)
+/// and returns once other CPUs may call [`cpu_part`] (or [`remote_part`])
+/// (boot CPU, after [`give`] and [`set_cpu_node`]).
+pub fn start(ncpus: usize, measuring: bool) -> Test {
     check(SPANS.load(Ordering::Relaxed) > 0, "no memory given to the NUMA heap")?;
     check((1..=MAX_CPUS).contains(&ncpus), "CPU count out of range")?;
     NODES_IN_USE.store(NODES, Ordering::Relaxed);
@@ -215,7 +218,9 @@ pub fn start(ncpus: usize) -> Test {
     for (c, p) in partner[..ncpus].iter().enumerate() {
         kprintln!("numa: cpu {c} on node {}, frees the objects of cpu {p}", cpu_node(c));
     }
-    let group = KMEM_NUMA.root().create_child("numa").map_err(|_| "create_child(numa)")?;
+    let group =
+        if measuring { None } else { Some(KMEM_NUMA.root().create_child("numa").map_err(|_| "create_child(numa)")?) };
+    let remote_objects = if measuring { 3 * OPS } else { 0 };
     let sh = Box::leak(Box::new(Shared {
         n: ncpus,
         barrier: Barrier { n: ncpus, arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0) },
@@ -226,7 +231,7 @@ pub fn start(ncpus: usize) -> Test {
         remote: [const { AtomicUsize::new(0) }; NODES],
         failure: AtomicPtr::new(core::ptr::null_mut()),
         ready: AtomicBool::new(false),
-        remote_objects: (0..3 * OPS).map(|_| AtomicUsize::new(0)).collect(),
+        remote_objects: (0..remote_objects).map(|_| AtomicUsize::new(0)).collect(),
     }));
     SHARED.store(sh, Ordering::Release);
     Ok(())
@@ -285,6 +290,7 @@ fn free_pages() -> [usize; NODES] {
 /// any CPU (on the boot CPU; the others return `Ok`).
 pub fn cpu_part(me: usize) -> Test {
     let sh = shared();
+    let group = sh.group.as_ref().ok_or("the NUMA test runs in a measuring boot")?;
     let step = |r: Test| {
         if let Err(e) = r {
             sh.fail(e);
@@ -294,7 +300,7 @@ pub fn cpu_part(me: usize) -> Test {
         // One object in the group first, so the group's kmalloc-64 child
         // cache (allocator metadata, on this CPU's node) exists before the
         // free page counts are taken.
-        let _in = sh.group.enter();
+        let _in = group.enter();
         // SAFETY: a valid layout of non-zero size.
         let p = unsafe { KMEM_NUMA.alloc(layout()) };
         if !p.is_null() {
@@ -310,19 +316,19 @@ pub fn cpu_part(me: usize) -> Test {
     sh.barrier.wait();
     // 1. Local allocations, charged to the group.
     {
-        let _in = sh.group.enter();
+        let _in = group.enter();
         step(alloc_local(sh, me, me));
     }
     sh.barrier.wait();
     if me == 0 {
-        let r = check_usage(sh, baseline);
+        let r = check_usage(sh, group, baseline);
         peak = r.unwrap_or_default();
         step(r.map(drop));
     }
     sh.barrier.wait();
     // 2. Remote frees, then local allocations again.
     {
-        let _in = sh.group.enter();
+        let _in = group.enter();
         let partner = sh.partner[me];
         step(free_all(sh, me, partner, true));
         sh.barrier.wait(); // every partner's objects are free before reuse
@@ -338,7 +344,7 @@ pub fn cpu_part(me: usize) -> Test {
     if let Some(e) = sh.failure() {
         return Err(e);
     }
-    check_end(sh, baseline)?;
+    check_end(group, baseline)?;
     for (n, pages) in peak.iter().enumerate() {
         kprintln!(
             "node {n}: pages {pages}, local allocations {}, remote frees {}",
@@ -361,8 +367,12 @@ pub fn cpu_part(me: usize) -> Test {
 /// CPUs hold, is no more than the pages that node's regions handed out,
 /// and the nodes add up to the usage less the stocks. Returns the group's
 /// pages on each node.
-fn check_usage(sh: &Shared, baseline: [usize; NODES]) -> Result<[usize; NODES], &'static str> {
-    let st = sh.group.stat();
+fn check_usage(
+    sh: &Shared,
+    group: &Cgroup<'static, NumaHeap>,
+    baseline: [usize; NODES],
+) -> Result<[usize; NODES], &'static str> {
+    let st = group.stat();
     let now = free_pages();
     let per_node = OBJECTS * SIZE * (sh.n / NODES);
     for n in 0..NODES {
@@ -381,9 +391,9 @@ fn check_usage(sh: &Shared, baseline: [usize; NODES]) -> Result<[usize; NODES], 
 
 /// After step 3 and a shrink: no usage left on any node, and every page
 /// back on its own node.
-fn check_end(sh: &Shared, baseline: [usize; NODES]) -> Test {
+fn check_end(group: &Cgroup<'static, NumaHeap>, baseline: [usize; NODES]) -> Test {
     KMEM_NUMA.shrink();
-    let st = sh.group.stat();
+    let st = group.stat();
     let now = free_pages();
     kprintln!(
         "numa: after the frees and a shrink: group usage {} B ({:?} per node); free pages per node {:?}, {:?} before",
@@ -468,6 +478,27 @@ fn local_costs<A: GlobalAlloc>(
     Ok((per_op(a1, a2, tpi), per_op(f1, f2, tpi)))
 }
 
+/// Instructions per alloc+free pair of `heap` on this CPU, the objects
+/// local and the magazines loaded (the kernels' `icount` loop).
+fn pair_cost<A: GlobalAlloc>(heap: &A, ticks: fn() -> u64, tpi: f64) -> Result<f64, &'static str> {
+    let run = |n: usize| {
+        let t0 = ticks();
+        for _ in 0..n {
+            // SAFETY: a valid layout of non-zero size.
+            let p = unsafe { heap.alloc(layout()) };
+            if p.is_null() {
+                return Err("an allocation failed while measuring");
+            }
+            // SAFETY: just allocated with this layout, freed once.
+            unsafe { heap.dealloc(core::hint::black_box(p), layout()) };
+        }
+        Ok(ticks() - t0)
+    };
+    run(OPS)?;
+    let one = run(OPS)?;
+    Ok(per_op(one, run(2 * OPS)?, tpi))
+}
+
 /// `numa icount`: on the boot CPU (node 0), with the other CPUs parked,
 /// guest instructions per local allocation, local free and remote free
 /// (of objects a node-1 CPU allocated) on `KMEM_NUMA`, and per allocation
@@ -488,16 +519,21 @@ pub fn measure(ticks: fn() -> u64, tpi: f64) -> Test {
     // SAFETY: live node-1 objects of `KMEM_NUMA`, each freed once here.
     let (r1, r2) = unsafe { (time_frees(&KMEM_NUMA, &r[..OPS], ticks), time_frees(&KMEM_NUMA, &r[OPS..], ticks)) };
     let remote_free = per_op(r1, r2, tpi);
+    let pair = pair_cost(&KMEM_NUMA, ticks, tpi)?;
     let (one_alloc, one_free) = local_costs(&KMEM, &cells, ticks, tpi)?;
+    let one_pair = pair_cost(&KMEM, ticks, tpi)?;
     kprintln!(
-        "numa-icount: two-node heap, cpu 0 (node 0): local alloc {local_alloc:.2}, local free {local_free:.2}, remote free {remote_free:.2} instructions"
+        "numa-icount: two-node heap, cpu 0 (node 0), {OPS}-object batches: local alloc {local_alloc:.2}, local free {local_free:.2}, remote free {remote_free:.2}; alloc+free pair {pair:.2}"
     );
-    kprintln!("numa-icount: one-node heap, cpu 0: alloc {one_alloc:.2}, free {one_free:.2} instructions");
     kprintln!(
-        "numa-icount: ratios: remote/local free {:.2}, two-node/one-node alloc {:.2}, free {:.2}",
+        "numa-icount: one-node heap, cpu 0, {OPS}-object batches: alloc {one_alloc:.2}, free {one_free:.2}; alloc+free pair {one_pair:.2}"
+    );
+    kprintln!(
+        "numa-icount: ratios: remote/local free {:.2}; two-node/one-node: alloc {:.2}, free {:.2}, pair {:.2}",
         remote_free / local_free,
         local_alloc / one_alloc,
-        local_free / one_free
+        local_free / one_free,
+        pair / one_pair
     );
     kprintln!("numa-icount: done");
     Ok(())

@@ -199,7 +199,7 @@ fn numa_run(boot: &BootInfo) -> Result<(), &'static str> {
         n += 1;
     }
     boot.give_ram_numa(&srat)?;
-    numa::start(n)?;
+    numa::start(n, boot.icount)?;
     let online = smp::start_aps(&cpus, bsp, if boot.icount { ap_numa_icount } else { ap_numa })?;
     if online != n {
         return Err("not every CPU came up");

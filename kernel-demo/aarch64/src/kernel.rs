@@ -163,7 +163,7 @@ fn numa_run(dt: &DeviceTree) -> Result<(), &'static str> {
         }
     }
     memory::give_ram_numa(dt)?;
-    numa::start(n)?;
+    numa::start(n, dt.icount)?;
     MODE.store(if dt.icount { MODE_NUMA_ICOUNT } else { MODE_NUMA }, Ordering::Release);
     if start_secondaries(dt) != n {
         return Err("not every CPU came up");
