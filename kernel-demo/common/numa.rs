@@ -38,7 +38,7 @@ use alloc::vec::Vec;
 use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use kmemcg::{Cgroup, PAGE_SIZE};
+use kmemcg::{Cgroup, PAGE_SIZE, PageSource};
 
 use super::serial::kprintln;
 use super::{KMEM, KMEM_NUMA, NumaHeap};
@@ -499,6 +499,29 @@ fn pair_cost<A: GlobalAlloc>(heap: &A, ticks: fn() -> u64, tpi: f64) -> Result<f
     Ok(per_op(one, run(2 * OPS)?, tpi))
 }
 
+/// Takes every free page of node 0 from `KMEM_NUMA`'s region (after a
+/// shrink, so no node-0 slab has room left), largest runs first, and keeps
+/// them for the rest of the boot; returns how many.
+fn exhaust_node0() -> usize {
+    KMEM_NUMA.shrink();
+    let src = KMEM_NUMA.source();
+    let mut held = 0;
+    for order in (0..16).rev() {
+        while src.free_pages_on(0) >= 1 << order {
+            match src.alloc_pages(order, 0) {
+                Some(run) if run.node == 0 => held += 1 << order,
+                Some(run) => {
+                    // SAFETY: the run just allocated, given back whole.
+                    unsafe { src.free_pages(run.addr, order) };
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+    held
+}
+
 /// `numa icount`: on the boot CPU (node 0), with the other CPUs parked,
 /// guest instructions per local allocation, local free and remote free
 /// (of objects a node-1 CPU allocated) on `KMEM_NUMA`, and per allocation
@@ -522,6 +545,15 @@ pub fn measure(ticks: fn() -> u64, tpi: f64) -> Test {
     let pair = pair_cost(&KMEM_NUMA, ticks, tpi)?;
     let (one_alloc, one_free) = local_costs(&KMEM, &cells, ticks, tpi)?;
     let one_pair = pair_cost(&KMEM, ticks, tpi)?;
+    // Remote allocations: node 0 out of pages, CPU 0's slabs come from
+    // node 1 (the region's fallback), and their frees are remote too.
+    let held = exhaust_node0();
+    let (remote_alloc, remote_alloc_free) = local_costs(&KMEM_NUMA, &cells, ticks, tpi)?;
+    time_allocs(&KMEM_NUMA, &cells[..OPS], ticks)?;
+    let all_remote = cells[..OPS].iter().all(|c| node_of_addr(c.load(Ordering::Relaxed)) == Some(1));
+    // SAFETY: just allocated from `KMEM_NUMA`, freed once.
+    unsafe { time_frees(&KMEM_NUMA, &cells[..OPS], ticks) };
+    check(all_remote, "with node 0 out of pages, CPU 0 got an object that is not on node 1")?;
     kprintln!(
         "numa-icount: two-node heap, cpu 0 (node 0), {OPS}-object batches: local alloc {local_alloc:.2}, local free {local_free:.2}, remote free {remote_free:.2}; alloc+free pair {pair:.2}"
     );
@@ -529,7 +561,11 @@ pub fn measure(ticks: fn() -> u64, tpi: f64) -> Test {
         "numa-icount: one-node heap, cpu 0, {OPS}-object batches: alloc {one_alloc:.2}, free {one_free:.2}; alloc+free pair {one_pair:.2}"
     );
     kprintln!(
-        "numa-icount: ratios: remote/local free {:.2}; two-node/one-node: alloc {:.2}, free {:.2}, pair {:.2}",
+        "numa-icount: two-node heap, cpu 0, node 0 out of pages ({held} held): remote alloc {remote_alloc:.2}, free of those {remote_alloc_free:.2}"
+    );
+    kprintln!(
+        "numa-icount: ratios: remote/local alloc {:.2}, free {:.2}; two-node/one-node: alloc {:.2}, free {:.2}, pair {:.2}",
+        remote_alloc / local_alloc,
         remote_free / local_free,
         local_alloc / one_alloc,
         local_free / one_free,
