@@ -190,8 +190,7 @@ fn numa_run(boot: &BootInfo) -> Result<(), &'static str> {
     cpu::this().apic_id.store(bsp, Ordering::Relaxed);
     let cpus = acpi::cpus()?;
     let srat = acpi::srat()?;
-    let node_of =
-        |apic_id: u32| srat.domain_of_apic(apic_id).ok_or("a CPU the SRAT does not place").map(|d| d as usize);
+    let node_of = |apic_id: u32| srat.node_of_apic(apic_id).ok_or("a CPU the SRAT does not place");
     numa::set_cpu_node(0, node_of(bsp)?)?;
     let mut n = 1;
     for &id in cpus.ids[..cpus.count].iter().filter(|&&id| id != bsp) {

@@ -110,9 +110,20 @@ pub struct Srat {
 }
 
 impl Srat {
-    /// The proximity domain of the processor with APIC ID `apic_id`.
-    pub fn domain_of_apic(&self, apic_id: u32) -> Option<u32> {
-        self.cpus[..self.ncpus].iter().find(|c| c.0 == apic_id).map(|c| c.1)
+    /// The node of the processor with APIC ID `apic_id`.
+    pub fn node_of_apic(&self, apic_id: u32) -> Option<usize> {
+        self.cpus[..self.ncpus].iter().find(|c| c.0 == apic_id).map(|c| self.node_of_domain(c.1))
+    }
+
+    /// The node of proximity domain `domain`: domains need not be dense
+    /// (ACPI only asks that they differ), so the node is the domain's rank
+    /// among those the SRAT names.
+    pub fn node_of_domain(&self, domain: u32) -> usize {
+        let domains =
+            || self.cpus[..self.ncpus].iter().map(|c| c.1).chain(self.mems[..self.nmems].iter().map(|m| m.domain));
+        // The distinct domains below `domain`, each counted at its first
+        // appearance.
+        domains().enumerate().filter(|&(i, d)| d < domain && !domains().take(i).any(|e| e == d)).count()
     }
 }
 

@@ -153,7 +153,7 @@ impl BootInfo {
 
     /// The NUMA boot: hands each usable range, split where the SRAT's
     /// memory ranges split it, to `KMEM_NUMA` as memory of the range's
-    /// node (proximity domain `d` is node `d`), but for the first
+    /// node (`Srat::node_of_domain`), but for the first
     /// [`NUMA_GLOBAL_HEAP`] bytes of node 0, which go to `KMEM`.
     pub fn give_ram_numa(&self, srat: &Srat) -> Result<(), &'static str> {
         let page = PAGE_SIZE as u64;
@@ -167,7 +167,7 @@ impl BootInfo {
                 if s >= t {
                     continue;
                 }
-                let node = m.domain as usize;
+                let node = srat.node_of_domain(m.domain);
                 if !global && node == 0 && t - s > 2 * NUMA_GLOBAL_HEAP {
                     t -= NUMA_GLOBAL_HEAP;
                     // SAFETY: as in `give_ram_to_kmem`: usable RAM above
