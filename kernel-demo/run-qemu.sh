@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds kernel-demo, boots it under QEMU and checks its self-test.
 #
-#   bash kernel-demo/run-qemu.sh [x86_64|aarch64] [icount|heap=KIB]   (default: x86_64)
+#   bash kernel-demo/run-qemu.sh [x86_64|aarch64] [icount|heap=KIB|numa|numa-icount]   (default: x86_64)
 #
 # x86_64: boots the Multiboot kernel with `qemu-system-x86_64 -smp 4`
 # (TCG), and exits 0 only if QEMU exits with the success status (33, from
@@ -22,13 +22,24 @@
 # only KIB KiB of RAM and runs a tutorial kernel's heap tests over it
 # (kernel-demo/common/tutorial_heap.rs), ending with `kmemcg heap suite in
 # KIB KiB: PASS`, which stands in for the PASS line.
+#
+# numa: instead of the self-test, boots on four CPUs and two NUMA nodes
+# (`-numa`: CPUs 0-1 and the first 128 MiB on node 0, CPUs 2-3 and the
+# other 128 MiB on node 1; the kernel reads them from the ACPI SRAT) with
+# `numa` on the kernel command line, and runs the two-node test of
+# kernel-demo/common/numa.rs, ending with one `node N: ...` line per node
+# and `kmemcg numa self-test: PASS`, which stands in for the PASS line.
+# numa-icount: the same machine under `-icount shift=0,sleep=off` with
+# `numa icount`: CPU 0 prints its guest instructions per local
+# allocation, local free and remote free (`numa-icount: ...` lines) and
+# `numa-icount: done`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 arch="${1:-x86_64}"
 mode="${2:-}"
-usage="usage: $0 [x86_64|aarch64] [icount|heap=KIB]"
-if ! [[ "$mode" =~ ^(icount|heap=[1-9][0-9]*)?$ ]]; then
+usage="usage: $0 [x86_64|aarch64] [icount|heap=KIB|numa|numa-icount]"
+if ! [[ "$mode" =~ ^(icount|heap=[1-9][0-9]*|numa|numa-icount)?$ ]]; then
   echo "$usage" >&2
   exit 2
 fi
@@ -64,6 +75,17 @@ case "$mode" in
     pass_line="kmemcg heap suite in ${mode#heap=} KiB: PASS"
     cpus=1
     extra=(-append "$mode")
+    ;;
+  numa | numa-icount)
+    pass_line="kmemcg numa self-test: PASS"
+    extra=(-object memory-backend-ram,id=m0,size=128M -object memory-backend-ram,id=m1,size=128M
+      -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1)
+    if [ "$mode" = numa-icount ]; then
+      pass_line="numa-icount: done"
+      extra+=(-icount shift=0,sleep=off -append "numa icount")
+    else
+      extra+=(-append numa)
+    fi
     ;;
 esac
 

@@ -8,11 +8,16 @@
 # same on every boot (see kernel-demo/src/kernel/icount.rs and
 # kernel-demo/aarch64/src/kernel/icount.rs).
 #
-#   scripts/kernel-icount.sh [--print] [--runs N]
+#   scripts/kernel-icount.sh [--print] [--runs N] [--numa]
 #
 #   --print   print the counts only, check nothing
 #   --runs N  boot each kernel N times (default 1) and fail unless every
 #             boot gives the same counts
+#   --numa    instead, boot each kernel on two NUMA nodes
+#             (`run-qemu.sh ARCH numa-icount`) and print its counts per
+#             local allocation, local free and remote free, and per pair,
+#             on the two-node heap and on the one-node global heap
+#             (BENCHMARKS.md, "Two NUMA nodes"); checks no budget
 #
 # A change that exceeds a budget raises it in .ci/kernel-icount-budget in
 # the same commit, and says why.
@@ -21,15 +26,22 @@ cd "$(dirname "$0")/.."
 
 print_only=
 runs=1
+mode=icount
+prefix=icount
 while [ $# -gt 0 ]; do
   case "$1" in
     --print) print_only=1 ;;
+    --numa)
+      mode=numa-icount
+      prefix=numa-icount
+      print_only=1
+      ;;
     --runs)
       runs=${2:-}
       shift
       ;;
     *)
-      echo "usage: $0 [--print] [--runs N]" >&2
+      echo "usage: $0 [--print] [--runs N] [--numa]" >&2
       exit 2
       ;;
   esac
@@ -47,12 +59,12 @@ checked=0
 for arch in x86_64 aarch64; do
   first=
   for run in $(seq "$runs"); do
-    log=$(bash kernel-demo/run-qemu.sh "$arch" icount 2>&1 | tr -d '\r') || {
+    log=$(bash kernel-demo/run-qemu.sh "$arch" "$mode" 2>&1 | tr -d '\r') || {
       echo "$log"
-      echo "kernel-icount.sh: the $arch icount boot failed" >&2
+      echo "kernel-icount.sh: the $arch $mode boot failed" >&2
       exit 1
     }
-    counts=$(grep -E '^icount: ' <<<"$log" | grep -v '^icount: done$')
+    counts=$(grep -E "^$prefix: " <<<"$log" | grep -v "^$prefix: done\$")
     if [ -z "$first" ]; then
       first=$counts
       echo "$arch:"

@@ -4,7 +4,7 @@
 # status 0 (semihosting SYS_EXIT, ADP_Stopped_ApplicationExit, status 0)
 # and the serial output holds the PASS line.
 #
-#   bash kernel-demo/aarch64/run-qemu.sh [icount|heap=KIB]
+#   bash kernel-demo/aarch64/run-qemu.sh [icount|heap=KIB|numa|numa-icount]
 #
 # icount: instead of the self-test, boots on one CPU under `-icount
 # shift=0,sleep=off` with `icount` in the kernel command line (`-append`,
@@ -19,6 +19,17 @@
 # only KIB KiB of RAM and runs a tutorial kernel's heap tests over it
 # (kernel-demo/common/tutorial_heap.rs), ending with `kmemcg heap suite in
 # KIB KiB: PASS`, which stands in for the PASS line.
+#
+# numa: instead of the self-test, boots on four CPUs and two NUMA nodes
+# (`-numa`: CPUs 0-1 and the first 128 MiB on node 0, CPUs 2-3 and the
+# other 128 MiB on node 1; QEMU writes `numa-node-id` into the device
+# tree's CPU and memory nodes) with `numa` in the kernel command line,
+# and runs the two-node test of kernel-demo/common/numa.rs, ending with
+# one `node N: ...` line per node and `kmemcg numa self-test: PASS`,
+# which stands in for the PASS line. numa-icount: the same machine under
+# `-icount shift=0,sleep=off` with `numa icount`: CPU 0 prints its guest
+# instructions per local allocation, local free and remote free
+# (`numa-icount: ...` lines) and `numa-icount: done`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -38,15 +49,26 @@ case "${1:-}" in
     ;;
   heap=[1-9]*)
     if ! [[ "$1" =~ ^heap=[1-9][0-9]*$ ]]; then
-      echo "usage: $0 [icount|heap=KIB]" >&2
+      echo "usage: $0 [icount|heap=KIB|numa|numa-icount]" >&2
       exit 2
     fi
     pass_line="kmemcg heap suite in ${1#heap=} KiB: PASS"
     cpus=1
     extra=(-append "$1")
     ;;
+  numa | numa-icount)
+    pass_line="kmemcg numa self-test: PASS"
+    extra=(-object memory-backend-ram,id=m0,size=128M -object memory-backend-ram,id=m1,size=128M
+      -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1)
+    if [ "$1" = numa-icount ]; then
+      pass_line="numa-icount: done"
+      extra+=(-icount shift=0,sleep=off -append "numa icount")
+    else
+      extra+=(-append numa)
+    fi
+    ;;
   *)
-    echo "usage: $0 [icount|heap=KIB]" >&2
+    echo "usage: $0 [icount|heap=KIB|numa|numa-icount]" >&2
     exit 2
     ;;
 esac

@@ -9,6 +9,8 @@ mod cpu;
 mod icount;
 mod idt;
 mod memory;
+#[path = "../common/numa.rs"]
+mod numa;
 mod port;
 mod selftest;
 pub(crate) mod serial;
@@ -24,7 +26,7 @@ use core::sync::atomic::Ordering;
 
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
-use cpu::{Hw, IrqLock, MAX_SMP};
+use cpu::{Hw, IrqLock, MAX_SMP, NumaHw};
 use memory::BootInfo;
 use serial::{Serial, kprintln};
 use smp::phase;
@@ -41,6 +43,14 @@ static KMEM: Heap = Kmem::with_platform(Region::new(), PerCpu::new());
 /// (every operation takes the shared, locked path).
 static KMEM_NOCPUS: Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, NoCpus> =
     Kmem::with_platform(Region::new(), NoCpus::new());
+
+/// The NUMA boot's heap (`numa` on the command line): each node's RAM as
+/// that node's regions, and a platform that knows each CPU's node.
+pub type NumaHeap = Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, PerCpu<NumaHw>>;
+
+/// The NUMA boot's heap (see `numa.rs`); the global heap gets a slice of
+/// node 0 for the kernel's own allocations.
+static KMEM_NUMA: NumaHeap = Kmem::with_platform(Region::new(), PerCpu::new());
 
 /// What a multiboot v1 loader leaves in `eax`.
 const MULTIBOOT_MAGIC: u32 = 0x2BAD_B002;
@@ -71,6 +81,13 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
     // SAFETY: a multiboot loader passed `info` in `ebx`, and nothing has
     // touched memory since; the boot stub identity-maps the low 4 GiB.
     let boot = unsafe { BootInfo::read(info as usize) }.unwrap_or_else(|e| fail(e));
+    if boot.numa {
+        // `run-qemu.sh ARCH numa` (or `numa-icount`): the two-node test.
+        match numa_run(&boot) {
+            Ok(()) => exit_qemu(QemuExit::Success),
+            Err(e) => fail(e),
+        }
+    }
     match boot.give_ram_to_kmem() {
         Ok(bytes) => kprintln!("heap: {} KiB in {} free pages", bytes >> 10, KMEM.source().free_pages_on(0)),
         Err(e) => fail(e),
@@ -159,6 +176,58 @@ fn smp_run() -> Result<(), &'static str> {
     bench::run(n)?;
     smp::set_phase(phase::END);
     Ok(())
+}
+
+/// The NUMA boot: reads the SRAT, hands each node's RAM to `KMEM_NUMA`,
+/// numbers the CPUs as `smp::start_aps` will and gives each its node,
+/// starts them, and runs the two-node test on all of them (or, with
+/// `icount`, measures on this CPU while the others are parked).
+fn numa_run(boot: &BootInfo) -> Result<(), &'static str> {
+    time::calibrate();
+    apic::disable_pic();
+    apic::init()?;
+    let bsp = apic::id();
+    cpu::this().apic_id.store(bsp, Ordering::Relaxed);
+    let cpus = acpi::cpus()?;
+    let srat = acpi::srat()?;
+    let node_of = |apic_id: u32| srat.node_of_apic(apic_id).ok_or("a CPU the SRAT does not place");
+    numa::set_cpu_node(0, node_of(bsp)?)?;
+    let mut n = 1;
+    for &id in cpus.ids[..cpus.count].iter().filter(|&&id| id != bsp) {
+        numa::set_cpu_node(n, node_of(id)?)?;
+        n += 1;
+    }
+    boot.give_ram_numa(&srat)?;
+    numa::start(n, boot.icount)?;
+    let online = smp::start_aps(&cpus, bsp, if boot.icount { ap_numa_icount } else { ap_numa })?;
+    if online != n {
+        return Err("not every CPU came up");
+    }
+    if boot.icount {
+        return numa::measure(time::rdtsc, icount::ticks_per_insn()?);
+    }
+    numa::cpu_part(0)?;
+    kprintln!("kmemcg numa self-test: PASS");
+    Ok(())
+}
+
+/// An application processor in the NUMA test.
+extern "C" fn ap_numa(index: usize) -> ! {
+    if let Err(e) = smp::ap_init(index).and_then(|()| numa::cpu_part(index)) {
+        fail(e);
+    }
+    halt()
+}
+
+/// An application processor in the NUMA measurement: the node-1 partner
+/// of CPU 0 allocates the objects CPU 0 frees remotely; every AP then
+/// halts for good, so only CPU 0 runs while it counts.
+extern "C" fn ap_numa_icount(index: usize) -> ! {
+    if let Err(e) = smp::ap_init(index) {
+        fail(e);
+    }
+    numa::remote_part(index);
+    halt()
 }
 
 /// CPU `me`'s workload, with its timer on and interrupts enabled; then

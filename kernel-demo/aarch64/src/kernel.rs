@@ -8,6 +8,8 @@ mod dtb;
 mod icount;
 mod irq;
 mod memory;
+#[path = "../../common/numa.rs"]
+mod numa;
 mod selftest;
 pub(crate) mod serial;
 mod small_heap;
@@ -16,11 +18,11 @@ mod sync;
 mod tutorial_heap;
 
 use core::panic::PanicInfo;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
-use cpu::{Conduit, Hw};
+use cpu::{Conduit, Hw, NumaHw};
 use dtb::DeviceTree;
 use serial::kprintln;
 
@@ -38,6 +40,21 @@ pub static KMEM: Heap = Kmem::with_platform(Region::new(), PerCpu::new());
 
 /// The comparison heap, over its own slice of RAM.
 pub static SOLO: SoloHeap = Kmem::with_platform(Region::new(), NoCpus::new());
+
+/// The NUMA boot's heap (`numa` in `bootargs`): each node's RAM as that
+/// node's regions, and a platform that knows each CPU's node.
+pub type NumaHeap = Kmem<Region<Lock>, Lock, PerCpu<NumaHw>>;
+
+/// The NUMA boot's heap (see `numa.rs`); the global heap gets a slice of
+/// node 0 for the kernel's own allocations.
+pub static KMEM_NUMA: NumaHeap = Kmem::with_platform(Region::new(), PerCpu::new());
+
+/// What the secondary CPUs run: [`MODE_SELFTEST`], [`MODE_NUMA`] or
+/// [`MODE_NUMA_ICOUNT`] (set by the boot CPU before it starts them).
+static MODE: AtomicU8 = AtomicU8::new(MODE_SELFTEST);
+const MODE_SELFTEST: u8 = 0;
+const MODE_NUMA: u8 = 1;
+const MODE_NUMA_ICOUNT: u8 = 2;
 
 /// Timer interrupts per second on each CPU.
 const TIMER_HZ: u64 = 1000;
@@ -60,6 +77,14 @@ extern "C" fn kmain(dtb_addr: usize, entry_el: u64) -> ! {
         dt.cpu_count,
         dt.uart.unwrap_or(0)
     );
+    if dt.numa {
+        // `run-qemu.sh aarch64 numa` (or `numa-icount`): the two-node test.
+        cpu::set_conduit(conduit);
+        match numa_run(&dt) {
+            Ok(()) => exit_qemu(true),
+            Err(e) => fail(e),
+        }
+    }
     memory::give_ram(&dt).unwrap_or_else(|e| fail(e));
     if let Some(bytes) = dt.heap {
         // `run-qemu.sh aarch64 heap=KIB`: the tutorial heap suite only.
@@ -120,6 +145,38 @@ fn start_secondaries(dt: &DeviceTree) -> usize {
     next
 }
 
+/// The NUMA boot: hands each node's RAM to `KMEM_NUMA`, numbers the CPUs
+/// as `start_secondaries` will and gives each the `numa-node-id` of its
+/// device tree node, starts them (no GIC, no timer: nothing interrupts
+/// the test or the counts), and runs the two-node test on all of them
+/// (or, with `icount`, measures on this CPU while the others are parked).
+fn numa_run(dt: &DeviceTree) -> Result<(), &'static str> {
+    let me = mpidr();
+    let node_of = |i: usize| dt.cpu_node[i] as usize;
+    let boot = (0..dt.cpu_count).find(|&i| dt.cpus[i] == me).ok_or("the boot CPU is not in the device tree")?;
+    numa::set_cpu_node(0, node_of(boot))?;
+    let mut n = 1;
+    for i in (0..dt.cpu_count).filter(|&i| i != boot) {
+        if n < cpu::MAX_CPUS {
+            numa::set_cpu_node(n, node_of(i))?;
+            n += 1;
+        }
+    }
+    memory::give_ram_numa(dt)?;
+    numa::start(n, dt.icount)?;
+    MODE.store(if dt.icount { MODE_NUMA_ICOUNT } else { MODE_NUMA }, Ordering::Release);
+    if start_secondaries(dt) != n {
+        return Err("not every CPU came up");
+    }
+    kprintln!("smp: {n} CPUs online, no timer");
+    if dt.icount {
+        return numa::measure(cpu::ticks, icount::ticks_per_insn()?);
+    }
+    numa::cpu_part(0)?;
+    kprintln!("kmemcg numa self-test: PASS");
+    Ok(())
+}
+
 /// This CPU's affinity fields (MPIDR_EL1 without the flag bits).
 fn mpidr() -> u64 {
     let m: u64;
@@ -130,9 +187,26 @@ fn mpidr() -> u64 {
 
 /// A secondary CPU's Rust entry (boot.rs), MMU on, `index` from `CPU_ON`.
 extern "C" fn secondary_main(index: usize) -> ! {
-    irq::init_this_cpu();
-    cpu::CPUS[index].online.store(true, Ordering::Release);
-    selftest::secondary(index);
+    match MODE.load(Ordering::Acquire) {
+        MODE_NUMA => {
+            cpu::CPUS[index].online.store(true, Ordering::Release);
+            if let Err(e) = numa::cpu_part(index) {
+                fail(e);
+            }
+        }
+        MODE_NUMA_ICOUNT => {
+            // The node-1 partner of CPU 0 allocates the objects CPU 0
+            // frees remotely; every secondary then sleeps for good (no
+            // interrupt is enabled), so only CPU 0 runs while it counts.
+            cpu::CPUS[index].online.store(true, Ordering::Release);
+            numa::remote_part(index);
+        }
+        _ => {
+            irq::init_this_cpu();
+            cpu::CPUS[index].online.store(true, Ordering::Release);
+            selftest::secondary(index);
+        }
+    }
     loop {
         cpu::wait_for_interrupt();
     }

@@ -47,13 +47,19 @@ fn per_pair<A: core::alloc::GlobalAlloc>(a: &A, ticks_per_insn: f64) -> Result<f
     Ok(two.saturating_sub(one) as f64 / ticks_per_insn / PAIRS as f64)
 }
 
-/// TSC ticks per instruction, then instructions per pair with `PerCpu`
-/// and with `NoCpus`.
-fn measure() -> Result<(f64, f64, f64), &'static str> {
+/// TSC ticks per instruction, from a loop of known length.
+pub fn ticks_per_insn() -> Result<f64, &'static str> {
     let ticks_per_insn = spin(2 * ROUNDS).saturating_sub(spin(ROUNDS)) as f64 / (2 * ROUNDS) as f64;
     if ticks_per_insn <= 0.0 {
         return Err("icount: the TSC did not advance");
     }
+    Ok(ticks_per_insn)
+}
+
+/// TSC ticks per instruction, then instructions per pair with `PerCpu`
+/// and with `NoCpus`.
+fn measure() -> Result<(f64, f64, f64), &'static str> {
+    let ticks_per_insn = ticks_per_insn()?;
     Ok((ticks_per_insn, per_pair(&KMEM, ticks_per_insn)?, per_pair(&&KMEM_NOCPUS, ticks_per_insn)?))
 }
 

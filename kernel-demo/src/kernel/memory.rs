@@ -4,8 +4,9 @@ use core::ptr::read_unaligned;
 
 use kmemcg::PAGE_SIZE;
 
+use super::acpi::Srat;
 use super::serial::kprintln;
-use super::{KMEM, KMEM_NOCPUS};
+use super::{KMEM, KMEM_NOCPUS, numa};
 
 /// The boot stub identity-maps `[0, IDENTITY_LIMIT)`; memory above it is
 /// not addressable.
@@ -20,6 +21,10 @@ const USABLE: u32 = 1;
 /// Bytes kept from the top of the largest usable range for the `NoCpus`
 /// allocator of the benchmark.
 const BENCH_HEAP: u64 = 4 << 20;
+
+/// In the NUMA boot, bytes of node 0's first range for the global heap
+/// (the kernel's own allocations); the rest goes to `KMEM_NUMA`.
+const NUMA_GLOBAL_HEAP: u64 = 16 << 20;
 
 unsafe extern "C" {
     /// First byte of the kernel image (linker script).
@@ -49,6 +54,10 @@ pub struct BootInfo {
     /// `heap=KIB` on the command line, in bytes: the heap gets only that
     /// much RAM and runs the tutorial heap suite only (`small_heap.rs`).
     pub heap: Option<usize>,
+    /// Whether the command line has the word `numa`: the two-node test
+    /// (`numa.rs`) instead of the self-test; with `icount` too, its
+    /// instruction counts.
+    pub numa: bool,
 }
 
 /// Length of the NUL-terminated string at `p`.
@@ -82,12 +91,14 @@ impl BootInfo {
         reserve(info as u64, 88); // the information structure itself
         let mut icount = false;
         let mut heap = None;
+        let mut numa = false;
         if flags & (1 << 2) != 0 {
             // SAFETY: bit 2: `cmdline` is a valid C string.
             let cmdline = unsafe { core::ffi::CStr::from_ptr(word(16) as *const core::ffi::c_char) };
             reserve(word(16) as u64, cmdline.count_bytes() as u64 + 1);
             // QEMU passes the kernel's file name, a space, then `-append`.
             icount = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"icount");
+            numa = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"numa");
             heap = super::tutorial_heap::heap_arg(cmdline.to_bytes());
         }
         if flags & (1 << 3) != 0 {
@@ -109,7 +120,8 @@ impl BootInfo {
         let (len, addr) = (word(44), word(48));
         reserve(addr as u64, len as u64);
 
-        let mut boot = BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end, icount, heap };
+        let mut boot =
+            BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end, icount, heap, numa };
         let mut p = addr;
         while p + 24 <= addr + len && boot.count < MAX_ENTRIES {
             // SAFETY: bit 6: `len` bytes of entries at `addr`, each
@@ -129,6 +141,51 @@ impl BootInfo {
         Ok(boot)
     }
 
+    /// The usable part of entry `e`: above the kernel and boot structures,
+    /// below the identity-mapping limit, page aligned.
+    fn usable(&self, e: &Entry) -> Option<(u64, u64)> {
+        let page = PAGE_SIZE as u64;
+        let floor = self.reserved_end.next_multiple_of(page);
+        let start = e.base.max(floor).next_multiple_of(page);
+        let end = (e.base + e.len).min(IDENTITY_LIMIT) / page * page;
+        (e.kind == USABLE && start < end).then_some((start, end))
+    }
+
+    /// The NUMA boot: hands each usable range, split where the SRAT's
+    /// memory ranges split it, to `KMEM_NUMA` as memory of the range's
+    /// node (`Srat::node_of_domain`), but for the first
+    /// [`NUMA_GLOBAL_HEAP`] bytes of node 0, which go to `KMEM`.
+    pub fn give_ram_numa(&self, srat: &Srat) -> Result<(), &'static str> {
+        let page = PAGE_SIZE as u64;
+        let mut global = false;
+        for e in &self.entries[..self.count] {
+            kprintln!("  mmap {:#013x}..{:#013x} type {}", e.base, e.base + e.len, e.kind);
+            let Some((start, end)) = self.usable(e) else { continue };
+            for m in &srat.mems[..srat.nmems] {
+                let s = start.max(m.base).next_multiple_of(page);
+                let mut t = end.min(m.base + m.len) / page * page;
+                if s >= t {
+                    continue;
+                }
+                let node = srat.node_of_domain(m.domain);
+                if !global && node == 0 && t - s > 2 * NUMA_GLOBAL_HEAP {
+                    t -= NUMA_GLOBAL_HEAP;
+                    // SAFETY: as in `give_ram_to_kmem`: usable RAM above
+                    // the kernel and boot structures, identity mapped,
+                    // given to `KMEM` alone.
+                    unsafe { KMEM.source().add_raw(t as *mut u8, NUMA_GLOBAL_HEAP as usize, 0) }
+                        .map_err(|_| "kmemcg refused a memory range")?;
+                    kprintln!("    -> global heap: {:#x}..{:#x}", t, t + NUMA_GLOBAL_HEAP);
+                    global = true;
+                }
+                // SAFETY: as above, for the rest of the piece, which only
+                // `KMEM_NUMA` gets.
+                unsafe { numa::give(s, t, node) }?;
+            }
+        }
+        if global { Ok(()) } else { Err("no room on node 0 for the global heap") }
+    }
+
     /// Prints the memory map and hands every usable range above the kernel
     /// and boot structures, and below the identity-mapping limit, to
     /// `KMEM`, but for the top [`BENCH_HEAP`] bytes of the largest, which
@@ -137,13 +194,7 @@ impl BootInfo {
     pub fn give_ram_to_kmem(&self) -> Result<u64, &'static str> {
         let kernel = (&raw const __kernel_start as usize, &raw const __kernel_end as usize);
         kprintln!("kernel image {:#x}..{:#x}, boot data up to {:#x}", kernel.0, kernel.1, self.reserved_end);
-        let page = PAGE_SIZE as u64;
-        let floor = self.reserved_end.next_multiple_of(page);
-        let usable = |e: &Entry| {
-            let start = e.base.max(floor).next_multiple_of(page);
-            let end = (e.base + e.len).min(IDENTITY_LIMIT) / page * page;
-            (e.kind == USABLE && start < end).then_some((start, end))
-        };
+        let usable = |e: &Entry| self.usable(e);
         let largest = self.entries[..self.count].iter().filter_map(usable).max_by_key(|&(s, e)| e - s);
         if let Some(bytes) = self.heap {
             // The heap suite: `bytes` at the start of the largest range,

@@ -2,8 +2,9 @@
 //! reservation block, the CPUs' MPIDRs, the GIC, the generic timer's
 //! virtual interrupt, the PL011, the PSCI conduit, and whether the kernel
 //! command line (`/chosen` `bootargs`, QEMU's `-append`) asks for the
-//! instruction counts only (`icount`) or the heap suite in a small heap
-//! (`heap=KIB`).
+//! instruction counts only (`icount`), the heap suite in a small heap
+//! (`heap=KIB`) or the two-node test (`numa`), with the `numa-node-id` of
+//! each CPU and memory node.
 
 use super::cpu::{Conduit, MAX_CPUS};
 
@@ -35,12 +36,17 @@ pub struct DeviceTree {
     /// `/memory` `reg` ranges (the first `memory_count`).
     pub memory: [Range; MAX_RANGES],
     pub memory_count: usize,
+    /// `numa-node-id` of the `/memory` node each range came from (0 if
+    /// none).
+    pub memory_node: [u32; MAX_RANGES],
     /// The memory reservation block's entries.
     pub reserved: [Range; MAX_RANGES],
     pub reserved_count: usize,
     /// MPIDR of each CPU node, in tree order.
     pub cpus: [u64; MAX_CPUS],
     pub cpu_count: usize,
+    /// `numa-node-id` of each CPU node (0 if none).
+    pub cpu_node: [u32; MAX_CPUS],
     /// GICv2 distributor and CPU interface.
     pub gicd: Option<u64>,
     pub gicc: Option<u64>,
@@ -56,6 +62,10 @@ pub struct DeviceTree {
     /// `heap=KIB` in `bootargs`, in bytes: the heap gets only that much
     /// RAM and runs the tutorial heap suite only (`small_heap.rs`).
     pub heap: Option<usize>,
+    /// Whether `bootargs` has the word `numa`: the two-node test
+    /// (`numa.rs`) instead of the self-test; with `icount` too, its
+    /// instruction counts.
+    pub numa: bool,
 }
 
 /// What a node is, as far as this reader cares.
@@ -81,11 +91,20 @@ struct Node<'a> {
     reg: &'a [u8],
     interrupts: &'a [u8],
     method: &'a [u8],
+    /// `numa-node-id` (0 if absent).
+    numa_node: u32,
 }
 
 impl Node<'_> {
-    const EMPTY: Node<'static> =
-        Node { kind: Kind::Other, address_cells: 2, size_cells: 1, reg: &[], interrupts: &[], method: &[] };
+    const EMPTY: Node<'static> = Node {
+        kind: Kind::Other,
+        address_cells: 2,
+        size_cells: 1,
+        reg: &[],
+        interrupts: &[],
+        method: &[],
+        numa_node: 0,
+    };
 }
 
 fn be32(b: &[u8], at: usize) -> Result<u32, &'static str> {
@@ -142,10 +161,12 @@ impl DeviceTree {
             blob: Range { base: addr as u64, size: total as u64 },
             memory: [Range::default(); MAX_RANGES],
             memory_count: 0,
+            memory_node: [0; MAX_RANGES],
             reserved: [Range::default(); MAX_RANGES],
             reserved_count: 0,
             cpus: [0; MAX_CPUS],
             cpu_count: 0,
+            cpu_node: [0; MAX_CPUS],
             gicd: None,
             gicc: None,
             timer_intid: None,
@@ -153,6 +174,7 @@ impl DeviceTree {
             psci: None,
             icount: false,
             heap: None,
+            numa: false,
         };
 
         let mut p = rsvmap;
@@ -213,10 +235,12 @@ impl DeviceTree {
                         b"reg" => node.reg = value,
                         b"interrupts" => node.interrupts = value,
                         b"method" => node.method = value,
+                        b"numa-node-id" => node.numa_node = be32(value, 0)?,
                         b"bootargs" if node.kind == Kind::Chosen => {
                             let args = cstr(value, 0)?;
                             dt.icount = args.split(|&c| c == b' ').any(|w| w == b"icount");
                             dt.heap = super::tutorial_heap::heap_arg(args);
+                            dt.numa = args.split(|&c| c == b' ').any(|w| w == b"numa");
                         }
                         b"device_type" if depth == 1 && has_string(value, b"memory") => node.kind = Kind::Memory,
                         b"compatible" => {
@@ -254,12 +278,14 @@ impl DeviceTree {
                 for i in 0..node.reg.len() / entry {
                     if self.memory_count < MAX_RANGES {
                         self.memory[self.memory_count] = reg(i)?;
+                        self.memory_node[self.memory_count] = node.numa_node;
                         self.memory_count += 1;
                     }
                 }
             }
             Kind::Cpu if !node.reg.is_empty() && self.cpu_count < MAX_CPUS => {
                 self.cpus[self.cpu_count] = reg(0)?.base;
+                self.cpu_node[self.cpu_count] = node.numa_node;
                 self.cpu_count += 1;
             }
             Kind::Gic => {

@@ -53,12 +53,18 @@ fn per_pair<A: core::alloc::GlobalAlloc>(heap: &A, ticks_per_insn: f64) -> f64 {
     two.saturating_sub(one) as f64 / ticks_per_insn / PAIRS as f64
 }
 
-/// Measures and prints the counts: one line per platform, then `done`.
-pub fn run() -> Result<(), &'static str> {
+/// Counter ticks per instruction, from a loop of known length.
+pub fn ticks_per_insn() -> Result<f64, &'static str> {
     let ticks_per_insn = spin(2 * ROUNDS).saturating_sub(spin(ROUNDS)) as f64 / (2 * ROUNDS) as f64;
     if ticks_per_insn <= 0.0 {
         return Err("icount: the counter did not advance");
     }
+    Ok(ticks_per_insn)
+}
+
+/// Measures and prints the counts: one line per platform, then `done`.
+pub fn run() -> Result<(), &'static str> {
+    let ticks_per_insn = ticks_per_insn()?;
     let percpu = per_pair(&KMEM, ticks_per_insn);
     let nocpus = per_pair(&SOLO, ticks_per_insn);
     kprintln!("icount: {ticks_per_insn:.4} counter ticks per instruction");

@@ -6,7 +6,7 @@ use kmemcg::PAGE_SIZE;
 
 use super::dtb::{DeviceTree, MAX_RANGES, Range};
 use super::serial::kprintln;
-use super::{KMEM, SOLO};
+use super::{KMEM, SOLO, numa};
 
 /// The boot code maps `[0, MAPPED_LIMIT)`; RAM above it is left alone.
 const MAPPED_LIMIT: u64 = 4 << 30;
@@ -14,6 +14,10 @@ const MAPPED_LIMIT: u64 = 4 << 30;
 /// RAM for the one-CPU comparison heap, cut from the top of the largest
 /// free range.
 const SOLO_BYTES: u64 = 8 << 20;
+
+/// In the NUMA boot, bytes of node 0's largest range for the global heap
+/// (the kernel's own allocations); the rest goes to `KMEM_NUMA`.
+const NUMA_GLOBAL_HEAP: u64 = 16 << 20;
 
 /// Free ranges kept while cutting out reservations.
 const MAX_PIECES: usize = 32;
@@ -61,6 +65,57 @@ impl Pieces {
     }
 }
 
+/// `ranges` (mapped part only) less the kernel image, the device tree
+/// blob and its reservations.
+fn free_ranges(dt: &DeviceTree, ranges: &[Range]) -> Result<Pieces, &'static str> {
+    let page = PAGE_SIZE as u64;
+    let kernel = (&raw const __kernel_start as u64, &raw const __kernel_end as u64);
+    let blob = (dt.blob.base, dt.blob.base + dt.blob.size);
+    let mut free = Pieces { r: [Range::default(); MAX_PIECES], n: 0 };
+    for m in ranges {
+        free.push(m.base, (m.base + m.size).min(MAPPED_LIMIT))?;
+    }
+    free.cut(kernel.0 / page * page, kernel.1.next_multiple_of(page))?;
+    free.cut(blob.0 / page * page, blob.1.next_multiple_of(page))?;
+    for r in &dt.reserved[..dt.reserved_count.min(MAX_RANGES)] {
+        free.cut(r.base / page * page, (r.base + r.size).next_multiple_of(page))?;
+    }
+    Ok(free)
+}
+
+/// The NUMA boot: hands each `/memory` range, less the kernel, the blob
+/// and the reservations, to `KMEM_NUMA` as memory of its node's
+/// `numa-node-id`, but for [`NUMA_GLOBAL_HEAP`] bytes of node 0, which go
+/// to `KMEM`.
+pub fn give_ram_numa(dt: &DeviceTree) -> Result<(), &'static str> {
+    let page = PAGE_SIZE as u64;
+    let mut global = false;
+    for (m, &node) in dt.memory[..dt.memory_count].iter().zip(&dt.memory_node) {
+        kprintln!("memory: RAM {:#x}..{:#x} ({} MiB) on node {node}", m.base, m.base + m.size, m.size >> 20);
+        let free = free_ranges(dt, core::slice::from_ref(m))?;
+        for p in &free.r[..free.n] {
+            let (start, mut end) = (p.base.next_multiple_of(page), (p.base + p.size) / page * page);
+            if end <= start {
+                continue;
+            }
+            if !global && node == 0 && end - start > 2 * NUMA_GLOBAL_HEAP {
+                end -= NUMA_GLOBAL_HEAP;
+                // SAFETY: as in `give_ram`: RAM outside the image, the blob
+                // and its reservations, identity mapped, given to `KMEM`
+                // alone.
+                unsafe { KMEM.source().add_raw(end as *mut u8, NUMA_GLOBAL_HEAP as usize, 0) }
+                    .map_err(|_| "kmemcg refused a memory range")?;
+                kprintln!("memory: -> global heap {:#x}..{:#x}", end, end + NUMA_GLOBAL_HEAP);
+                global = true;
+            }
+            // SAFETY: as above, for the rest of the piece, which only
+            // `KMEM_NUMA` gets.
+            unsafe { numa::give(start, end, node as usize) }?;
+        }
+    }
+    if global { Ok(()) } else { Err("no room on node 0 for the global heap") }
+}
+
 /// Gives RAM to `KMEM` (and `SOLO_BYTES` of it to `SOLO`); with
 /// `heap=KIB`, only that many bytes at the start of the largest free
 /// range, to `KMEM`.
@@ -68,18 +123,14 @@ pub fn give_ram(dt: &DeviceTree) -> Result<(), &'static str> {
     let page = PAGE_SIZE as u64;
     let kernel = (&raw const __kernel_start as u64, &raw const __kernel_end as u64);
     let blob = (dt.blob.base, dt.blob.base + dt.blob.size);
-    let mut free = Pieces { r: [Range::default(); MAX_PIECES], n: 0 };
     for m in &dt.memory[..dt.memory_count] {
         kprintln!("memory: RAM {:#x}..{:#x} ({} MiB)", m.base, m.base + m.size, m.size >> 20);
-        free.push(m.base, (m.base + m.size).min(MAPPED_LIMIT))?;
     }
     kprintln!("memory: kernel image {:#x}..{:#x}, device tree {:#x}..{:#x}", kernel.0, kernel.1, blob.0, blob.1);
-    free.cut(kernel.0 / page * page, kernel.1.next_multiple_of(page))?;
-    free.cut(blob.0 / page * page, blob.1.next_multiple_of(page))?;
     for r in &dt.reserved[..dt.reserved_count.min(MAX_RANGES)] {
         kprintln!("memory: reserved {:#x}..{:#x}", r.base, r.base + r.size);
-        free.cut(r.base / page * page, (r.base + r.size).next_multiple_of(page))?;
     }
+    let mut free = free_ranges(dt, &dt.memory[..dt.memory_count])?;
 
     let largest = (0..free.n).max_by_key(|&i| free.r[i].size).ok_or("no RAM in the device tree")?;
     if let Some(bytes) = dt.heap {
