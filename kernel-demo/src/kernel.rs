@@ -19,6 +19,7 @@ mod smp;
 mod time;
 #[path = "../common/tutorial_heap.rs"]
 mod tutorial_heap;
+mod vectors;
 mod workload;
 
 use core::panic::PanicInfo;

@@ -8,9 +8,9 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use kmemcg::Cpu as _;
 
 use super::cpu::{Hw, rdmsr};
-use super::idt::{PIC_VECTOR_BASE, SPURIOUS_VECTOR, TIMER_VECTOR, WAKE_VECTOR};
 use super::port::outb;
 use super::time;
+use super::vectors::{PIC_VECTOR_BASE, SPURIOUS_VECTOR, TIMER_VECTOR, WAKE_VECTOR};
 
 /// Where the local APIC's registers are mapped.
 const BASE: usize = 0xFEE0_0000;

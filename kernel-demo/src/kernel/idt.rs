@@ -12,15 +12,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use super::apic;
 use super::cpu;
 use super::serial::kprintln;
-
-/// The local APIC timer's vector.
-pub const TIMER_VECTOR: u8 = 0x20;
-/// The wake IPI's vector (ends a `wait_until` halt; does nothing else).
-pub const WAKE_VECTOR: u8 = 0x40;
-/// The local APIC's spurious vector.
-pub const SPURIOUS_VECTOR: u8 = 0xFF;
-/// Where the (masked) legacy PICs deliver: 16 vectors that just return.
-pub const PIC_VECTOR_BASE: u8 = 0xE0;
+use super::vectors::{PIC_VECTOR_BASE, SPURIOUS_VECTOR, TIMER_VECTOR, WAKE_VECTOR};
 
 /// The 64-bit code selector of the boot and trampoline GDTs.
 const KERNEL_CS: u64 = 0x08;

@@ -4,12 +4,29 @@
 //! one CPU.
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::cpu;
-use super::selftest::Shared;
+use super::cpu::MAX_CPUS;
 use super::serial::kprintln;
+use super::sync::Barrier;
 use super::{KMEM, SOLO};
+
+/// Counter values around one CPU's timed loop.
+struct Span {
+    start: AtomicU64,
+    end: AtomicU64,
+}
+
+/// Each CPU's last span, for the runs on every CPU at once.
+static SPANS: [Span; MAX_CPUS] = [const { Span { start: AtomicU64::new(0), end: AtomicU64::new(0) } }; MAX_CPUS];
+
+/// The CPUs timing together: how many, and the barrier that keeps them in
+/// step (the self-test's).
+pub struct Team<'a> {
+    pub n: usize,
+    pub barrier: &'a Barrier,
+}
 
 /// Timed pairs per CPU and run.
 const PAIRS: usize = 20_000;
@@ -50,16 +67,16 @@ fn best_alone<A: GlobalAlloc>(heap: &A) -> u64 {
 
 /// Every CPU runs `PAIRS` pairs on `heap` at once, `RUNS` times; the
 /// shortest span from the first CPU's start to the last CPU's end.
-fn best_together<A: GlobalAlloc>(sh: &Shared, me: usize, heap: &A) -> u64 {
+fn best_together<A: GlobalAlloc>(sh: &Team<'_>, me: usize, heap: &A) -> u64 {
     let mut best = u64::MAX;
     for _ in 0..RUNS {
         // Also keeps this run's stores from overtaking the last run's reads.
         sh.barrier.wait();
         let (s, e) = pairs(heap, PAIRS);
-        sh.results[me].start.store(s, Ordering::Relaxed);
-        sh.results[me].end.store(e, Ordering::Relaxed);
+        SPANS[me].start.store(s, Ordering::Relaxed);
+        SPANS[me].end.store(e, Ordering::Relaxed);
         sh.barrier.wait();
-        let r = &sh.results[..sh.n];
+        let r = &SPANS[..sh.n];
         let first = r.iter().map(|r| r.start.load(Ordering::Relaxed)).min().unwrap_or(0);
         let last = r.iter().map(|r| r.end.load(Ordering::Relaxed)).max().unwrap_or(0);
         best = best.min(last - first);
@@ -68,7 +85,7 @@ fn best_together<A: GlobalAlloc>(sh: &Shared, me: usize, heap: &A) -> u64 {
 }
 
 /// Every CPU takes part, in step; CPU 0 prints.
-pub fn run(sh: &Shared, me: usize) {
+pub fn run(sh: &Team<'_>, me: usize) {
     let n = sh.n;
     let freq = cpu::ticks_per_second() as f64;
     let per_pair_ns = |ticks: u64| ticks as f64 * 1e9 / freq / PAIRS as f64;

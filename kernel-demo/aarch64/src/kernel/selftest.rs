@@ -11,7 +11,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::alloc::Layout;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use kmemcg::allocator_api2::alloc::Allocator;
 use kmemcg::{CacheBox, CacheFlags, Cgroup, CgroupAllocator, Error, KmemCache};
@@ -80,9 +80,6 @@ pub struct CpuResult {
     limit_errors: AtomicUsize,
     received: AtomicUsize,
     failure: Failure,
-    /// Counter values around this CPU's timed loops (bench).
-    pub start: AtomicU64,
-    pub end: AtomicU64,
 }
 
 impl CpuResult {
@@ -92,8 +89,6 @@ impl CpuResult {
             limit_errors: AtomicUsize::new(0),
             received: AtomicUsize::new(0),
             failure: Failure::new(),
-            start: AtomicU64::new(0),
-            end: AtomicU64::new(0),
         }
     }
 }
@@ -136,7 +131,7 @@ pub fn run(n: usize) -> Test {
     cpu::irq_enable();
     on_every_cpu(sh, 0);
     check_results(sh)?;
-    bench::run(sh, 0);
+    bench::run(&bench::Team { n: sh.n, barrier: &sh.barrier }, 0);
     Ok(())
 }
 
@@ -152,7 +147,7 @@ pub fn secondary(me: usize) {
     };
     cpu::irq_enable();
     on_every_cpu(sh, me);
-    bench::run(sh, me);
+    bench::run(&bench::Team { n: sh.n, barrier: &sh.barrier }, me);
 }
 
 /// The workload every CPU runs at the same time, between barriers.
