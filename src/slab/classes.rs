@@ -29,8 +29,8 @@
 //!
 //! | region | slab order cap | region metadata | allocator metadata | every allocation up to | 64-byte boxes |
 //! | ---: | ---: | ---: | ---: | ---: | ---: |
-//! | 16 KiB | 0 | 0 | 4 KiB | 7 KiB | 189 |
-//! | 32 KiB | 0 | 0 | 4 KiB | 14 KiB | 441 |
+//! | 16 KiB | 0 | 0 | 4 KiB | 14 KiB | 189 |
+//! | 32 KiB | 0 | 0 | 4 KiB | 28 KiB | 441 |
 //! | 64 KiB | 1 | 0 | 4 KiB | 60 KiB | 945 |
 //! | 100 KiB | 1 | 0 | 4 KiB | 60 KiB | 1,512 |
 //! | 256 KiB | 3 | 0 | 4 KiB | 252 KiB | 3,969 |
@@ -41,10 +41,9 @@
 //! of the region); *allocator metadata* the magazine slab the first
 //! allocation makes. *Every allocation up to* is the largest size such
 //! that one allocation of any size up to it succeeds: a size class needs
-//! its slab and a magazine page (in 16 KiB the 8 KiB class's slab needs an
-//! aligned 4-page run, which the magazine page breaks), a larger block a
-//! run for itself and a header page (so at most half the region when its
-//! metadata takes a page). *64-byte boxes* is how many fit at once.
+//! its slab (the refill takes the object first and a magazine page only
+//! if one is left), a larger block a run for itself and a header page (so
+//! at most half the region when its metadata takes a page). *64-byte boxes* is how many fit at once.
 
 use crate::platform::PAGE_SIZE;
 use crate::slab::Geometry;
