@@ -672,3 +672,34 @@ fn two_threads_growing_blocks_at_once_never_share_pages() {
     k.shrink();
     assert_eq!(k.source().stats().pages_in_use, 0, "pages leaked");
 }
+
+/// A typed cache made when the page source is dry while the magazines hold
+/// freed objects (and so keep their slabs): contention reclaim gives those
+/// slabs back and the descriptor is made, as a group's metadata is (it
+/// failed with `OutOfMemory`).
+#[test]
+fn create_cache_reclaims_when_the_source_is_dry() {
+    let k: &'static Kmem<Region, DefaultRawMutex, crate::platform::NoCpus> =
+        Box::leak(Box::new(Kmem::with_platform(Region::new(), crate::platform::NoCpus::new())));
+    // Page-aligned, so the region's pages are all usable.
+    let mem = crate::testutil::arena(36 << 10);
+    let skew = mem.as_ptr().addr().next_multiple_of(4096) - mem.as_ptr().addr();
+    k.source().add(&mut mem[skew..skew + (32 << 10)], 0).unwrap();
+    let l = Layout::from_size_align(64, 8).unwrap();
+    let mut objs = Vec::new();
+    loop {
+        // SAFETY: a valid layout; every object is freed below.
+        let p = unsafe { k.alloc(l) };
+        if p.is_null() {
+            break;
+        }
+        objs.push(p);
+    }
+    for p in objs {
+        // SAFETY: allocated above with `l`.
+        unsafe { k.dealloc(p, l) };
+    }
+    let held = k.source().stats().pages_in_use;
+    let c = k.create_cache::<[u64; 8]>("after-dry", crate::CacheFlags::NONE);
+    assert!(c.is_ok(), "{:?} with {held} pages in use", c.err());
+}

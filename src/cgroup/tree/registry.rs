@@ -92,18 +92,27 @@ impl<R: RawMutex> Tree<R> {
         geo: Geometry,
         accounted: bool,
     ) -> Result<&CacheDesc<R>, Error> {
+        // The descriptor's memory first, with no lock held: when the page
+        // source is dry, contention reclaim may run for it (it takes the
+        // tree lock, and its shrinkers may register caches themselves).
+        let mem = self.alloc_meta(env, &self.descriptors).ok_or(Error::OutOfMemory)?;
+        let refuse = |e| {
+            // SAFETY: ours, never written, unused.
+            unsafe { self.descriptors.free(&Pages::plain(env.src()), mem) };
+            Err(e)
+        };
         let mut indices = self.registry_lock.lock();
         let mut taken = false;
         self.for_each_desc(|d| taken |= d.name == name && d.live.load(Ordering::Relaxed));
         if taken {
-            return Err(Error::NameTaken);
+            return refuse(Error::NameTaken);
         }
-        let acct_idx = if accounted { indices.take().ok_or(Error::TooManyAccountedCaches)? } else { NOT_ACCOUNTED };
-        let Ok(mem) = self.descriptors.alloc(&Pages::plain(env.src()), 0) else {
-            if accounted {
-                indices.give(acct_idx);
-            }
-            return Err(Error::OutOfMemory);
+        let acct_idx = if !accounted {
+            NOT_ACCOUNTED
+        } else if let Some(i) = indices.take() {
+            i
+        } else {
+            return refuse(Error::TooManyAccountedCaches);
         };
         let p = mem.cast::<CacheDesc<R>>();
         // SAFETY: `mem` is a fresh object of the descriptor cache, sized and
