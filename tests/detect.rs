@@ -177,6 +177,27 @@ fn run_case() {
             p.add(3).write(0);
             KMEM.shrink();
         },
+        "read_the_environment" => {
+            // Read at the first allocation, from a thread each.
+            static ENV: Kmem = Kmem::new(OsPages::new());
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    std::thread::spawn(move || {
+                        // SAFETY: a valid layout; freed at once.
+                        unsafe { ENV.dealloc(ENV.alloc(l), l) };
+                    })
+                })
+                .collect();
+            threads.into_iter().for_each(|t| t.join().unwrap());
+            let d = ENV.detection();
+            println!(
+                "redzone {} poison {} quarantine {} guard {}",
+                d.redzones_on(),
+                d.poison_on(),
+                d.quarantine_bytes(),
+                d.guard_every()
+            );
+        }
         other => panic!("unknown case {other}"),
     }
     std::process::exit(0);
@@ -399,11 +420,56 @@ fn the_allocator_reports_exactly_the_requested_size() {
 
 #[test]
 fn detection_settings_parse_from_the_environment_value() {
-    assert_eq!(Detection::from_env_value(b""), Detection::OFF);
-    assert_eq!(Detection::from_env_value(b"off"), Detection::OFF);
-    assert_eq!(Detection::from_env_value(b"1"), Detection::ALL);
+    for off in ["", "0", "off", "OFF", "false", "No", " 0 "] {
+        assert_eq!(Detection::from_env_value(off.as_bytes()), Detection::OFF, "{off:?}");
+    }
+    for on in ["1", "on", "all", "true", "TRUE", "yes", "Yes", "On", " 1\n"] {
+        assert_eq!(Detection::from_env_value(on.as_bytes()), Detection::ALL, "{on:?}");
+    }
+    // Issue 30, item 5: `=1` includes a quarantine.
+    assert!(Detection::from_env_value(b"1").quarantine_bytes() > 0);
     assert_eq!(Detection::from_env_value(b"poison,quarantine=2m"), Detection::OFF.poison(true).quarantine(2 << 20));
+    // Spaces after commas, any case.
+    assert_eq!(
+        Detection::from_env_value(b"Redzone, poison,  Quarantine=64K, guard=16"),
+        Detection::ALL.quarantine(64 << 10).guard_pages(16)
+    );
+    // Poison without a quarantine word gets the default quarantine.
+    assert_eq!(Detection::from_env_value(b"poison"), Detection::OFF.poison(true).quarantine(1 << 20));
+    assert_eq!(Detection::from_env_value(b"guard=100"), Detection::sampled(100));
+    assert_eq!(Detection::from_env_value(b"all, guard=0"), Detection::ALL.guard_pages(0));
+    // Unknown words are skipped; a value with no word understood turns
+    // everything on rather than nothing.
     assert_eq!(Detection::from_env_value(b"redzone,bogus,quarantine=x"), Detection::OFF.redzones(true));
+    assert_eq!(Detection::from_env_value(b"enabled"), Detection::ALL);
+    assert_eq!(Detection::from_env_value(b"y"), Detection::ALL);
+}
+
+/// Issue 30, item 5: an allocator reading `KMEMCG_DEBUG` with a word it
+/// does not know prints one warning naming it, and takes the rest.
+#[test]
+fn an_unknown_word_in_the_environment_gets_one_warning() {
+    let run = |value: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "run_case", "--nocapture", "--test-threads=1"])
+            .env("KMEMCG_DETECT_CASE", "read_the_environment")
+            .env("KMEMCG_DEBUG", value)
+            .output()
+            .unwrap();
+        let (out_s, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{value:?}: {err}");
+        (out_s.into_owned(), err.into_owned())
+    };
+    let (out, err) = run("redzone, Poison, bogus, guard=0, quatantine=1m");
+    assert_eq!(err.matches("kmemcg: KMEMCG_DEBUG: unknown word").count(), 1, "{err}");
+    assert!(err.contains("unknown word \"bogus\""), "{err}");
+    assert!(out.contains("redzone true poison true quarantine 1048576 guard 0"), "{out}");
+    let (out, err) = run("TRUE");
+    assert!(!err.contains("unknown word"), "{err}");
+    assert!(out.contains("redzone true poison true quarantine 1048576 guard 256"), "{out}");
+    let (out, err) = run("detect");
+    assert!(err.contains("unknown word \"detect\""), "{err}");
+    assert!(out.contains("redzone true poison true"), "{out}");
 }
 
 fn leak(k: Kmem) -> &'static Kmem {

@@ -95,6 +95,9 @@ pub(crate) struct Detector<R: RawMutex> {
     locals: [CachePadded<Mutex<R, Fifo>>; MAX_CPUS],
     /// Frees checked (a statistic).
     frees_checked: Stat,
+    /// Set by the first reader of `KMEMCG_DEBUG` to warn about a word it
+    /// did not understand, so the warning is printed once.
+    warned: AtomicUsize,
 }
 
 const REDZONE: usize = 1;
@@ -116,6 +119,7 @@ impl<R: RawMutex> Detector<R> {
                 }),
                 locals: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Fifo::EMPTY)); MAX_CPUS),
                 frees_checked: Stat::new(),
+                warned: atomic_usize(0),
             }
         }
     }
@@ -176,7 +180,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// read the same variable and store the same settings.
     #[cold]
     fn read_env(&self) {
-        let d = env_detection();
+        let d = env_detection(&self.detect.warned);
         self.detect.set(d);
         self.tree.set_mode(mode::DEBUG, d.is_on());
         self.tree.set_mode(mode::ENV, false);

@@ -126,3 +126,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         idx.map_or(Name::UNKNOWN, |i| self.tree.acct_name(i))
     }
 }
+
+/// Prints `args` and a newline on standard error, without allocating (a
+/// warning: the program goes on).
+#[cfg(all(feature = "std", not(loom)))]
+pub(super) fn warn(args: fmt::Arguments<'_>) {
+    /// Standard error, unbuffered.
+    struct Stderr;
+    impl fmt::Write for Stderr {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            // SAFETY: a valid buffer written to fd 2; touches no memory of
+            // ours and does not allocate.
+            unsafe { libc::write(2, s.as_ptr().cast(), s.len()) };
+            Ok(())
+        }
+    }
+    let _ = fmt::Write::write_fmt(&mut Stderr, format_args!("{args}\n"));
+}

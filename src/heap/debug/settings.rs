@@ -2,6 +2,9 @@
 
 #[allow(unused_imports)] // the docs' links
 use crate::heap::Kmem;
+use crate::sync::AtomicUsize;
+#[cfg(all(feature = "std", not(loom)))]
+use crate::sync::Ordering;
 
 /// What memory-error detection a [`Kmem`] does; see
 /// [`Kmem::with_detection`].
@@ -57,6 +60,14 @@ impl Detection {
         self
     }
 
+    /// Sampling alone, cheap enough to leave on in production (the
+    /// idea of KFENCE and GWP-ASan): one size-class allocation in `n` on a
+    /// guard page ([`Detection::guard_pages`]), no red zones, poison or
+    /// quarantine for the others.
+    pub const fn sampled(n: usize) -> Detection {
+        Detection::OFF.guard_pages(n)
+    }
+
     /// One allocation in how many is sampled onto a guard page (0: none).
     pub const fn guard_every(&self) -> usize {
         self.guard_every
@@ -82,55 +93,160 @@ impl Detection {
         self.redzone || self.poison
     }
 
-    /// Detection from a `KMEMCG_DEBUG` value: empty, `0` or `off`: none;
-    /// `1`, `on` or `all`: [`Detection::ALL`]; otherwise a comma-separated
-    /// list of `redzone`, `poison`, `quarantine=N` (bytes, with an
-    /// optional `k` or `m`) and `guard=N` (one allocation in N). Unknown words are ignored (the allocator
-    /// cannot report them); [`Kmem::detection`] tells what was taken.
+    /// Detection from a `KMEMCG_DEBUG` value, read without regard to
+    /// case, spaces around words ignored:
+    ///
+    /// * empty, `0`, `false`, `no` or `off`: none;
+    /// * `1`, `true`, `yes`, `on` or `all`: [`Detection::ALL`] (red zones,
+    ///   poison, a 1 MiB quarantine, guard pages);
+    /// * otherwise a comma-separated list of `redzone`, `poison`,
+    ///   `quarantine=N` (bytes, with an optional `k` or `m`), `guard=N`
+    ///   (one allocation in N on a guard page) and `all`, later words
+    ///   overriding earlier ones. `poison` without a `quarantine=` word
+    ///   gets the default 1 MiB quarantine.
+    ///
+    /// An unknown word is skipped; if no word of the value was understood,
+    /// the result is [`Detection::ALL`] (whoever set the variable wanted
+    /// detection). A `Kmem` reading the variable prints one warning
+    /// naming the word (with `std`); [`Kmem::detection`] tells what was
+    /// taken.
+    ///
+    /// ```
+    /// use kmemcg::Detection;
+    /// assert_eq!(Detection::from_env_value(b"Yes"), Detection::ALL);
+    /// assert_eq!(Detection::from_env_value(b"poison, guard=64"), Detection::sampled(64).poison(true).quarantine(1 << 20));
+    /// assert_eq!(Detection::from_env_value(b"enable"), Detection::ALL);
+    /// ```
     pub const fn from_env_value(v: &[u8]) -> Detection {
-        match v {
-            b"" | b"0" | b"off" => return Detection::OFF,
-            b"1" | b"on" | b"all" => return Detection::ALL,
-            _ => {}
-        }
-        let mut d = Detection::OFF;
-        let mut i = 0;
-        while i < v.len() {
-            let mut j = i;
-            while j < v.len() && v[j] != b',' {
-                j += 1;
-            }
-            let (word, _) = v.split_at(j);
-            let (_, word) = word.split_at(i);
-            match word {
-                b"redzone" => d.redzone = true,
-                b"poison" => d.poison = true,
-                _ => {
-                    if let Some(n) = parse_number(word, b"quarantine=") {
-                        d.quarantine = n;
-                    } else if let Some(n) = parse_number(word, b"guard=") {
-                        d.guard_every = n;
-                    }
-                }
-            }
-            i = j + 1;
-        }
-        d
+        parse(v).0
     }
 }
 
-/// `key` followed by `N[k|m]`, as a number.
+/// The default quarantine: [`Detection::ALL`]'s.
+const DEFAULT_QUARANTINE: usize = Detection::ALL.quarantine;
+
+/// `v` without ASCII spaces (and tabs, newlines) at either end.
+const fn trim(mut v: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = v
+        && first.is_ascii_whitespace()
+    {
+        v = rest;
+    }
+    while let [rest @ .., last] = v
+        && last.is_ascii_whitespace()
+    {
+        v = rest;
+    }
+    v
+}
+
+/// Whether `a` and `b` are equal, ignoring ASCII case.
+const fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if !a[i].eq_ignore_ascii_case(&b[i]) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether `w` is one of `words` (ignoring case).
+const fn one_of(w: &[u8], words: &[&[u8]]) -> bool {
+    let mut i = 0;
+    while i < words.len() {
+        if same(w, words[i]) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The words that mean "everything" and "nothing".
+const ON: &[&[u8]] = &[b"1", b"true", b"yes", b"on", b"all"];
+const OFF: &[&[u8]] = &[b"", b"0", b"false", b"no", b"off"];
+
+/// A `KMEMCG_DEBUG` value read: the detection, and the offsets
+/// `start..end` in `v` of the first word not understood, if any.
+pub(super) const fn parse(v: &[u8]) -> (Detection, Option<(usize, usize)>) {
+    let whole = trim(v);
+    if one_of(whole, OFF) {
+        return (Detection::OFF, None);
+    }
+    if one_of(whole, ON) {
+        return (Detection::ALL, None);
+    }
+    let mut d = Detection::OFF;
+    let (mut known, mut quarantine_set) = (false, false);
+    let mut unknown = None;
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j < v.len() && v[j] != b',' {
+            j += 1;
+        }
+        let (word, _) = v.split_at(j);
+        let (_, word) = word.split_at(i);
+        let word = trim(word);
+        let mut ok = true;
+        if word.is_empty() {
+            // `a,,b` or a trailing comma: nothing to take.
+        } else if one_of(word, ON) {
+            d = Detection::ALL;
+            quarantine_set = true;
+        } else if same(word, b"redzone") || same(word, b"redzones") {
+            d.redzone = true;
+        } else if same(word, b"poison") {
+            d.poison = true;
+        } else if let Some(n) = parse_number(word, b"quarantine=") {
+            d.quarantine = n;
+            quarantine_set = true;
+        } else if let Some(n) = parse_number(word, b"guard=") {
+            d.guard_every = n;
+        } else {
+            ok = false;
+            if unknown.is_none() {
+                // Offsets into `v` of the trimmed word.
+                let start = i + (j - i - word.len()) - count_trailing_space(v, i, j);
+                unknown = Some((start, start + word.len()));
+            }
+        }
+        known |= ok && !word.is_empty();
+        i = j + 1;
+    }
+    if !known {
+        return (Detection::ALL, unknown);
+    }
+    if d.poison && !quarantine_set {
+        d.quarantine = DEFAULT_QUARANTINE;
+    }
+    (d, unknown)
+}
+
+/// ASCII spaces at the end of `v[from..to]`.
+const fn count_trailing_space(v: &[u8], from: usize, mut to: usize) -> usize {
+    let end = to;
+    while to > from && v[to - 1].is_ascii_whitespace() {
+        to -= 1;
+    }
+    end - to
+}
+
+/// `key` (any case) followed by `N[k|m]`, as a number.
 const fn parse_number(word: &[u8], key: &[u8]) -> Option<usize> {
     if word.len() <= key.len() {
         return None;
     }
-    let mut i = 0;
-    while i < key.len() {
-        if word[i] != key[i] {
-            return None;
-        }
-        i += 1;
+    let (head, _) = word.split_at(key.len());
+    if !same(head, key) {
+        return None;
     }
+    let mut i = key.len();
     let mut n: usize = 0;
     while i < word.len() {
         let shift = match word[i] {
@@ -151,19 +267,38 @@ const fn parse_number(word: &[u8], key: &[u8]) -> Option<usize> {
     Some(n)
 }
 
-/// The detection `KMEMCG_DEBUG` asks for (none without `std`).
-pub(super) fn env_detection() -> Detection {
+/// The detection `KMEMCG_DEBUG` asks for (none without `std`); with
+/// `std`, one warning on standard error if a word of it was not
+/// understood (by the caller that swaps `warned` from 0).
+pub(super) fn env_detection(warned: &AtomicUsize) -> Detection {
     #[cfg(all(feature = "std", not(loom)))]
     {
         // SAFETY: a NUL-terminated name; `getenv` neither allocates nor
         // locks, and what it returns is read before anything can change
         // the environment of a program that is only starting to allocate.
-        unsafe {
+        let v = unsafe {
             let v = libc::getenv(c"KMEMCG_DEBUG".as_ptr());
-            if !v.is_null() {
-                return Detection::from_env_value(core::ffi::CStr::from_ptr(v).to_bytes());
+            if v.is_null() {
+                return Detection::OFF;
             }
+            core::ffi::CStr::from_ptr(v).to_bytes()
+        };
+        let (d, unknown) = parse(v);
+        if let Some((a, b)) = unknown
+            // Relaxed: the flag guards nothing but the warning itself.
+            && warned.swap(1, Ordering::Relaxed) == 0
+        {
+            let word = core::str::from_utf8(&v[a..b]).unwrap_or("(not UTF-8)");
+            super::report::warn(format_args!(
+                "kmemcg: KMEMCG_DEBUG: unknown word {word:?} skipped (known: 1, true, yes, on, all; 0, false, \
+                 no, off; or a list of redzone, poison, quarantine=N[k|m], guard=N); detection taken: {d:?}"
+            ));
         }
+        d
     }
-    Detection::OFF
+    #[cfg(not(all(feature = "std", not(loom))))]
+    {
+        let _ = warned;
+        Detection::OFF
+    }
 }
