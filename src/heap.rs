@@ -13,7 +13,6 @@ mod large;
 mod oom;
 mod report;
 
-pub(crate) use debug::TRAILER;
 pub use debug::{Detection, GUARDED_MAX};
 pub use decay::Decay;
 pub use oom::{OomReport, OomSite};

@@ -10,39 +10,50 @@
 //!
 //! # Object layout
 //!
-//! A request of `size` bytes is served from the class (or page run) of
-//! `size + TRAILER` bytes, so every object has a *slot* of at least that
-//! many bytes; the trailer sits at the end of the slot:
+//! With red zones or poison on, a request of `size` bytes aligned to
+//! `align` is served from the class (or page run) of `padded(size, align)
+//! = front(align) + size + W` bytes, `front(align) = max(4 words,
+//! align)`: every object has a *slot* of at least that many bytes, and
+//! the object starts `front` bytes into it:
 //!
 //! ```text
-//! live:  | object (size) | red zone 0xbb ... (link, owner words too)  | tag ALIVE |
-//! freed: | poison 0x6b ...                      | link | owner       | tag FREED |
+//! live:  | tag ALIVE | size | front red zone 0xbb ... | object (size) | rear red zone 0xbb ... |
+//! freed: | tag FREED | owner | link | front | poison 0x6b ...                                    |
 //! ```
 //!
-//! * a free checks the tag (`FREED`: a double free; anything but `ALIVE`:
-//!   the trailer was overwritten) and every red-zone byte from `size` on
-//!   (an overflow, even by one byte, even inside the class's slack);
-//! * a freed object is poisoned and waits in a FIFO quarantine of bounded
-//!   bytes (per CPU slot, then globally, as Linux's KASAN keeps it),
-//!   linked through its trailer, before it goes back to its cache;
-//!   its poison is checked when it leaves the quarantine and again when
-//!   the object is handed out (a write after free);
-//! * tags mix in the object's address and slot size, so a tag left in
-//!   memory by an earlier use of the same pages in another layout does not
-//!   pass for one of this slot.
+//! * a free checks the tag (`FREED` or `CLEAN`: a double free; anything
+//!   but `ALIVE`: the header was overwritten), the front red zone (an
+//!   underflow, reported as the object's own), the size stored at
+//!   allocation (a free with another size, even within the class), and
+//!   every rear red-zone byte (an overflow, even by one byte, even inside
+//!   the class's slack);
+//! * a freed object (size-class or page run) is poisoned and waits in a
+//!   FIFO quarantine of bounded bytes (per CPU slot, then globally, as
+//!   Linux's KASAN keeps it), linked through its header, before it goes
+//!   back to its cache; its poison is checked once, when it leaves the
+//!   quarantine (then marked `CLEAN`), when the program exits (`std`),
+//!   or, for one that skipped the quarantine, when it is handed out again
+//!   (a write after free);
+//! * tags mix in the slot's address and size, so a tag left in memory by
+//!   an earlier use of the same pages in another layout does not pass for
+//!   one of this slot.
 //!
-//! An underflow (a write before the object) lands in the red zone or the
-//! poison of the slot before it and is found when that one is checked.
 //! Detection keeps the size-class and page paths as they are underneath:
 //! objects still come from magazines and slabs, charges and limits work
-//! as without it (objects are `TRAILER` bytes larger).
+//! as without it (slots are larger). Sampling alone ([`Detection::sampled`])
+//! leaves every object but the sampled ones as it is: the allocation and
+//! free paths only count down to the next sample and, while sampled
+//! objects live, test whether a freed block ends at a page boundary.
 //!
 //! One file per detector: [`settings`] (what is on, and the
 //! `KMEMCG_DEBUG` syntax), [`redzone`] (trailers, tags, the checked
 //! allocation and free paths), [`quarantine`] (poison and the FIFO of
-//! freed objects), [`guard`] (sampled guard-page objects) and [`report`]
-//! (finding changed bytes and naming caches in reports).
+//! freed objects), [`exit`] (the quarantine checked at exit), [`guard`]
+//! (sampled guard-page objects) and [`report`] (finding changed bytes
+//! and naming caches in reports).
 
+#[cfg(all(feature = "std", not(loom)))]
+mod exit;
 mod guard;
 mod quarantine;
 mod redzone;
@@ -63,9 +74,12 @@ pub use settings::Detection;
 use settings::env_detection;
 
 const W: usize = size_of::<usize>();
-/// Bytes added to every request: the quarantine link, the owner cache and
-/// the tag.
-pub(crate) const TRAILER: usize = 3 * W;
+/// The header words at the start of a slot: the tag, then the size (live)
+/// or owner (freed), then the quarantine link (freed).
+const HEAD: usize = 3 * W;
+/// Where a freed slot's poison starts: after the header and the word
+/// recording where the object started (`front`).
+const POISON_FROM: usize = HEAD + W;
 /// The red zone's byte (SLUB's `SLUB_RED_ACTIVE`).
 const RED: u8 = 0xbb;
 /// A freed object's byte (SLUB's `POISON_FREE`).
@@ -74,6 +88,27 @@ const POISON: u8 = 0x6b;
 const ALIVE: usize = 0x6b6d_616c_6976_6521_u64 as usize;
 /// Tag of a freed object ("kmfreed!").
 const FREED: usize = 0x6b6d_6672_6565_6421_u64 as usize;
+/// Tag of a freed object let out of the quarantine, its poison checked
+/// ("kmclean!").
+const CLEAN: usize = 0x6b6d_636c_6561_6e21_u64 as usize;
+
+/// Where the object starts in its slot: after the header and at least a
+/// word of front red zone, at its alignment.
+#[inline]
+const fn front(align: usize) -> usize {
+    if align > HEAD + W { align } else { HEAD + W }
+}
+
+/// The slot bytes an object of `size` bytes aligned to `align` needs with
+/// red zones or poison on: `front(align)`, the object and a word of rear
+/// red zone at least.
+#[inline]
+const fn padded(size: usize, align: usize) -> Option<usize> {
+    match size.checked_add(front(align) + W) {
+        Some(n) if n <= isize::MAX as usize => Some(n),
+        _ => None,
+    }
+}
 
 /// The detection state of a `Kmem`: its settings (fixed before the first
 /// object; atomics because the environment is read at run time) and the
@@ -83,7 +118,8 @@ pub(crate) struct Detector<R: RawMutex> {
     flags: AtomicUsize,
     quarantine_max: AtomicUsize,
     guard_every: AtomicUsize,
-    /// Allocations seen by the sampler.
+    /// Size-class allocations left until the next sample (0 or 1: the
+    /// next one is).
     sampled: AtomicUsize,
     /// Sampled objects live (so frees look the table up only when some
     /// are).
@@ -98,6 +134,17 @@ pub(crate) struct Detector<R: RawMutex> {
     /// Set by the first reader of `KMEMCG_DEBUG` to warn about a word it
     /// did not understand, so the warning is printed once.
     warned: AtomicUsize,
+    /// 0 until the first poisoned free; then the allocator's address if
+    /// it is registered to have its quarantine checked at exit (`std`),
+    /// else 1.
+    exit_hooked: AtomicUsize,
+}
+
+impl<R: RawMutex> Drop for Detector<R> {
+    fn drop(&mut self) {
+        #[cfg(all(feature = "std", not(loom)))]
+        exit::unregister(self.exit_hooked.load(Ordering::Relaxed));
+    }
 }
 
 const REDZONE: usize = 1;
@@ -120,6 +167,7 @@ impl<R: RawMutex> Detector<R> {
                 locals: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Fifo::EMPTY)); MAX_CPUS),
                 frees_checked: Stat::new(),
                 warned: atomic_usize(0),
+                exit_hooked: atomic_usize(0),
             }
         }
     }

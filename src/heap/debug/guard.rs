@@ -9,12 +9,43 @@ use crate::cgroup::Group;
 use crate::heap::Kmem;
 use crate::page::pages_for;
 use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
+use crate::slab::classes::class_of;
 use crate::sync::Ordering;
 
 /// How many sampled guard-page objects can live at once.
 pub const GUARDED_MAX: usize = 64;
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// Whether this allocation of `size` bytes aligned to `align` is to be
+    /// sampled: a size-class one, when the countdown from `guard_every`
+    /// reaches it.
+    #[inline]
+    pub(super) fn sample_due(&self, size: usize, align: usize) -> bool {
+        let n = self.detect.guard_every.load(Ordering::Relaxed);
+        if n == 0 || class_of(size, align).is_none() {
+            return false;
+        }
+        // A load and a store, not a read-modify-write: racing threads may
+        // both take the same count, so a sample comes a little early or
+        // late now and then; no lock-prefixed instruction on every
+        // allocation (GWP-ASan keeps its countdown per thread for the
+        // same reason).
+        let left = self.detect.sampled.load(Ordering::Relaxed);
+        if left > 1 {
+            self.detect.sampled.store(left - 1, Ordering::Relaxed);
+            return false;
+        }
+        self.detect.sampled.store(n, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether any sampled object is live (`Acquire`: pairs with the
+    /// `Release` increment made once one is in the table).
+    #[inline]
+    pub(super) fn guarded_live(&self) -> bool {
+        self.detect.guarded_live.load(Ordering::Acquire) != 0
+    }
+
     /// A sampled object: `size` bytes ending at a page boundary (rounded to
     /// `align`) before a page made inaccessible, in a large run charged to
     /// `g`. `None` if the table is full or the source cannot protect
@@ -60,6 +91,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Aborts if it is one but `size` and `align` are not its layout's.
     #[cold]
     pub(super) fn free_guarded(&self, p: *mut u8, size: usize, align: usize) -> bool {
+        // Only a block that ends at a page boundary can be one: most frees
+        // stop here, without the lock.
+        if !p.addr().wrapping_add(size.next_multiple_of(align)).is_multiple_of(PAGE_SIZE) {
+            return false;
+        }
         let run = {
             let mut q = self.detect.quarantine.lock();
             let Some(e) = q.guarded.iter_mut().find(|e| e.0 == p) else { return false };

@@ -1,21 +1,24 @@
 //! Poison and the quarantine: freed objects filled with `POISON` wait in
 //! a FIFO of bounded bytes (per CPU slot, then global) before they go back
-//! to their caches; their poison is checked on the way out.
+//! to their caches; their poison is checked on the way out (and when the
+//! program exits, with `std`), once: an object let out checked is marked
+//! `CLEAN`, and its hand-out does not check it again.
 
 use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
 use super::guard::GUARDED_MAX;
-use super::redzone::{birth_in, tag, trailer};
+use super::redzone::{birth_in, tag, words};
 use super::report::expect_bytes;
-use super::{Detection, FREED, POISON, TRAILER, W};
+use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM, W};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
+use crate::sync::Ordering;
 
 /// Freed objects waiting to go back to their caches, oldest first, linked
-/// through their trailers (`head` and `tail` point at trailers).
+/// through their header's third word (`head` and `tail` point at slots).
 pub(super) struct Fifo {
     pub(super) head: *mut u8,
     pub(super) tail: *mut u8,
@@ -31,7 +34,7 @@ impl Fifo {
     ///
     /// # Safety
     ///
-    /// Both hold trailers written by [`Kmem::quarantine`].
+    /// Both hold slots written by [`Kmem::quarantine`].
     pub(super) unsafe fn append(&mut self, other: Fifo) {
         if other.head.is_null() {
             return;
@@ -39,8 +42,8 @@ impl Fifo {
         if self.tail.is_null() {
             self.head = other.head;
         } else {
-            // SAFETY: the tail is a quarantined object's trailer, ours.
-            unsafe { self.tail.cast::<*mut u8>().write_unaligned(other.head) };
+            // SAFETY: the tail is a quarantined slot, ours.
+            unsafe { words(self.tail).2.write_unaligned(other.head) };
         }
         self.tail = other.tail;
         self.bytes += other.bytes;
@@ -63,36 +66,65 @@ pub(super) struct Quarantine {
 // reached only under the lock.
 unsafe impl Send for Quarantine {}
 
+/// The owner word of a quarantined page run: its bytes with the low bit
+/// set (a `MagCache` address has it clear).
+const RUN: usize = 1;
+
+/// The offset of the object in a freed slot (its fourth word), for
+/// reports; `HEAD + W` if that word does not hold a plausible one.
+///
+/// # Safety
+///
+/// `s` is a slot of `slot` bytes freed by [`Kmem::quarantine`].
+pub(super) unsafe fn freed_front(s: *mut u8, slot: usize) -> usize {
+    // SAFETY: per the contract, inside the slot.
+    let f = unsafe { s.add(HEAD).cast::<usize>().read_unaligned() };
+    if f.is_power_of_two() && f >= HEAD + W && f < slot { f } else { HEAD + W }
+}
+
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// Poisons a freed object and queues it; gives the oldest back when
-    /// the quarantine is over its bound.
+    /// Poisons a freed slot and queues it (`owner`: its cache, `None`: a
+    /// page run); gives the oldest back when the quarantine is over its
+    /// bound. `front`: where the object starts in the slot.
     ///
     /// # Safety
     ///
-    /// `p` is a live object of `owner` of `slot` bytes, checked, freed once.
-    pub(super) unsafe fn quarantine(&self, owner: &MagCache<R>, p: *mut u8, slot: usize) {
+    /// `s` is the slot of a live object of `owner` (or a live page run),
+    /// of `slot` bytes, checked, freed once.
+    pub(super) unsafe fn quarantine(&self, owner: Option<&MagCache<R>>, s: *mut u8, slot: usize, front: usize) {
         let d = self.detect.get();
-        let (link, own, t) = trailer(p, slot);
-        // SAFETY: the object is ours now.
+        let (t, own, link) = words(s);
+        // SAFETY: the slot is ours now.
         unsafe {
             if d.poison {
-                core::ptr::write_bytes(p, POISON, slot - TRAILER);
+                core::ptr::write_bytes(s.add(POISON_FROM), POISON, slot - POISON_FROM);
             }
             link.write_unaligned(core::ptr::null_mut());
-            own.write_unaligned((owner as *const MagCache<R>).cast());
-            t.write_unaligned(tag(FREED, p, slot, birth_in(Some(owner), p)));
+            let word = owner.map_or(core::ptr::without_provenance(slot | RUN), |o| (o as *const MagCache<R>).cast());
+            own.cast::<*const ()>().write_unaligned(word);
+            s.add(HEAD).cast::<usize>().write_unaligned(front);
+            t.write_unaligned(tag(FREED, s, slot, birth_in(owner, s)));
         }
-        let one = Fifo { head: link.cast(), tail: link.cast(), bytes: slot, objects: 1 };
+        if d.poison {
+            self.check_at_exit();
+        }
+        if d.quarantine == 0 {
+            // Straight back to its cache: its hand-out checks the poison.
+            // SAFETY: a freed slot of `owner` (or a run), written above.
+            return unsafe { self.give_back(owner, s) };
+        }
+        let one = Fifo { head: s, tail: s, bytes: slot, objects: 1 };
         // This CPU's quarantine first; a full one goes to the global one
         // whole.
         let per_cpu = d.quarantine / 8;
         // SAFETY: no slot is held here (frees hold none while they
         // quarantine), and each arm below exits the one it gets.
         let batch = match unsafe { self.platform.enter() } {
-            Some(cpu) if per_cpu != 0 => {
+            // An object larger than a CPU's share goes to the global one.
+            Some(cpu) if per_cpu >= slot => {
                 // SAFETY: the platform keeps slots below MAX_CPUS.
                 let mut l = unsafe { self.detect.locals.get_unchecked(cpu) }.lock();
-                // SAFETY: trailers written here.
+                // SAFETY: slots written here.
                 unsafe { l.append(one) };
                 let full = l.bytes > per_cpu;
                 let batch = if full { core::mem::replace(&mut *l, Fifo::EMPTY) } else { Fifo::EMPTY };
@@ -114,7 +146,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let evicted = {
             let mut q = self.detect.quarantine.lock();
-            // SAFETY: trailers written here; the quarantine's too.
+            // SAFETY: slots written here; the quarantine's too.
             unsafe {
                 q.fifo.append(batch);
                 take_over::<R>(&mut q.fifo, d.quarantine)
@@ -124,8 +156,25 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         unsafe { self.release(evicted, d) };
     }
 
-    /// Gives every quarantined object back to its cache (reclaim, reports
-    /// and group removal call it).
+    /// Frees a freed slot into its cache, or a page run.
+    ///
+    /// # Safety
+    ///
+    /// `s` is a slot freed by [`Kmem::quarantine`] with `owner`, out of
+    /// the quarantine.
+    unsafe fn give_back(&self, owner: Option<&MagCache<R>>, s: *mut u8) {
+        // SAFETY: per the contract (a slot is never null).
+        unsafe {
+            let s = NonNull::new_unchecked(s);
+            match owner {
+                Some(o) => self.free_into(o, s),
+                None => self.free_large(s),
+            }
+        }
+    }
+
+    /// Gives every quarantined object back to its cache (reclaim, reports,
+    /// `check_empty` and group removal call it), checking its poison.
     pub(crate) fn flush_quarantine(&self) {
         let d = self.detect.get();
         for l in &self.detect.locals {
@@ -133,7 +182,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: the chain taken out of a per-CPU quarantine.
             unsafe { self.release(batch.head, d) };
         }
-        // SAFETY: the quarantine's trailers were written by `quarantine`.
+        // SAFETY: the quarantine's slots were written by `quarantine`.
         let chain = unsafe { take_over::<R>(&mut self.detect.quarantine.lock().fifo, 0) };
         // SAFETY: the chain taken out of the quarantine.
         unsafe { self.release(chain, d) };
@@ -152,60 +201,124 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         n
     }
 
-    /// Checks the poison of each object of `chain` and frees it into its
-    /// cache.
+    /// Checks the poison of the quarantined slot `s` of `slot` bytes:
+    /// aborts with a report on a write after free.
     ///
     /// # Safety
     ///
-    /// `chain` came out of the quarantine: trailers of objects freed by
+    /// `s` is a quarantined slot, written by [`Kmem::quarantine`], whose
+    /// owner (if any) is `owner`.
+    unsafe fn check_poison(&self, s: *mut u8, slot: usize, owner: Option<&MagCache<R>>) {
+        let name = || owner.map_or(crate::error::Name::LARGE, |o| self.cache_name(o));
+        // SAFETY: per the contract.
+        unsafe {
+            let obj = s.add(freed_front(s, slot));
+            expect_bytes(s, POISON_FROM, slot, POISON, "write after free", name, obj, None);
+        }
+    }
+
+    /// Checks the poison of each object of `chain` and frees it into its
+    /// cache, marked `CLEAN` (checked: its hand-out skips the check).
+    ///
+    /// # Safety
+    ///
+    /// `chain` came out of the quarantine: slots of objects freed by
     /// their users, checked and queued by [`Kmem::quarantine`].
     pub(super) unsafe fn release(&self, mut chain: *mut u8, d: Detection) {
         while !chain.is_null() {
             // SAFETY: per the contract.
-            let (p, slot, owner, next) = unsafe { queued::<R>(chain) };
+            let (s, slot, owner, next) = unsafe { queued::<R>(chain) };
             chain = next;
-            // SAFETY: the object is a quarantined one of `slot` bytes; its
+            // SAFETY: the slot is a quarantined one of `slot` bytes; its
             // owner cache outlives its objects.
             unsafe {
+                let owner = owner.as_ref();
                 if d.poison {
-                    let name = || self.cache_name(&*owner);
-                    expect_bytes(p, 0, slot - TRAILER, POISON, "write after free", name, slot - TRAILER);
+                    self.check_poison(s, slot, owner);
                 }
-                self.free_into(&*owner, NonNull::new_unchecked(p));
+                words(s).0.write_unaligned(tag(CLEAN, s, slot, birth_in(owner, s)));
+                self.give_back(owner, s);
             }
+        }
+    }
+
+    /// Checks the poison of every quarantined object, leaving them there
+    /// (at exit). A quarantine whose lock another thread holds is skipped.
+    pub(super) fn check_quarantine(&self) {
+        if !self.detect.get().poison {
+            return;
+        }
+        let walk = |mut chain: *mut u8| {
+            while !chain.is_null() {
+                // SAFETY: a chain of quarantined slots, under its lock.
+                unsafe {
+                    let (s, slot, owner, next) = queued::<R>(chain);
+                    self.check_poison(s, slot, owner.as_ref());
+                    chain = next;
+                }
+            }
+        };
+        for l in &self.detect.locals {
+            if let Some(l) = l.try_lock() {
+                walk(l.head);
+            }
+        }
+        if let Some(q) = self.detect.quarantine.try_lock() {
+            walk(q.fifo.head);
+        }
+    }
+
+    /// With `std`, once: has the quarantine checked when the program
+    /// exits (a write after free whose object is still quarantined then).
+    #[inline]
+    fn check_at_exit(&self) {
+        // Relaxed: the flag guards only the registration, which takes its
+        // own lock.
+        if self.detect.exit_hooked.load(Ordering::Relaxed) == 0 {
+            self.hook_exit();
+        }
+    }
+
+    #[cold]
+    fn hook_exit(&self) {
+        if self.detect.exit_hooked.swap(1, Ordering::Relaxed) == 0 {
+            super::exit::register(self);
         }
     }
 }
 
-/// A quarantined object from its trailer `t`: the object, its slot size,
-/// its owner cache and the next trailer in the chain.
+/// A quarantined slot: its start, its bytes, its owner cache (null: a page
+/// run) and the next slot in the chain.
 ///
 /// # Safety
 ///
-/// `t` is the trailer of a quarantined object, written by
-/// [`Kmem::quarantine`].
-unsafe fn queued<R: RawMutex>(t: *mut u8) -> (*mut u8, usize, *const MagCache<R>, *mut u8) {
+/// `s` is a quarantined slot, written by [`Kmem::quarantine`].
+unsafe fn queued<R: RawMutex>(s: *mut u8) -> (*mut u8, usize, *const MagCache<R>, *mut u8) {
+    let (_, own, link) = words(s);
     // SAFETY: per the contract: the link and owner words; a quarantined
     // object keeps its cache alive.
     unsafe {
-        let next = t.cast::<*mut u8>().read_unaligned();
-        let owner = t.add(W).cast::<*const MagCache<R>>().read_unaligned();
-        let slot = (*owner).cache.geometry().size;
-        (t.sub(slot - TRAILER), slot, owner, next)
+        let next = link.read_unaligned();
+        let owner = own.cast::<*const ()>().read_unaligned();
+        if owner.addr() & RUN != 0 {
+            return (s, owner.addr() & !RUN, core::ptr::null(), next);
+        }
+        let owner = owner.cast::<MagCache<R>>();
+        (s, (*owner).cache.geometry().size, owner, next)
     }
 }
 
 /// Takes objects off the quarantine's head until it holds at most `max`
-/// bytes; returns their trailers as a chain.
+/// bytes; returns them as a chain.
 ///
 /// # Safety
 ///
-/// Every trailer in `q` was written by [`Kmem::quarantine`].
+/// Every slot in `q` was written by [`Kmem::quarantine`].
 unsafe fn take_over<R: RawMutex>(q: &mut Fifo, max: usize) -> *mut u8 {
     let first = q.head;
     let mut last: *mut u8 = core::ptr::null_mut();
     while q.bytes > max && !q.head.is_null() {
-        // SAFETY: per the contract.
+        // SAFETY: per the contract: the owner word says the slot's bytes.
         let (_, slot, _, next) = unsafe { queued::<R>(q.head) };
         last = q.head;
         q.head = next;
@@ -218,7 +331,7 @@ unsafe fn take_over<R: RawMutex>(q: &mut Fifo, max: usize) -> *mut u8 {
     if q.head.is_null() {
         q.tail = core::ptr::null_mut();
     }
-    // SAFETY: `last` is the chain's last trailer: end the chain there.
-    unsafe { last.cast::<*mut u8>().write_unaligned(core::ptr::null_mut()) };
+    // SAFETY: `last` is the chain's last slot: end the chain there.
+    unsafe { words(last).2.write_unaligned(core::ptr::null_mut()) };
     first
 }

@@ -1,12 +1,13 @@
-//! Red zones and tags: the checked allocation and free paths, and the
-//! trailer every object carries (see the layout in the parent module).
+//! Red zones, tags and sizes: the checked allocation and free paths, and
+//! the header every checked object carries (see the layout in the parent
+//! module).
 
 use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
 use super::report::{expect_bytes, slot_name};
-use super::{ALIVE, FREED, POISON, RED, TRAILER, W};
+use super::{ALIVE, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
 use crate::cgroup::{Group, class_name};
 use crate::error::Name;
 use crate::heap::Kmem;
@@ -16,18 +17,18 @@ use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
 use crate::slab::classes::{GEOMETRIES, class_of};
 use crate::sync::Ordering;
 
-/// Where a slot's trailer words are.
+/// Where a slot's header words are: the tag, the size (live) or owner
+/// (freed), and the quarantine link (freed).
 #[inline]
-pub(super) fn trailer(p: *mut u8, slot: usize) -> (*mut *mut u8, *mut *const (), *mut usize) {
-    let t = p.wrapping_add(slot - TRAILER);
-    (t.cast(), t.wrapping_add(W).cast(), t.wrapping_add(2 * W).cast())
+pub(super) fn words(s: *mut u8) -> (*mut usize, *mut usize, *mut *mut u8) {
+    (s.cast(), s.wrapping_add(W).cast(), s.wrapping_add(2 * W).cast())
 }
 
-/// The tag of the slot at `p` of `slot` bytes in state `kind`, in the
+/// The tag of the slot at `s` of `slot` bytes in state `kind`, in the
 /// slab born `birth` (0: a page run).
 #[inline]
-pub(super) fn tag(kind: usize, p: *mut u8, slot: usize, birth: u32) -> usize {
-    kind ^ p.addr() ^ slot.rotate_left(usize::BITS / 2) ^ (birth as usize).rotate_left(usize::BITS / 4)
+pub(super) fn tag(kind: usize, s: *mut u8, slot: usize, birth: u32) -> usize {
+    kind ^ s.addr() ^ slot.rotate_left(usize::BITS / 2) ^ (birth as usize).rotate_left(usize::BITS / 4)
 }
 
 /// The birth number of the slab of `p`, an object of `cache`, or 0 for
@@ -42,85 +43,132 @@ pub(super) unsafe fn birth_in<R: RawMutex>(cache: Option<&MagCache<R>>, p: *mut 
 }
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
-    /// [`Kmem::alloc_pow2`] with detection: `size + TRAILER` bytes, the
-    /// trailer written and a reused object's poison checked.
+    /// Whether objects carry the header and red zones (red zones or poison
+    /// on); sampling alone leaves the others as they are.
+    #[inline]
+    pub(super) fn checks_objects(&self) -> bool {
+        self.detect.flags.load(Ordering::Relaxed) != 0
+    }
+
+    /// [`Kmem::alloc_pow2`] with detection: a sample onto a guard page
+    /// when one is due, else (red zones or poison on) a slot of
+    /// `padded(size, align)` bytes with its header and red zones armed and
+    /// a reused object's poison checked.
     #[cold]
     #[inline(never)]
     pub(crate) fn alloc_checked(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
-        let padded = size.checked_add(TRAILER)?;
-        let n = self.detect.guard_every.load(Ordering::Relaxed);
-        if n != 0
-            && class_of(padded, align).is_some()
-            && self.detect.sampled.fetch_add(1, Ordering::Relaxed).is_multiple_of(n)
+        if self.sample_due(size, align)
             && let Some(p) = self.alloc_guarded(g, size, align)
         {
             return Some(p);
         }
-        let p = self.alloc_pow2::<false>(g, padded, align)?;
+        if !self.checks_objects() {
+            return self.alloc_pow2::<false>(g, size, align);
+        }
+        let padded = padded(size, align)?;
+        let s = self.alloc_pow2::<false>(g, padded, align)?;
         let (slot, birth) = match class_of(padded, align) {
             Some(c) => {
-                // SAFETY: `p` is a fresh object of class `c`, in a slab of
+                // SAFETY: `s` is a fresh object of class `c`, in a slab of
                 // its base cache or of a child of it.
-                let birth = unsafe { birth_in(Some(Self::owner(&self.tree.classes()[c], p)), p.as_ptr()) };
+                let birth = unsafe { birth_in(Some(Self::owner(&self.tree.classes()[c], s)), s.as_ptr()) };
                 (GEOMETRIES[c].size, birth)
             }
             None => (pages_for(padded).unwrap_or(0) * PAGE_SIZE, 0),
         };
-        // SAFETY: a fresh object of `slot` bytes.
-        unsafe { self.hand_out(p.as_ptr(), size, slot, birth, || slot_name(padded, align)) };
-        Some(p)
+        // SAFETY: a fresh object of `slot >= padded` bytes.
+        Some(unsafe { self.hand_out(s, size, align, slot, birth, || slot_name(padded, align)) })
     }
 
-    /// Checks a reused object's poison and arms its red zone and tag.
+    /// Checks a reused slot's poison, arms its header and red zones for an
+    /// object of `size` bytes aligned to `align`, and returns the object.
     ///
     /// # Safety
     ///
-    /// `p` is an object of `slot` bytes just handed out, `size + TRAILER
-    /// <= slot`.
-    pub(crate) unsafe fn hand_out(&self, p: *mut u8, size: usize, slot: usize, birth: u32, cache: impl Fn() -> Name) {
-        let (_, _, t) = trailer(p, slot);
+    /// `s` is a slot of `slot` bytes just handed out, `padded(size, align)
+    /// <= slot`, aligned to `align`.
+    pub(super) unsafe fn hand_out(
+        &self,
+        s: NonNull<u8>,
+        size: usize,
+        align: usize,
+        slot: usize,
+        birth: u32,
+        cache: impl Fn() -> Name,
+    ) -> NonNull<u8> {
+        let s = s.as_ptr();
+        let (t, n, _) = words(s);
+        let f = front(align);
         let d = self.detect.get();
-        // SAFETY: the slot is ours (per the contract).
+        // SAFETY: the slot is ours (per the contract), `f + size <= slot`.
         unsafe {
-            if d.poison && t.read_unaligned() == tag(FREED, p, slot, birth) {
-                expect_bytes(p, 0, slot - TRAILER, POISON, "write after free", cache, slot - TRAILER);
+            // Poison is checked here only for an object that skipped the
+            // quarantine (none, or full): one let out of it was checked
+            // then (`CLEAN`).
+            if d.poison && t.read_unaligned() == tag(FREED, s, slot, birth) {
+                let f_was = super::quarantine::freed_front(s, slot);
+                expect_bytes(s, HEAD + W, slot, POISON, "write after free", cache, s.add(f_was), None);
             }
-            core::ptr::write_bytes(p.add(size), RED, slot - W - size);
-            t.write_unaligned(tag(ALIVE, p, slot, birth));
+            t.write_unaligned(tag(ALIVE, s, slot, birth));
+            n.write_unaligned(size);
+            if d.redzone {
+                core::ptr::write_bytes(s.add(2 * W), RED, f - 2 * W);
+                core::ptr::write_bytes(s.add(f + size), RED, slot - f - size);
+            }
+            NonNull::new_unchecked(s.add(f))
         }
     }
 
-    /// Checks the tag and red zone of a live object being freed (or
-    /// resized): aborts on a double free or an overflow.
+    /// Checks the header and red zones of a live object being freed (or
+    /// resized): aborts on a double free, an underflow, a free with
+    /// another size than the allocation's, or an overflow.
     ///
     /// # Safety
     ///
-    /// `p` is an object of `slot` bytes (its cache said so), `size +
-    /// TRAILER <= slot`.
+    /// `s` is a slot of `slot` bytes (its cache said so) at least
+    /// `padded(size, align)` bytes long.
     pub(super) unsafe fn check_live(
         &self,
-        p: *mut u8,
+        s: *mut u8,
         size: usize,
+        align: usize,
         slot: usize,
         birth: u32,
         cache: impl Fn() -> Name + Copy,
     ) {
-        let (_, _, t) = trailer(p, slot);
+        let (t, n, _) = words(s);
+        let f = front(align);
+        let p = s.wrapping_add(f);
         // SAFETY: the slot is readable (per the contract).
         let found = unsafe { t.read_unaligned() };
-        if found == tag(FREED, p, slot, birth) {
+        if found == tag(FREED, s, slot, birth) || found == tag(CLEAN, s, slot, birth) {
             report_abort(format_args!("kmemcg: double free: cache {}, object {p:p} ({size} bytes)", cache().as_str()));
         }
-        if self.detect.get().redzone || found != tag(ALIVE, p, slot, birth) {
+        let redzone = self.detect.get().redzone;
+        let alive = found == tag(ALIVE, s, slot, birth);
+        if redzone || !alive {
             // SAFETY: as above.
-            unsafe { expect_bytes(p, size, slot - W, RED, "overflow into the red zone", cache, size) };
+            unsafe { expect_bytes(s, 2 * W, f, RED, "underflow into the red zone", cache, p, Some(size)) };
         }
-        if found != tag(ALIVE, p, slot, birth) {
+        if !alive {
             report_abort(format_args!(
-                "kmemcg: the trailer of object {p:p} ({size} bytes, cache {}) was overwritten, or the free's \
-                 size is not the allocation's",
+                "kmemcg: the header before object {p:p} ({size} bytes, cache {}) was overwritten (an underflow \
+                 past its red zone), or it is no live object of that layout",
                 cache().as_str()
             ));
+        }
+        // SAFETY: as above.
+        let was = unsafe { n.read_unaligned() };
+        if was != size {
+            report_abort(format_args!(
+                "kmemcg: wrong-size free: object {p:p} (cache {}) allocated with {was} bytes, freed (or resized) \
+                 as {size} bytes (align {align})",
+                cache().as_str()
+            ));
+        }
+        if redzone {
+            // SAFETY: as above.
+            unsafe { expect_bytes(s, f + size, slot, RED, "overflow into the red zone", cache, p, Some(size)) };
         }
         self.detect.frees_checked.add(1);
     }
@@ -134,49 +182,55 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     pub(crate) unsafe fn free_checked(&self, ptr: NonNull<u8>, size: usize, align: usize) {
         let p = ptr.as_ptr();
-        let Some(padded) = size.checked_add(TRAILER) else {
-            report_abort(format_args!("kmemcg: free of {p:p} with an impossible size {size}"))
-        };
         // A sampled object first, whatever the size says: it has no slab
-        // header nor trailer, and its run is no plain large object.
-        if self.detect.guarded_live.load(Ordering::Acquire) != 0 && self.free_guarded(p, size, align) {
+        // header nor red zones, and its run is no plain large object.
+        if self.guarded_live() && self.free_guarded(p, size, align) {
             return;
         }
+        if !self.checks_objects() {
+            // SAFETY: forwarded: a plain object (sampling alone).
+            return unsafe { self.free_grouped(class_of(size, align), ptr) };
+        }
+        let Some(padded) = padded(size, align) else {
+            report_abort(format_args!("kmemcg: free of {p:p} with an impossible size {size}"))
+        };
+        let s = p.wrapping_sub(front(align));
         let Some(c) = class_of(padded, align) else {
             // SAFETY: forwarded.
-            return unsafe { self.free_large_checked(ptr, size, padded) };
+            return unsafe { self.free_large_checked(s, size, align, padded) };
         };
         // SAFETY: `class_of` returns indices below NCLASSES.
         let base = unsafe { self.tree.classes().get_unchecked(c) };
-        if !self.is_object_of(base, ptr) {
+        let Some(slot_ptr) = NonNull::new(s).filter(|&s| p.addr() >= front(align) && self.is_object_of(base, s)) else {
             report_abort(format_args!(
                 "kmemcg: free of {p:p} ({size} bytes, align {align}), which is not an object kmemcg handed out \
                  for that layout (a foreign pointer, an interior pointer or a wrong size)"
             ));
-        }
+        };
         let slot = GEOMETRIES[c].size;
-        // SAFETY: a live object of `base`'s class (checked above).
-        let owner = unsafe { Self::owner(base, ptr) };
-        // SAFETY: an object of class `c` in `owner` (checked above).
-        unsafe { self.check_live(p, size, slot, birth_in(Some(owner), p), || class_name(c)) };
+        // SAFETY: a live slot of `base`'s class (checked above).
+        let owner = unsafe { Self::owner(base, slot_ptr) };
+        // SAFETY: a slot of class `c` in `owner` (checked above).
+        unsafe { self.check_live(s, size, align, slot, birth_in(Some(owner), s), || class_name(c)) };
         // SAFETY: a live object of `owner`, checked, freed once.
-        unsafe { self.quarantine(owner, p, slot) };
+        unsafe { self.quarantine(Some(owner), s, slot, front(align)) };
     }
 
-    /// A large object's free with detection.
+    /// A large object's free with detection: `s` is where its slot (page
+    /// run) would start.
     ///
     /// # Safety
     ///
     /// As for `free_raw`.
-    pub(super) unsafe fn free_large_checked(&self, ptr: NonNull<u8>, size: usize, padded: usize) {
-        let p = ptr.as_ptr();
-        let a = p.addr();
+    unsafe fn free_large_checked(&self, s: *mut u8, size: usize, align: usize, padded: usize) {
+        let p = s.wrapping_add(front(align));
+        let a = s.addr();
         let pages = pages_for(padded);
         let owned = a.is_multiple_of(PAGE_SIZE)
             && a >= PAGE_SIZE
             && self.source.ownership(a - PAGE_SIZE) == crate::platform::Ownership::Owned
             && self.source.ownership(a) == crate::platform::Ownership::Owned;
-        let live = owned && self.large_pages_of(ptr).is_some_and(|n| Some(n) == pages);
+        let live = owned && NonNull::new(s).and_then(|s| self.large_pages_of(s)).is_some_and(|n| Some(n) == pages);
         if !live {
             report_abort(format_args!(
                 "kmemcg: free of {p:p} ({size} bytes): not a live large object of that size (a double free, a \
@@ -184,53 +238,78 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             ));
         }
         let slot = pages.unwrap_or(0) * PAGE_SIZE;
-        // SAFETY: a live large object of `slot` bytes (checked above).
+        // SAFETY: a live large object of `slot` bytes (checked above),
+        // checked, freed once.
         unsafe {
-            self.check_live(p, size, slot, 0, || Name::LARGE);
-            self.free_large(ptr);
+            self.check_live(s, size, align, slot, 0, || Name::LARGE);
+            self.quarantine(None, s, slot, front(align));
         }
     }
 
-    /// A typed cache's object handed out from `cache` with detection on:
-    /// red zone and tag armed for an object of `size` bytes.
-    ///
-    /// # Safety
-    ///
-    /// `p` is an object just handed out by `cache`, whose objects are at
-    /// least `size + TRAILER` bytes (the cache was made with detection on).
-    pub(crate) unsafe fn hand_out_typed(&self, cache: &MagCache<R>, p: NonNull<u8>, size: usize) {
-        let slot = cache.cache.geometry().size;
-        // SAFETY: forwarded.
-        unsafe { self.hand_out(p.as_ptr(), size, slot, birth_in(Some(cache), p.as_ptr()), || self.cache_name(cache)) };
+    /// What a typed cache of objects of `size` bytes aligned to `align`
+    /// adds to each with detection on (see [`Kmem::create_cache`]): the
+    /// header and red zones, or nothing with sampling alone.
+    pub(crate) fn typed_padding(&self, size: usize, align: usize) -> usize {
+        if self.checks_objects() { padded(size, align).map_or(usize::MAX, |p| p - size) } else { 0 }
     }
 
-    /// A typed cache's object freed with detection on: checked, poisoned,
-    /// quarantined.
+    /// A typed cache's slot handed out from `cache` with detection on:
+    /// header and red zones armed for an object of `size` bytes aligned
+    /// to `align`; returns the object.
     ///
     /// # Safety
     ///
-    /// `p` is a live object of `owner` handed out by
-    /// [`Kmem::hand_out_typed`] with `size`, freed once.
-    pub(crate) unsafe fn free_typed_checked(&self, owner: &MagCache<R>, p: NonNull<u8>, size: usize) {
-        let slot = owner.cache.geometry().size;
+    /// `s` is a slot just handed out by `cache`, whose slots are at least
+    /// `size + typed_padding(size, align)` bytes (the cache was made with
+    /// detection on).
+    pub(crate) unsafe fn hand_out_typed(
+        &self,
+        cache: &MagCache<R>,
+        s: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> NonNull<u8> {
+        if !self.checks_objects() {
+            return s;
+        }
+        let slot = cache.cache.geometry().size;
         // SAFETY: forwarded.
+        unsafe { self.hand_out(s, size, align, slot, birth_in(Some(cache), s.as_ptr()), || self.cache_name(cache)) }
+    }
+
+    /// A typed cache's object `p` freed with detection on: checked,
+    /// poisoned, quarantined.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live object of `owner` returned by
+    /// [`Kmem::hand_out_typed`] with `size` and `align`, freed once.
+    pub(crate) unsafe fn free_typed_checked(&self, owner: &MagCache<R>, p: NonNull<u8>, size: usize, align: usize) {
+        if !self.checks_objects() {
+            // SAFETY: forwarded (no header: the object is its slot).
+            return unsafe { self.free_into(owner, p) };
+        }
+        let slot = owner.cache.geometry().size;
+        let s = p.as_ptr().wrapping_sub(front(align));
+        // SAFETY: forwarded: its slot starts `front(align)` before it.
         unsafe {
-            self.check_live(p.as_ptr(), size, slot, birth_in(Some(owner), p.as_ptr()), || self.cache_name(owner));
-            self.quarantine(owner, p.as_ptr(), slot);
+            self.check_live(s, size, align, slot, birth_in(Some(owner), s), || self.cache_name(owner));
+            self.quarantine(Some(owner), s, slot, front(align));
         }
     }
 
     /// [`Kmem::resize_in_place`] with detection: within the slot only,
-    /// red zone checked and moved.
+    /// header and red zone checked and moved.
     ///
     /// # Safety
     ///
     /// As for `resize_in_place`.
     pub(crate) unsafe fn resize_checked(&self, ptr: NonNull<u8>, old: usize, align: usize, new: usize) -> bool {
-        // A sampled object has neither slab header nor trailer: it stays
+        // A sampled object has neither slab header nor red zones: it stays
         // only if it still ends at its guard page, else it moves (and its
         // free finds it in the table).
-        if self.detect.guarded_live.load(Ordering::Acquire) != 0
+        if self.guarded_live()
+            && ptr.as_ptr().addr().wrapping_add(old.next_multiple_of(align)).is_multiple_of(PAGE_SIZE)
             && let Some(room) = self.guarded_room(ptr.as_ptr())
         {
             if old.checked_next_multiple_of(align) != Some(room) {
@@ -241,20 +320,31 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             return new.checked_next_multiple_of(align) == Some(room);
         }
-        let (Some(po), Some(pn)) = (old.checked_add(TRAILER), new.checked_add(TRAILER)) else { return false };
+        if !self.checks_objects() {
+            return match (class_of(old, align), class_of(new, align)) {
+                (Some(a), Some(b)) => a == b,
+                // SAFETY: forwarded: a live large object.
+                (None, None) => unsafe { self.resize_large_in_place(ptr, new) },
+                _ => false,
+            };
+        }
+        let (Some(po), Some(pn)) = (padded(old, align), padded(new, align)) else { return false };
         let (Some(a), Some(b)) = (class_of(po, align), class_of(pn, align)) else { return false };
         if a != b {
             return false;
         }
         let slot = GEOMETRIES[a].size;
-        let p = ptr.as_ptr();
-        // SAFETY: a live object of class `a` (per the contract), in a slab
-        // of its base cache or of a child of it.
+        let f = front(align);
+        let s = ptr.as_ptr().wrapping_sub(f);
+        // SAFETY: a live object of class `a` (per the contract), whose slot
+        // starts `f` before it, in a slab of its base cache or of a child
+        // of it.
         unsafe {
-            let birth = birth_in(Some(Self::owner(&self.tree.classes()[a], ptr)), p);
-            self.check_live(p, old, slot, birth, || class_name(a));
-            if new < old {
-                core::ptr::write_bytes(p.add(new), RED, old - new);
+            let birth = birth_in(Some(Self::owner(&self.tree.classes()[a], ptr)), s);
+            self.check_live(s, old, align, slot, birth, || class_name(a));
+            words(s).1.write_unaligned(new);
+            if new < old && self.detect.get().redzone {
+                core::ptr::write_bytes(s.add(f + new), RED, old - new);
             }
         }
         true

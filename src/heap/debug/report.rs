@@ -64,29 +64,44 @@ impl fmt::Display for Bytes<'_> {
     }
 }
 
-/// Aborts with a report of the bytes of `p[from..to]` that should all be
-/// `byte`, if any is not; `cache` names the cache (called only then).
+/// Aborts with a report of the bytes of `s[from..to]` (a slot) that
+/// should all be `byte`, if any is not; `cache` names the cache (called
+/// only then). Offsets are reported from `obj`, the object in the slot
+/// (negative: before it), of `size` bytes (`None`: freed).
 ///
 /// # Safety
 ///
-/// `p[from..to]` is readable.
+/// `s[from..to]` is readable, `obj` lies in the same slot.
+#[allow(clippy::too_many_arguments)] // one report's facts, each used once
 pub(super) unsafe fn expect_bytes(
-    p: *mut u8,
+    s: *mut u8,
     from: usize,
     to: usize,
     byte: u8,
     what: &str,
     cache: impl Fn() -> Name,
-    size: usize,
+    obj: *mut u8,
+    size: Option<usize>,
 ) {
     // SAFETY: forwarded.
-    if let Some((a, b)) = unsafe { changed(p, from, to, byte) } {
+    if let Some((a, b)) = unsafe { changed(s, from, to, byte) } {
         // SAFETY: `a..=b` lies in the checked range.
-        let shown = unsafe { core::slice::from_raw_parts(p.add(a), (b - a + 1).min(8)) };
+        let shown = unsafe { core::slice::from_raw_parts(s.add(a), (b - a + 1).min(8)) };
+        let at = obj.addr().wrapping_sub(s.addr()) as isize;
+        let (a, b) = (a as isize - at, b as isize - at);
+        struct Size(Option<usize>);
+        impl fmt::Display for Size {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.0 {
+                    Some(n) => write!(f, "{n} bytes"),
+                    None => f.write_str("freed"),
+                }
+            }
+        }
         report_abort(format_args!(
-            "kmemcg: {what}: cache {}, object {p:p} ({size} bytes), bytes {a}..={b} changed \
-             (expected {byte:02x}, found {})",
+            "kmemcg: {what}: cache {}, object {obj:p} ({}), bytes {a}..={b} changed (expected {byte:02x}, found {})",
             cache().as_str(),
+            Size(size),
             Bytes(shown)
         ));
     }

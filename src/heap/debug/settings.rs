@@ -88,9 +88,9 @@ impl Detection {
         self.quarantine
     }
 
-    /// Whether any check is on.
+    /// Whether any check is on (sampling included).
     pub const fn is_on(&self) -> bool {
-        self.redzone || self.poison
+        self.redzone || self.poison || self.guard_every != 0
     }
 
     /// Detection from a `KMEMCG_DEBUG` value, read without regard to
