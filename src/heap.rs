@@ -213,7 +213,7 @@ fn moved() -> ! {
 }
 
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
-const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV | mode::BYTES;
+const SPECIAL: usize = mode::ARMED | mode::INJECT | mode::ENV | mode::BYTES;
 
 /// A dangling, aligned pointer for zero-size blocks.
 #[inline]
@@ -585,7 +585,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     fn alloc_current<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         let m = self.tree.mode();
-        if m == 0 {
+        // `DEBUG` alone: sampling with no sample due, as plain.
+        if m & !mode::DEBUG == 0 {
             // A path of its own: merged with the grouped one, the null
             // group would be tested again after the class lookup.
             return self.alloc_pow2::<NOUNWIND>(core::ptr::null(), size, align);
@@ -815,7 +816,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // A zero size (nothing was allocated) has no class: its test is
         // off the fast path, with the large objects'.
         let m = self.tree.mode();
-        if m != 0 {
+        if m != 0 && !(m == mode::DEBUG && self.plain_under_sampling(ptr, size, align)) {
             if size == 0 {
                 return;
             }
@@ -845,7 +846,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
     #[inline(always)]
     unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
-        if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
+        if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0
+            && !(m & !mode::GROUPS == mode::DEBUG && self.plain_under_sampling(ptr, size, align))
+        {
             // SAFETY: forwarded.
             return unsafe { self.free_special(ptr, size, align, class) };
         }

@@ -152,6 +152,9 @@ fn run_case() {
             let d = Allocator::grow(&a, c, l33, l39).unwrap().cast::<u8>();
             assert!((0..33).all(|i| d.as_ptr().add(i).read() == 9));
             a.deallocate(d, l39);
+            // Freed sampled runs are kept (inaccessible) for later samples
+            // until a flush.
+            GUARDED.shrink();
             assert_eq!(GUARDED.stats().large_objects, 0, "every sampled run was freed");
         },
         // Issue 26, item 9: a size-class object's write after free, with a
@@ -267,6 +270,15 @@ fn run_case() {
             eprintln!("last byte written");
             p.add(24).write(1);
             eprintln!("the guard page did not fault");
+        },
+        // SAFETY: as above: the freed object's page is inaccessible.
+        "sampled_use_after_free" => unsafe {
+            let p = SAMPLED.alloc(l);
+            assert!((p.addr() + 24).is_multiple_of(4096), "sampled");
+            SAMPLED.dealloc(p, l);
+            eprintln!("freed");
+            p.write(1);
+            eprintln!("the freed page did not fault");
         },
         other => panic!("unknown case {other}"),
     }
@@ -625,25 +637,33 @@ fn a_refused_sample_raises_no_limit_event() {
     let at_page_end = |p: std::ptr::NonNull<[u8]>| (p.cast::<u8>().as_ptr().addr() + 40).is_multiple_of(4096);
     let mut sampled: Vec<_> = (0..kmemcg::GUARDED_MAX).map(|_| a.allocate(l).unwrap()).collect();
     assert!(sampled.iter().all(|&p| at_page_end(p)), "every one sampled");
-    // The table is full: from a slab, which the group is charged for.
-    let from_slab = a.allocate(l).unwrap();
+    // The table is full: from a slab, which the group is charged for
+    // (another group: a freed sampled run is kept for a later sample of
+    // its own group, which needs no new charge).
+    let h = k.root().create_child("capped").unwrap();
+    let b = h.allocator();
+    let from_slab = b.allocate(l).unwrap();
     assert!(!at_page_end(from_slab));
     // SAFETY: allocated above with this layout.
     unsafe { a.deallocate(sampled.pop().unwrap().cast(), l) };
     // The group at its max exactly (stocks drained by the first call).
-    g.set_max(1 << 40).unwrap();
-    g.set_max(g.usage()).unwrap();
-    let (failcnt, events) = (g.failcnt(), g.stat().events);
+    h.set_max(1 << 40).unwrap();
+    h.set_max(h.usage()).unwrap();
+    let (failcnt, events) = (h.failcnt(), h.stat().events);
     EVENTS.store(0, std::sync::atomic::Ordering::Relaxed);
     // A sample is tried (the table has room) and refused; the slab serves.
-    let p = a.allocate(l).unwrap();
+    let p = b.allocate(l).unwrap();
     assert!(!at_page_end(p));
-    assert_eq!(g.failcnt(), failcnt, "failcnt");
-    assert_eq!(g.stat().events, events, "events");
+    assert_eq!(h.failcnt(), failcnt, "failcnt");
+    assert_eq!(h.stat().events, events, "events");
     assert_eq!(EVENTS.load(std::sync::atomic::Ordering::Relaxed), 0, "hook calls");
-    for q in sampled.into_iter().chain([from_slab, p]) {
+    for q in sampled {
         // SAFETY: allocated above with this layout, freed once.
         unsafe { a.deallocate(q.cast(), l) };
+    }
+    for q in [from_slab, p] {
+        // SAFETY: as above.
+        unsafe { b.deallocate(q.cast(), l) };
     }
 }
 
@@ -738,6 +758,12 @@ fn sampling_alone_samples() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.signal(), Some(libc_sigsegv()), "{err}");
     assert!(err.contains("last byte written") && !err.contains("did not fault"), "{err}");
+    // A use after free of a sampled object faults too: its pages are
+    // inaccessible while its run waits to be reused.
+    let out = child_output("sampled_use_after_free");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc_sigsegv()), "{err}");
+    assert!(err.contains("freed") && !err.contains("did not fault"), "{err}");
     // The unsampled ones are plain objects: no red zone or header, the
     // class of their own size.
     let l = Layout::from_size_align(64, 8).unwrap();
@@ -752,5 +778,6 @@ fn sampling_alone_samples() {
         // SAFETY: allocated above with this layout, freed once.
         unsafe { k.dealloc(p, l) };
     }
+    k.shrink();
     assert_eq!(k.stats().large_objects, 0, "the sampled runs were freed");
 }

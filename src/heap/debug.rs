@@ -69,6 +69,7 @@ use crate::platform::{MAX_CPUS, PageSource, Platform};
 use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize, loom_const_fn, repeat};
 
 pub use guard::GUARDED_MAX;
+use guard::RETIRED_MAX;
 use quarantine::{Fifo, Quarantine};
 pub use settings::Detection;
 use settings::env_detection;
@@ -163,6 +164,8 @@ impl<R: RawMutex> Detector<R> {
                 quarantine: Mutex::const_new(R::INIT, Quarantine {
                     fifo: Fifo::EMPTY,
                     guarded: [(core::ptr::null_mut(), core::ptr::null_mut()); GUARDED_MAX],
+                    retired: [core::ptr::null_mut(); RETIRED_MAX],
+                    retired_n: 0,
                 }),
                 locals: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Fifo::EMPTY)); MAX_CPUS),
                 frees_checked: Stat::new(),
@@ -200,7 +203,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // The old detector holds no resources (atomics and an unlocked,
             // empty quarantine): forgotten, as a `const fn` cannot drop.
             core::mem::forget(core::mem::replace(self.detect.get_mut(), Detector::new(d)));
-            self.tree.get_mut().mode = atomic_usize(if d.is_on() { mode::DEBUG } else { 0 });
+            self.tree.get_mut().mode = atomic_usize(if d.is_on() { mode::DEBUG | mode::ARMED } else { 0 });
             self
         }
     }
@@ -230,7 +233,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     fn read_env(&self) {
         let d = env_detection(&self.detect.warned);
         self.detect.set(d);
-        self.tree.set_mode(mode::DEBUG, d.is_on());
+        self.tree.set_mode(mode::DEBUG | mode::ARMED, d.is_on());
         self.tree.set_mode(mode::ENV, false);
     }
 }

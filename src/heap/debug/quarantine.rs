@@ -8,7 +8,7 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use super::guard::GUARDED_MAX;
+use super::guard::{GUARDED_MAX, RETIRED_MAX};
 use super::redzone::{birth_in, tag, words};
 use super::report::expect_bytes;
 use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM, W};
@@ -60,6 +60,10 @@ pub(super) struct Quarantine {
     pub(super) fifo: Fifo,
     /// Live sampled objects and the large runs holding them.
     pub(super) guarded: [(*mut u8, *mut u8); GUARDED_MAX],
+    /// Runs of freed sampled objects, every page inaccessible (a use
+    /// after free faults), oldest first: the first `retired_n` are set.
+    pub(super) retired: [*mut u8; RETIRED_MAX],
+    pub(super) retired_n: usize,
 }
 
 // SAFETY: as for `Fifo`; the table's pointers are sampled objects' runs,
@@ -186,6 +190,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let chain = unsafe { take_over::<R>(&mut self.detect.quarantine.lock().fifo, 0) };
         // SAFETY: the chain taken out of the quarantine.
         unsafe { self.release(chain, d) };
+        self.free_retired();
     }
 
     /// Quarantined objects and their bytes.

@@ -8,9 +8,9 @@ use lock_api::RawMutex;
 
 use super::report::{expect_bytes, slot_name};
 use super::{ALIVE, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
-use crate::cgroup::{Group, class_name};
+use crate::cgroup::{Group, class_name, mode};
 use crate::error::Name;
-use crate::heap::Kmem;
+use crate::heap::{Kmem, hardened_on_free};
 use crate::magazine::MagCache;
 use crate::page::pages_for;
 use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
@@ -188,9 +188,33 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return;
         }
         if !self.checks_objects() {
-            // SAFETY: forwarded: a plain object (sampling alone).
-            return unsafe { self.free_grouped(class_of(size, align), ptr) };
+            // A plain object (sampling alone): freed as the plain path
+            // frees it.
+            let class = class_of(size, align);
+            if self.tree.mode() & mode::GROUPS == 0
+                && let Some(c) = class
+            {
+                let Some(base) = self.base_for_free(c, ptr) else { return };
+                hardened_on_free(base, ptr);
+                // SAFETY: forwarded: with no groups, every object of class
+                // `c` is in the base cache.
+                return unsafe { base.free(self, ptr) };
+            }
+            // SAFETY: forwarded.
+            return unsafe { self.free_grouped(class, ptr) };
         }
+        // SAFETY: forwarded.
+        unsafe { self.free_checked_full(ptr, size, align) }
+    }
+
+    /// [`Kmem::free_checked`] with red zones or poison on.
+    ///
+    /// # Safety
+    ///
+    /// As for `free_raw`; a bad pointer is reported, not freed.
+    #[inline(never)]
+    unsafe fn free_checked_full(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        let p = ptr.as_ptr();
         let Some(padded) = padded(size, align) else {
             report_abort(format_args!("kmemcg: free of {p:p} with an impossible size {size}"))
         };

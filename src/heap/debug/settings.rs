@@ -30,6 +30,14 @@ impl Detection {
     /// allocation in 256 on a guard page.
     pub const ALL: Detection = Detection { redzone: true, poison: true, quarantine: 1 << 20, guard_every: 256 };
 
+    /// Sampling alone at GWP-ASan's default rate, one size-class
+    /// allocation in 5,000 on a guard page (at most [`GUARDED_MAX`](crate::GUARDED_MAX)
+    /// sampled objects live at once): cheap enough to leave on
+    /// (`KMEMCG_DEBUG=sampled`). KFENCE samples one allocation per 100 ms
+    /// into a pool of 255 objects; GWP-ASan one in 5,000 into 16 slots by
+    /// default.
+    pub const SAMPLED: Detection = Detection::sampled(5000);
+
     /// With red zones checked (`on`) or not.
     pub const fn redzones(mut self, on: bool) -> Self {
         self.redzone = on;
@@ -54,7 +62,7 @@ impl Detection {
     /// boundary before an inaccessible page (0: none), so an overflow
     /// faults at the instruction that makes it (KFENCE's idea). Only page
     /// sources that can protect pages (`OsPages`) sample; at most
-    /// [`GUARDED_MAX`] sampled objects live at once.
+    /// [`GUARDED_MAX`](crate::GUARDED_MAX) sampled objects live at once.
     pub const fn guard_pages(mut self, n: usize) -> Self {
         self.guard_every = n;
         self
@@ -101,7 +109,8 @@ impl Detection {
     ///   poison, a 1 MiB quarantine, guard pages);
     /// * otherwise a comma-separated list of `redzone`, `poison`,
     ///   `quarantine=N` (bytes, with an optional `k` or `m`), `guard=N`
-    ///   (one allocation in N on a guard page) and `all`, later words
+    ///   (one allocation in N on a guard page), `sampled`
+    ///   ([`Detection::SAMPLED`]'s rate) and `all`, later words
     ///   overriding earlier ones. `poison` without a `quarantine=` word
     ///   gets the default 1 MiB quarantine.
     ///
@@ -199,6 +208,8 @@ pub(super) const fn parse(v: &[u8]) -> (Detection, Option<(usize, usize)>) {
         } else if one_of(word, ON) {
             d = Detection::ALL;
             quarantine_set = true;
+        } else if same(word, b"sampled") {
+            d.guard_every = Detection::SAMPLED.guard_every;
         } else if same(word, b"redzone") || same(word, b"redzones") {
             d.redzone = true;
         } else if same(word, b"poison") {
