@@ -138,6 +138,7 @@ pub(crate) struct Detector<R: RawMutex> {
     /// 0 until the first poisoned free; then the allocator's address if
     /// it is registered to have its quarantine checked at exit (`std`),
     /// else 1.
+    #[cfg_attr(not(all(feature = "std", not(loom))), allow(dead_code))] // no exit check there
     exit_hooked: AtomicUsize,
 }
 

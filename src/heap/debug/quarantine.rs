@@ -15,6 +15,7 @@ use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM, W};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
+#[cfg(all(feature = "std", not(loom)))]
 use crate::sync::Ordering;
 
 /// Freed objects waiting to go back to their caches, oldest first, linked
@@ -249,6 +250,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// Checks the poison of every quarantined object, leaving them there
     /// (at exit). A quarantine whose lock another thread holds is skipped.
+    #[cfg(all(feature = "std", not(loom)))]
     pub(super) fn check_quarantine(&self) {
         if !self.detect.get().poison {
             return;
@@ -277,13 +279,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// exits (a write after free whose object is still quarantined then).
     #[inline]
     fn check_at_exit(&self) {
-        // Relaxed: the flag guards only the registration, which takes its
-        // own lock.
+        // Relaxed: the flag guards only the registration, whose table
+        // entries are atomics of their own.
+        #[cfg(all(feature = "std", not(loom)))]
         if self.detect.exit_hooked.load(Ordering::Relaxed) == 0 {
             self.hook_exit();
         }
     }
 
+    /// Registers this allocator for the check at exit, once.
+    #[cfg(all(feature = "std", not(loom)))]
     #[cold]
     fn hook_exit(&self) {
         if self.detect.exit_hooked.swap(1, Ordering::Relaxed) == 0 {
