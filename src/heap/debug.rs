@@ -48,13 +48,15 @@
 //! One file per detector: [`settings`] (what is on, and the
 //! `KMEMCG_DEBUG` syntax), [`redzone`] (trailers, tags, the checked
 //! allocation and free paths), [`quarantine`] (poison and the FIFO of
-//! freed objects), [`exit`] (the quarantine checked at exit), [`guard`]
+//! freed objects), [`exit`] (the quarantine checked at exit), [`header`]
+//! (the words at the start of a checked slot), [`guard`]
 //! (sampled guard-page objects) and [`report`] (finding changed bytes
 //! and naming caches in reports).
 
 #[cfg(all(feature = "std", not(loom)))]
 mod exit;
 mod guard;
+mod header;
 mod quarantine;
 mod redzone;
 mod report;

@@ -9,9 +9,9 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::guard::{GUARDED_MAX, RETIRED_MAX};
-use super::redzone::{birth_in, tag, words};
+use super::header::{birth_in, freed_front, tag, words};
 use super::report::expect_bytes;
-use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM, W};
+use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
@@ -74,18 +74,6 @@ unsafe impl Send for Quarantine {}
 /// The owner word of a quarantined page run: its bytes with the low bit
 /// set (a `MagCache` address has it clear).
 const RUN: usize = 1;
-
-/// The offset of the object in a freed slot (its fourth word), for
-/// reports; `HEAD + W` if that word does not hold a plausible one.
-///
-/// # Safety
-///
-/// `s` is a slot of `slot` bytes freed by [`Kmem::quarantine`].
-pub(super) unsafe fn freed_front(s: *mut u8, slot: usize) -> usize {
-    // SAFETY: per the contract, inside the slot.
-    let f = unsafe { s.add(HEAD).cast::<usize>().read_unaligned() };
-    if f.is_power_of_two() && f >= HEAD + W && f < slot { f } else { HEAD + W }
-}
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Poisons a freed slot and queues it (`owner`: its cache, `None`: a

@@ -6,6 +6,7 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
+use super::header::{birth_in, freed_front, tag, words};
 use super::report::{expect_bytes, slot_name};
 use super::{ALIVE, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
 use crate::cgroup::{Group, class_name, mode};
@@ -16,31 +17,6 @@ use crate::page::pages_for;
 use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
 use crate::slab::classes::{GEOMETRIES, class_of};
 use crate::sync::Ordering;
-
-/// Where a slot's header words are: the tag, the size (live) or owner
-/// (freed), and the quarantine link (freed).
-#[inline]
-pub(super) fn words(s: *mut u8) -> (*mut usize, *mut usize, *mut *mut u8) {
-    (s.cast(), s.wrapping_add(W).cast(), s.wrapping_add(2 * W).cast())
-}
-
-/// The tag of the slot at `s` of `slot` bytes in state `kind`, in the
-/// slab born `birth` (0: a page run).
-#[inline]
-pub(super) fn tag(kind: usize, s: *mut u8, slot: usize, birth: u32) -> usize {
-    kind ^ s.addr() ^ slot.rotate_left(usize::BITS / 2) ^ (birth as usize).rotate_left(usize::BITS / 4)
-}
-
-/// The birth number of the slab of `p`, an object of `cache`, or 0 for
-/// a page run (`None`).
-///
-/// # Safety
-///
-/// `p` is a live object of `cache`.
-pub(super) unsafe fn birth_in<R: RawMutex>(cache: Option<&MagCache<R>>, p: *mut u8) -> u32 {
-    // SAFETY: forwarded.
-    cache.map_or(0, |c| unsafe { c.cache.birth_of(p) })
-}
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Whether objects carry the header and red zones (red zones or poison
@@ -106,7 +82,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // quarantine (none, or full): one let out of it was checked
             // then (`CLEAN`).
             if d.poison && t.read_unaligned() == tag(FREED, s, slot, birth) {
-                let f_was = super::quarantine::freed_front(s, slot);
+                let f_was = freed_front(s, slot);
                 expect_bytes(s, HEAD + W, slot, POISON, "write after free", cache, s.add(f_was), None);
             }
             t.write_unaligned(tag(ALIVE, s, slot, birth));
