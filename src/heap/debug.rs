@@ -48,15 +48,16 @@
 //! One file per detector: [`settings`] (what is on, and the
 //! `KMEMCG_DEBUG` syntax), [`redzone`] (trailers, tags, the checked
 //! allocation and free paths), [`quarantine`] (poison and the FIFO of
-//! freed objects), [`exit`] (the quarantine checked at exit), [`header`]
+//! freed objects), [`hooks`] (the quarantine checked at exit, guard-page faults
+//! reported), [`header`]
 //! (the words at the start of a checked slot), [`guard`]
 //! (sampled guard-page objects) and [`report`] (finding changed bytes
 //! and naming caches in reports).
 
-#[cfg(all(feature = "std", not(loom)))]
-mod exit;
 mod guard;
 mod header;
+#[cfg(all(feature = "std", not(loom)))]
+mod hooks;
 mod quarantine;
 mod redzone;
 mod report;
@@ -137,17 +138,17 @@ pub(crate) struct Detector<R: RawMutex> {
     /// Set by the first reader of `KMEMCG_DEBUG` to warn about a word it
     /// did not understand, so the warning is printed once.
     warned: AtomicUsize,
-    /// 0 until the first poisoned free; then the allocator's address if
-    /// it is registered to have its quarantine checked at exit (`std`),
-    /// else 1.
-    #[cfg_attr(not(all(feature = "std", not(loom))), allow(dead_code))] // no exit check there
-    exit_hooked: AtomicUsize,
+    /// 0 until the first poisoned free or sample; then the allocator's
+    /// address if it is registered for the process hooks (`std`: the
+    /// quarantine checked at exit, guard-page faults reported), else 1.
+    #[cfg_attr(not(all(feature = "std", not(loom))), allow(dead_code))] // no hooks there
+    hooked: AtomicUsize,
 }
 
 impl<R: RawMutex> Drop for Detector<R> {
     fn drop(&mut self) {
         #[cfg(all(feature = "std", not(loom)))]
-        exit::unregister(self.exit_hooked.load(Ordering::Relaxed));
+        hooks::unregister(self.hooked.load(Ordering::Relaxed));
     }
 }
 
@@ -167,13 +168,13 @@ impl<R: RawMutex> Detector<R> {
                 quarantine: Mutex::const_new(R::INIT, Quarantine {
                     fifo: Fifo::EMPTY,
                     guarded: [(core::ptr::null_mut(), core::ptr::null_mut()); GUARDED_MAX],
-                    retired: [core::ptr::null_mut(); RETIRED_MAX],
+                    retired: [(core::ptr::null_mut(), core::ptr::null_mut()); RETIRED_MAX],
                     retired_n: 0,
                 }),
                 locals: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Fifo::EMPTY)); MAX_CPUS),
                 frees_checked: Stat::new(),
                 warned: atomic_usize(0),
-                exit_hooked: atomic_usize(0),
+                hooked: atomic_usize(0),
             }
         }
     }

@@ -129,7 +129,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let pages = pages_for(size)?;
         let reused = {
             let mut q = self.detect.quarantine.lock();
-            let fits = |&run: &*mut u8| {
+            let fits = |&(_, run): &(*mut u8, *mut u8)| {
                 // SAFETY: a retired run: a live large object of ours.
                 let run = unsafe { NonNull::new_unchecked(run) };
                 self.large_pages_of(run) == Some(pages + 1)
@@ -139,7 +139,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             };
             let n = q.retired_n;
             q.retired[..n].iter().position(fits).map(|i| {
-                let run = q.retired[i];
+                let run = q.retired[i].1;
                 q.retired.copy_within(i + 1..n, i);
                 q.retired_n -= 1;
                 run
@@ -178,6 +178,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             unsafe { self.free_run(run) };
             return None;
         }
+        #[cfg(all(feature = "std", not(loom)))]
+        self.hook_process();
         NonNull::new(p)
     }
 
@@ -233,7 +235,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return true;
         }
         let evicted = if q.retired_n == RETIRED_MAX {
-            let old = q.retired[0];
+            let old = q.retired[0].1;
             q.retired.copy_within(1.., 0);
             q.retired_n -= 1;
             old
@@ -241,7 +243,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             core::ptr::null_mut()
         };
         let n = q.retired_n;
-        q.retired[n] = run;
+        q.retired[n] = (p, run);
         q.retired_n += 1;
         drop(q);
         if !evicted.is_null() {
@@ -262,7 +264,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 }
                 q.retired_n -= 1;
                 let n = q.retired_n;
-                q.retired[n]
+                q.retired[n].1
             };
             // SAFETY: a retired run, out of the list.
             unsafe { self.free_run(run) };
@@ -284,5 +286,67 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let q = self.detect.quarantine.lock();
         let e = q.guarded.iter().find(|e| e.0 == p)?;
         Some(self.guard_of(e.1).addr() - p.addr())
+    }
+
+    /// Registers this allocator for the process hooks, once (`std`): the
+    /// quarantine checked at exit, guard-page faults reported.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline]
+    pub(super) fn hook_process(&self) {
+        // Relaxed: the flag guards only the registration, whose table
+        // entries are atomics of their own.
+        if self.detect.hooked.load(Ordering::Relaxed) == 0 {
+            self.hook_process_slow();
+        }
+    }
+
+    #[cfg(all(feature = "std", not(loom)))]
+    #[cold]
+    fn hook_process_slow(&self) {
+        if self.detect.hooked.swap(1, Ordering::Relaxed) == 0 {
+            super::hooks::register(self);
+        }
+    }
+
+    /// From the `SIGSEGV` handler: if `addr` lies on the guard page of a
+    /// live sampled object, or in the run of a freed one, reports it and
+    /// aborts; else returns. The table's lock is only tried (the faulting
+    /// code is not ours and holds none of our locks; another thread may
+    /// hold it for a moment).
+    #[cfg(all(feature = "std", not(loom)))]
+    pub(super) fn report_guard_fault(&self, addr: usize) {
+        let mut q = None;
+        for _ in 0..1 << 16 {
+            q = self.detect.quarantine.try_lock();
+            if q.is_some() {
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        let Some(q) = q else { return };
+        for &(p, run) in &q.guarded {
+            if p.is_null() {
+                continue;
+            }
+            let guard = self.guard_of(run);
+            if (guard.addr()..guard.addr() + PAGE_SIZE).contains(&addr) {
+                report_abort(format_args!(
+                    "kmemcg: overflow onto a guard page: address {addr:#x} is byte {} of sampled object {p:p} ({} \
+                     bytes, its size rounded to its alignment)",
+                    addr - p.addr(),
+                    guard.addr() - p.addr()
+                ));
+            }
+        }
+        for &(p, run) in &q.retired[..q.retired_n] {
+            let end = self.guard_of(run).addr() + PAGE_SIZE;
+            if (run.addr()..end).contains(&addr) {
+                report_abort(format_args!(
+                    "kmemcg: use after free of a sampled object: address {addr:#x} is byte {} of object {p:p}, \
+                     freed (its pages are kept inaccessible)",
+                    addr.wrapping_sub(p.addr()) as isize
+                ));
+            }
+        }
     }
 }

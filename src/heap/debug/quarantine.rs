@@ -15,8 +15,6 @@ use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
-#[cfg(all(feature = "std", not(loom)))]
-use crate::sync::Ordering;
 
 /// Freed objects waiting to go back to their caches, oldest first, linked
 /// through their header's third word (`head` and `tail` point at slots).
@@ -61,9 +59,10 @@ pub(super) struct Quarantine {
     pub(super) fifo: Fifo,
     /// Live sampled objects and the large runs holding them.
     pub(super) guarded: [(*mut u8, *mut u8); GUARDED_MAX],
-    /// Runs of freed sampled objects, every page inaccessible (a use
-    /// after free faults), oldest first: the first `retired_n` are set.
-    pub(super) retired: [*mut u8; RETIRED_MAX],
+    /// Freed sampled objects and their runs, every page inaccessible (a
+    /// use after free faults), oldest first: the first `retired_n` are
+    /// set.
+    pub(super) retired: [(*mut u8, *mut u8); RETIRED_MAX],
     pub(super) retired_n: usize,
 }
 
@@ -267,21 +266,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// exits (a write after free whose object is still quarantined then).
     #[inline]
     fn check_at_exit(&self) {
-        // Relaxed: the flag guards only the registration, whose table
-        // entries are atomics of their own.
         #[cfg(all(feature = "std", not(loom)))]
-        if self.detect.exit_hooked.load(Ordering::Relaxed) == 0 {
-            self.hook_exit();
-        }
-    }
-
-    /// Registers this allocator for the check at exit, once.
-    #[cfg(all(feature = "std", not(loom)))]
-    #[cold]
-    fn hook_exit(&self) {
-        if self.detect.exit_hooked.swap(1, Ordering::Relaxed) == 0 {
-            super::exit::register(self);
-        }
+        self.hook_process();
     }
 }
 
