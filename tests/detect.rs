@@ -18,6 +18,9 @@ static NO_QUARANTINE: Kmem = Kmem::new(OsPages::new()).with_detection(Detection:
 /// Every allocation sampled onto a guard page (while the table has room).
 static GUARDED: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(1));
 
+/// Every check but sampling, with allocation and free sites recorded.
+static SITES: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(0).sites(true));
+
 /// Sampling alone (`guard=1`): every size-class allocation on a guard page
 /// while the table has room, nothing else checked.
 static SAMPLED: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::sampled(1));
@@ -295,6 +298,13 @@ fn run_case() {
             std::thread::spawn(|| deep(0)).join().unwrap();
             GUARDED.dealloc(p, l);
         },
+        // SAFETY: deliberate misuse, as above.
+        "write_after_free_with_sites" => unsafe {
+            let p = SITES.alloc(l);
+            SITES.dealloc(p, l);
+            p.add(2).write(0);
+            SITES.shrink();
+        },
         other => panic!("unknown case {other}"),
     }
     std::process::exit(0);
@@ -349,6 +359,22 @@ fn an_overflow_into_a_guard_page_faults_at_the_write() {
     assert!(err.contains("last byte written") && !err.contains("did not fault"), "{err}");
     assert!(err.contains("kmemcg: overflow onto a guard page: address 0x"), "{err}");
     assert!(err.contains("is byte 24 of sampled object 0x") && err.contains("(24 bytes,"), "{err}");
+}
+
+/// Issue 30, item 2: with sites recorded, a report prints where the
+/// object was allocated and where it was freed (return addresses, as
+/// module and offset).
+#[test]
+fn a_report_prints_the_allocation_and_free_sites() {
+    let (ok, err) = child("write_after_free_with_sites");
+    assert!(!ok, "{err}");
+    let report = err.find("kmemcg: write after free").unwrap_or_else(|| panic!("{err}"));
+    let (alloc, free) = (err.find("  allocated at:"), err.find("  freed at:"));
+    assert!(alloc.is_some_and(|a| a > report) && free > alloc, "{err}");
+    let exe = std::env::current_exe().unwrap();
+    let name = exe.file_name().unwrap().to_str().unwrap();
+    assert!(err[alloc.unwrap()..free.unwrap()].contains(name), "no frame in the test binary:\n{err}");
+    assert!(err[free.unwrap()..].contains(name), "no frame in the test binary:\n{err}");
 }
 
 /// The handler passes faults that are not on sampled objects to the one

@@ -51,7 +51,7 @@
 //! freed objects), [`hooks`] (the quarantine checked at exit, guard-page faults
 //! reported), [`header`]
 //! (the words at the start of a checked slot), [`guard`]
-//! (sampled guard-page objects) and [`report`] (finding changed bytes
+//! (sampled guard-page objects), `sites` (allocation and free sites) and [`report`] (finding changed bytes
 //! and naming caches in reports).
 
 mod guard;
@@ -62,6 +62,8 @@ mod quarantine;
 mod redzone;
 mod report;
 mod settings;
+#[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+mod sites;
 
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
@@ -118,7 +120,7 @@ const fn padded(size: usize, align: usize) -> Option<usize> {
 /// object; atomics because the environment is read at run time) and the
 /// quarantine.
 pub(crate) struct Detector<R: RawMutex> {
-    /// `REDZONE | POISON` while on.
+    /// `REDZONE | POISONED | SITES` while on.
     flags: AtomicUsize,
     quarantine_max: AtomicUsize,
     guard_every: AtomicUsize,
@@ -154,13 +156,23 @@ impl<R: RawMutex> Drop for Detector<R> {
 
 const REDZONE: usize = 1;
 const POISONED: usize = 2;
+/// Sites recorded (only with `REDZONE` or `POISONED`).
+const SITES: usize = 4;
+
+/// The flags word of `d`.
+const fn flags_of(d: Detection) -> usize {
+    let checks = d.redzone || d.poison;
+    (if d.redzone { REDZONE } else { 0 })
+        | (if d.poison { POISONED } else { 0 })
+        | (if d.sites && checks { SITES } else { 0 })
+}
 
 impl<R: RawMutex> Detector<R> {
     loom_const_fn! {
         /// A detector doing `d`.
         pub(crate) fn new(d: Detection) -> Self {
             Detector {
-                flags: atomic_usize(if d.redzone { REDZONE } else { 0 } | if d.poison { POISONED } else { 0 }),
+                flags: atomic_usize(flags_of(d)),
                 quarantine_max: atomic_usize(d.quarantine),
                 guard_every: atomic_usize(d.guard_every),
                 sampled: atomic_usize(0),
@@ -180,7 +192,7 @@ impl<R: RawMutex> Detector<R> {
     }
 
     fn set(&self, d: Detection) {
-        self.flags.store(if d.redzone { REDZONE } else { 0 } | if d.poison { POISONED } else { 0 }, Ordering::Relaxed);
+        self.flags.store(flags_of(d), Ordering::Relaxed);
         self.quarantine_max.store(d.quarantine, Ordering::Relaxed);
         self.guard_every.store(d.guard_every, Ordering::Relaxed);
     }
@@ -190,6 +202,7 @@ impl<R: RawMutex> Detector<R> {
         Detection {
             redzone: f & REDZONE != 0,
             poison: f & POISONED != 0,
+            sites: f & SITES != 0,
             quarantine: self.quarantine_max.load(Ordering::Relaxed),
             guard_every: self.guard_every.load(Ordering::Relaxed),
         }

@@ -97,6 +97,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             s.add(HEAD).cast::<usize>().write_unaligned(front);
             t.write_unaligned(tag(FREED, s, slot, birth_in(owner, s)));
         }
+        #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+        if d.sites {
+            super::sites::freed(s);
+        }
         if d.poison {
             self.check_at_exit();
         }

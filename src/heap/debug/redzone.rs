@@ -7,7 +7,7 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::header::{birth_in, freed_front, tag, words};
-use super::report::{expect_bytes, slot_name};
+use super::report::{abort_at, expect_bytes, slot_name};
 use super::{ALIVE, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
 use crate::cgroup::{Group, class_name, mode};
 use crate::error::Name;
@@ -87,6 +87,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             t.write_unaligned(tag(ALIVE, s, slot, birth));
             n.write_unaligned(size);
+            #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+            if d.sites {
+                super::sites::allocated(s);
+            }
             if d.redzone {
                 core::ptr::write_bytes(s.add(2 * W), RED, f - 2 * W);
                 core::ptr::write_bytes(s.add(f + size), RED, slot - f - size);
@@ -118,7 +122,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: the slot is readable (per the contract).
         let found = unsafe { t.read_unaligned() };
         if found == tag(FREED, s, slot, birth) || found == tag(CLEAN, s, slot, birth) {
-            report_abort(format_args!("kmemcg: double free: cache {}, object {p:p} ({size} bytes)", cache().as_str()));
+            abort_at(s, format_args!("kmemcg: double free: cache {}, object {p:p} ({size} bytes)", cache().as_str()));
         }
         let redzone = self.detect.get().redzone;
         let alive = found == tag(ALIVE, s, slot, birth);
@@ -127,20 +131,26 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             unsafe { expect_bytes(s, 2 * W, f, RED, "underflow into the red zone", cache, p, Some(size)) };
         }
         if !alive {
-            report_abort(format_args!(
-                "kmemcg: the header before object {p:p} ({size} bytes, cache {}) was overwritten (an underflow \
+            abort_at(
+                s,
+                format_args!(
+                    "kmemcg: the header before object {p:p} ({size} bytes, cache {}) was overwritten (an underflow \
                  past its red zone), or it is no live object of that layout",
-                cache().as_str()
-            ));
+                    cache().as_str()
+                ),
+            );
         }
         // SAFETY: as above.
         let was = unsafe { n.read_unaligned() };
         if was != size {
-            report_abort(format_args!(
-                "kmemcg: wrong-size free: object {p:p} (cache {}) allocated with {was} bytes, freed (or resized) \
+            abort_at(
+                s,
+                format_args!(
+                    "kmemcg: wrong-size free: object {p:p} (cache {}) allocated with {was} bytes, freed (or resized) \
                  as {size} bytes (align {align})",
-                cache().as_str()
-            ));
+                    cache().as_str()
+                ),
+            );
         }
         if redzone {
             // SAFETY: as above.

@@ -10,7 +10,7 @@ use crate::cgroup::class_name;
 use crate::error::Name;
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
-use crate::platform::{PageSource, Platform, report_abort};
+use crate::platform::{PageSource, Platform};
 use crate::slab::classes::class_of;
 
 /// The first and last offsets in `p[from..to]` that differ from `byte`.
@@ -98,12 +98,15 @@ pub(super) unsafe fn expect_bytes(
                 }
             }
         }
-        report_abort(format_args!(
-            "kmemcg: {what}: cache {}, object {obj:p} ({}), bytes {a}..={b} changed (expected {byte:02x}, found {})",
-            cache().as_str(),
-            Size(size),
-            Bytes(shown)
-        ));
+        abort_at(
+            s,
+            format_args!(
+                "kmemcg: {what}: cache {}, object {obj:p} ({}), bytes {a}..={b} changed (expected {byte:02x}, found {})",
+                cache().as_str(),
+                Size(size),
+                Bytes(shown)
+            ),
+        );
     }
 }
 
@@ -157,4 +160,22 @@ pub(super) fn warn(args: fmt::Arguments<'_>) {
         }
     }
     let _ = fmt::Write::write_fmt(&mut Stderr, format_args!("{args}\n"));
+}
+
+/// Aborts with the report `args` about the object in slot `s`, followed
+/// by its allocation and free sites when they are recorded.
+#[cold]
+pub(super) fn abort_at(s: *mut u8, args: fmt::Arguments<'_>) -> ! {
+    #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+    {
+        warn(args);
+        super::sites::print(s);
+        // SAFETY: abort ends the process; nothing runs after it.
+        unsafe { libc::abort() }
+    }
+    #[cfg(not(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = s;
+        crate::platform::report_abort(args)
+    }
 }

@@ -21,14 +21,16 @@ pub struct Detection {
     pub(super) poison: bool,
     pub(super) quarantine: usize,
     pub(super) guard_every: usize,
+    pub(super) sites: bool,
 }
 
 impl Detection {
     /// No detection: the plain allocator.
-    pub const OFF: Detection = Detection { redzone: false, poison: false, quarantine: 0, guard_every: 0 };
+    pub const OFF: Detection = Detection { redzone: false, poison: false, quarantine: 0, guard_every: 0, sites: false };
     /// Red zones, poison, a 1 MiB quarantine, and one size-class
     /// allocation in 256 on a guard page.
-    pub const ALL: Detection = Detection { redzone: true, poison: true, quarantine: 1 << 20, guard_every: 256 };
+    pub const ALL: Detection =
+        Detection { redzone: true, poison: true, quarantine: 1 << 20, guard_every: 256, sites: false };
 
     /// Sampling alone at GWP-ASan's default rate, one size-class
     /// allocation in 5,000 on a guard page (at most [`GUARDED_MAX`](crate::GUARDED_MAX)
@@ -37,6 +39,22 @@ impl Detection {
     /// into a pool of 255 objects; GWP-ASan one in 5,000 into 16 slots by
     /// default.
     pub const SAMPLED: Detection = Detection::sampled(5000);
+
+    /// With the allocation and free sites of checked objects recorded
+    /// (`on`) or not, for reports to print (with `std` on glibc targets:
+    /// return addresses from `backtrace(3)` into a fixed table, no
+    /// allocation; printed as module and offset, which `addr2line -e`
+    /// resolves). A few microseconds per allocation and free; needs red
+    /// zones or poison.
+    pub const fn sites(mut self, on: bool) -> Self {
+        self.sites = on;
+        self
+    }
+
+    /// Whether allocation and free sites are recorded.
+    pub const fn sites_on(&self) -> bool {
+        self.sites
+    }
 
     /// With red zones checked (`on`) or not.
     pub const fn redzones(mut self, on: bool) -> Self {
@@ -109,7 +127,8 @@ impl Detection {
     ///   poison, a 1 MiB quarantine, guard pages);
     /// * otherwise a comma-separated list of `redzone`, `poison`,
     ///   `quarantine=N` (bytes, with an optional `k` or `m`), `guard=N`
-    ///   (one allocation in N on a guard page), `sampled`
+    ///   (one allocation in N on a guard page), `sites` (see
+    ///   [`Detection::sites`]), `sampled`
     ///   ([`Detection::SAMPLED`]'s rate) and `all`, later words
     ///   overriding earlier ones. `poison` without a `quarantine=` word
     ///   gets the default 1 MiB quarantine.
@@ -212,6 +231,8 @@ pub(super) const fn parse(v: &[u8]) -> (Detection, Option<(usize, usize)>) {
             d.guard_every = Detection::SAMPLED.guard_every;
         } else if same(word, b"redzone") || same(word, b"redzones") {
             d.redzone = true;
+        } else if same(word, b"sites") {
+            d.sites = true;
         } else if same(word, b"poison") {
             d.poison = true;
         } else if let Some(n) = parse_number(word, b"quarantine=") {
