@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds kernel-demo, boots it under QEMU and checks its self-test.
 #
-#   bash kernel-demo/run-qemu.sh [x86_64|aarch64] [icount]   (default: x86_64)
+#   bash kernel-demo/run-qemu.sh [x86_64|aarch64] [icount|heap=KIB]   (default: x86_64)
 #
 # x86_64: boots the Multiboot kernel with `qemu-system-x86_64 -smp 4`
 # (TCG), and exits 0 only if QEMU exits with the success status (33, from
 # isa-debug-exit) and the serial output holds the PASS line.
-# aarch64: runs kernel-demo/aarch64/run-qemu.sh (with `icount` if given).
+# aarch64: runs kernel-demo/aarch64/run-qemu.sh (with the mode, if given).
 #
 # icount: instead of the self-test, boots on one CPU under `-icount
 # shift=0,sleep=off` with `icount` on the kernel command line: the kernel
@@ -16,18 +16,22 @@
 # sleep=off: the virtual clock jumps over idle time instead of following
 # the host's, so every boot runs the same instructions (with sleep=on, the
 # default, main's PerCpu count on aarch64 moved between 250.04 and 250.05).
+#
+# heap=KIB (e.g. heap=100, heap=64): instead of the self-test, boots on
+# one CPU with `heap=KIB` on the kernel command line: the kernel heap gets
+# only KIB KiB of RAM and runs a tutorial kernel's heap tests over it
+# (kernel-demo/common/tutorial_heap.rs), ending with `kmemcg heap suite in
+# KIB KiB: PASS`, which stands in for the PASS line.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 arch="${1:-x86_64}"
 mode="${2:-}"
-case "$mode" in
-  "" | icount) ;;
-  *)
-    echo "usage: $0 [x86_64|aarch64] [icount]" >&2
-    exit 2
-    ;;
-esac
+usage="usage: $0 [x86_64|aarch64] [icount|heap=KIB]"
+if ! [[ "$mode" =~ ^(icount|heap=[1-9][0-9]*)?$ ]]; then
+  echo "$usage" >&2
+  exit 2
+fi
 case "$arch" in
   x86_64) ;;
   aarch64)
@@ -38,7 +42,7 @@ case "$arch" in
     exec bash kernel-demo/aarch64/run-qemu.sh ${mode:+"$mode"}
     ;;
   *)
-    echo "usage: $0 [x86_64|aarch64] [icount]" >&2
+    echo "$usage" >&2
     exit 2
     ;;
 esac
@@ -50,11 +54,18 @@ pass_line="kmemcg kernel self-test: PASS"
 cpus=4
 limit=120
 extra=()
-if [ "$mode" = icount ]; then
-  pass_line="icount: done"
-  cpus=1
-  extra=(-icount shift=0,sleep=off -append icount)
-fi
+case "$mode" in
+  icount)
+    pass_line="icount: done"
+    cpus=1
+    extra=(-icount shift=0,sleep=off -append icount)
+    ;;
+  heap=*)
+    pass_line="kmemcg heap suite in ${mode#heap=} KiB: PASS"
+    cpus=1
+    extra=(-append "$mode")
+    ;;
+esac
 
 . kernel-demo/setup.sh
 need qemu-system-x86_64 qemu-system-x86

@@ -14,7 +14,12 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `cgroup.rs` | [`Group`]: its fields, references, walks up and down the tree, event counts; current-group tokens |
-//! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the tree lock, readers, zombies and limbo, the metadata caches; creating, removing, reclaiming groups; child caches |
+//! | `tree` | [`Tree`]: the root and its base caches, the list of groups, the mode word, the metadata caches |
+//! | `lifecycle` | creating, removing and reclaiming groups: references, zombies, limbo, read guards |
+//! | `lists` | the tree's intrusive lists |
+//! | `names` | the sibling-name index |
+//! | `ids` | group ids that shrinkers may hand back |
+//! | `child_caches` | a group's child caches: made at first use, let go once dead and empty |
 //! | `registry` | the typed caches' descriptors, their accounting indices, destroying a cache |
 //! | `protection` | effective `min` and `low`; what a reclaim pass may take from a subtree |
 //! | `events` | counting events up the tree, the event hook |
@@ -47,15 +52,13 @@ mod inject;
 mod pressure;
 mod tree;
 
-pub use inject::{FailRule, FaultInjection, MAX_INJECTIONS};
-pub use pressure::MAX_PRESSURES;
-pub(crate) use pressure::PressureRow;
+pub use inject::{FailRule, FaultInjection};
+pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 #[cfg(all(test, not(loom)))]
 pub(crate) use tree::delay;
 pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
 pub use tree::{
-    EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, MAX_SHRINKERS,
-    ShrinkControl, Shrinker,
+    EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, ShrinkControl, Shrinker,
 };
 
 /// `Group::state` of a live group.
@@ -406,19 +409,26 @@ pub(crate) struct Group<R: RawMutex> {
     /// guard, allocator handle, child group, child cache and large object.
     /// The group's memory is reclaimed when it reaches zero.
     refs: AtomicUsize,
-    /// Children, linked through `next_sibling`; changed under the tree lock.
+    /// Children, linked through `next_sibling` (and back through
+    /// `prev_sibling`, read only under the tree lock, so a removal unlinks
+    /// in constant time); changed under the tree lock.
     first_child: AtomicPtr<Group<R>>,
     next_sibling: AtomicPtr<Group<R>>,
+    prev_sibling: AtomicPtr<Group<R>>,
     /// The next older group of the same tree; changed under the tree lock
     /// when a group is unlinked, read by iterations that hold a read guard
-    /// (which keeps unlinked groups from being freed).
+    /// (which keeps unlinked groups from being freed). `prev_all` links
+    /// back, under the tree lock only.
     next_all: AtomicPtr<Group<R>>,
+    prev_all: AtomicPtr<Group<R>>,
     /// Link on the zombie stack (written before the push, whose `Release`
     /// publishes it) and then in the tree lock's limbo list. An atomic, so
     /// it is written through shared references like every other field.
     next_zombie: AtomicPtr<Group<R>>,
     /// Child caches by accounting index; null until first use.
     caches: CellArray<AtomicPtr<MagCache<R>>, MAX_ACCOUNTED>,
+    /// The group's fault-injection rule (off until armed).
+    pub(crate) inject: inject::Inject,
     /// Pages of large (page-run) objects charged to this group itself.
     large_pages: Stat,
     /// The usage at the last `high` throttle delay of this group: what was
@@ -428,12 +438,17 @@ pub(crate) struct Group<R: RawMutex> {
     pub(crate) high_mark: AtomicUsize,
     events: Events,
     /// Named pressure resources (see `counter::pressure`).
-    pressures: [pressure::PressureSlot; MAX_PRESSURES],
+    pressures: AtomicPtr<pressure::PressureNode>,
 }
 
 /// `TokenHead::release` of a root group: never called (a root's token is
 /// null), and a root is never freed anyway.
 fn release_root(_: NonNull<TokenHead>) {}
+
+// A group is shared by handles across a caught panic as a `Kmem` is
+// (see its `RefUnwindSafe`): its state is atomics and what the tree lock
+// guards, consistent whenever no allocator code runs.
+impl<R: RawMutex> core::panic::RefUnwindSafe for Group<R> {}
 
 // SAFETY: all mutable state is atomic or written under the tree lock; the
 // raw pointers refer to groups and caches that outlive this group.
@@ -464,13 +479,16 @@ impl<R: RawMutex> Group<R> {
                 refs: atomic_usize(1),
                 first_child: atomic_null(),
                 next_sibling: atomic_null(),
+                prev_sibling: atomic_null(),
                 next_all: atomic_null(),
+                prev_all: atomic_null(),
                 next_zombie: atomic_null(),
                 caches: CellArray::new(repeat!(atomic_null(); MAX_ACCOUNTED)),
+                inject: inject::Inject::new(),
                 large_pages: Stat::new(),
                 high_mark: atomic_usize(0),
                 events: Events::new(),
-                pressures: repeat!(pressure::PressureSlot::new(); MAX_PRESSURES),
+                pressures: atomic_null(),
             }
         }
     }

@@ -43,8 +43,6 @@ pub enum Error {
     Removed,
     /// The root group cannot be removed or protected (`min`, `low`).
     RootGroup,
-    /// [`crate::MAX_SHRINKERS`] shrinkers are registered.
-    TooManyShrinkers,
     /// Pressure thresholds not ordered `min <= pressure <= max`.
     BadThresholds,
     /// A pressure threshold above the parent's `max` for that resource
@@ -53,9 +51,6 @@ pub enum Error {
         /// The parent's `max`.
         parent_max: usize,
     },
-    /// The group already holds [`crate::MAX_PRESSURES`] named pressure
-    /// resources.
-    TooManyResources,
     /// A handle of another allocator was passed (e.g. a group of one
     /// `Kmem` to a typed cache of another).
     ForeignGroup,
@@ -68,8 +63,6 @@ pub enum Error {
     /// The group's fault-injection rule failed this allocation
     /// ([`crate::Cgroup::inject_faults`]).
     Injected,
-    /// [`crate::MAX_INJECTIONS`] groups hold fault-injection rules.
-    TooManyInjections,
 }
 
 /// A group's name, as carried by errors and reports.
@@ -119,18 +112,15 @@ impl fmt::Display for Error {
             Error::Busy => f.write_str("the group still has children"),
             Error::Removed => f.write_str("the group has been removed"),
             Error::RootGroup => f.write_str("the root group cannot be removed or protected"),
-            Error::TooManyShrinkers => f.write_str("every shrinker slot is taken"),
             Error::BadThresholds => f.write_str("pressure thresholds must satisfy min <= pressure <= max"),
             Error::AboveParentMax { parent_max } => {
                 write!(f, "a threshold is above the parent's max of {parent_max} bytes")
             }
-            Error::TooManyResources => f.write_str("the group holds the most pressure resources it can"),
             Error::ForeignGroup => f.write_str("the group belongs to another allocator"),
             Error::UnchargeAboveUsage { usage } => {
                 write!(f, "uncharge of more than the resource's usage of {usage} bytes")
             }
             Error::Injected => f.write_str("failed by the group's fault-injection rule"),
-            Error::TooManyInjections => f.write_str("every fault-injection slot is taken"),
         }
     }
 }

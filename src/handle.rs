@@ -12,10 +12,12 @@
 
 mod cgroup;
 mod pressure;
+mod stat;
 mod typed;
 
-pub use cgroup::{AtomicScope, Cgroup, CgroupAllocator, CgroupGuard, EventCounts, GroupStat};
+pub use cgroup::{AtomicScope, Cgroup, CgroupAllocator, CgroupGuard};
 pub use pressure::Pressure;
+pub use stat::{EventCounts, GroupStat};
 pub use typed::{CacheBox, CacheFlags, KmemCache};
 
 #[cfg(doc)]

@@ -66,7 +66,7 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     magazines: OneCell<Cache<R>>,
     /// The groups, the size classes (the root's caches), the typed caches,
     /// and reclaim.
-    tree: OneCell<Tree<R>>,
+    tree: OneCell<TreeBox<R>>,
     large_allocs: Stat,
     large_pages: Stat,
     bad_frees: Stat,
@@ -89,6 +89,61 @@ pub struct Kmem<S: PageSource = DefaultSource, R: RawMutex = DefaultRawMutex, P:
     slab_cap: AtomicUsize,
     /// Why the page source last came up short (see `oom`).
     last_oom: oom::OomRecord,
+}
+
+// A `Kmem` is unwind safe: no operation leaves a broken invariant behind
+// when a panic unwinds through it (only callbacks can panic: shrinkers,
+// the event hook and the out-of-memory handler, and the drop guards
+// around them restore the context's marks, release every lock and read
+// guard, and take back the charge of the allocation they interrupted),
+// so code that catches the panic may go on using the allocator, its
+// groups and caches. Its cells are behind atomics and locks; its page
+// source and platform must be unwind safe themselves.
+impl<S: PageSource + core::panic::RefUnwindSafe, R: RawMutex, P: Platform + core::panic::RefUnwindSafe>
+    core::panic::RefUnwindSafe for Kmem<S, R, P>
+{
+}
+impl<S: PageSource + core::panic::UnwindSafe, R: RawMutex, P: Platform + core::panic::UnwindSafe>
+    core::panic::UnwindSafe for Kmem<S, R, P>
+{
+}
+
+/// How a `Kmem` holds its tree: inline, so that it can be a `static`;
+/// under loom, on the heap, so that a `Kmem` (then not `const`) can be
+/// built inside `loom::model` on a model thread's default 32 KiB stack,
+/// as loom's docs write models.
+#[cfg(not(loom))]
+type TreeBox<R> = InlineTree<R>;
+#[cfg(loom)]
+type TreeBox<R> = std::boxed::Box<Tree<R>>;
+
+/// A tree held inline (see [`TreeBox`]): `TreeBox::new` is `const`.
+#[cfg(not(loom))]
+#[repr(transparent)]
+struct InlineTree<R: RawMutex>(Tree<R>);
+
+#[cfg(not(loom))]
+impl<R: RawMutex> InlineTree<R> {
+    const fn new(t: Tree<R>) -> Self {
+        InlineTree(t)
+    }
+}
+
+#[cfg(not(loom))]
+impl<R: RawMutex> core::ops::Deref for InlineTree<R> {
+    type Target = Tree<R>;
+    #[inline(always)]
+    fn deref(&self) -> &Tree<R> {
+        &self.0
+    }
+}
+
+#[cfg(not(loom))]
+impl<R: RawMutex> core::ops::DerefMut for InlineTree<R> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Tree<R> {
+        &mut self.0
+    }
 }
 
 /// The low bit of `Kmem::home` while the first use fits the caches.
@@ -245,7 +300,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 platform,
                 slots: Slots::new(),
                 magazines: OneCell::new(Cache::new(MAGAZINE_GEOMETRY)),
-                tree: OneCell::new(Tree::new()),
+                tree: OneCell::new(TreeBox::new(Tree::new())),
                 large_allocs: Stat::new(),
                 large_pages: Stat::new(),
                 bad_frees: Stat::new(),
@@ -260,11 +315,23 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
+    /// The tree, to set up (`const`, before the allocator is shared).
+    #[cfg(not(loom))]
+    const fn tree_mut(&mut self) -> &mut Tree<R> {
+        &mut self.tree.get_mut().0
+    }
+
+    /// The tree, to set up.
+    #[cfg(loom)]
+    fn tree_mut(&mut self) -> &mut Tree<R> {
+        self.tree.get_mut()
+    }
+
     crate::sync::loom_const_fn! {
         /// With `std`: read `KMEMCG_DEBUG` at the first allocation.
         fn reading_env(mut self) -> Self {
             if cfg!(all(feature = "std", not(loom))) {
-                self.tree.get_mut().mode = crate::sync::atomic_usize(mode::ENV);
+                self.tree_mut().mode = crate::sync::atomic_usize(mode::ENV);
             }
             self
         }
@@ -414,10 +481,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Registers a shrinker; safe while reclaim runs (a reclaim in progress
-    /// uses the list it copied). Registering one twice is a no-op; more
-    /// than [`crate::MAX_SHRINKERS`] gives [`Error::TooManyShrinkers`].
+    /// uses the entries it copied). Registering one twice is a no-op. Any
+    /// number can be registered: the list's table takes a page from the
+    /// page source per 256 shrinkers, and [`Error::OutOfMemory`] comes
+    /// back if it cannot grow.
     pub fn register_shrinker(&self, s: &'static dyn Shrinker) -> Result<(), Error> {
-        self.tree.register_shrinker(s)
+        self.tree.register_shrinker(&self.source, s)
     }
 
     /// Unregisters a shrinker; a reclaim already running may still call it

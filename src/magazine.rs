@@ -92,7 +92,7 @@
 //! loaded/previous magazines + objects in depot magazines + live objects.
 
 use core::mem::{align_of, size_of};
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
@@ -101,14 +101,18 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, at, at_mut, atomic_bool, atomic_null, atomic_usize,
-    fence, loom_const_fn, repeat,
+    AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, at, atomic_bool, atomic_null, atomic_usize, fence,
+    loom_const_fn, repeat,
 };
 
+mod cpu_mags;
+mod dead;
 mod depot;
 mod drain;
+mod refill;
 mod slots;
 
+use cpu_mags::{CpuMags, cpu_index};
 use depot::Depot;
 pub(crate) use drain::drain_many;
 pub use slots::SlotStats;
@@ -200,115 +204,6 @@ pub(crate) enum Acct {
     Counter(*const PageCounter),
 }
 
-/// One slot's magazines of one cache. Either pointer may be null.
-///
-/// The fast paths touch this struct and one round of `loaded`, nothing
-/// else: `loaded`'s fill level lives here, not in the magazine, while it
-/// is loaded, and `cap` is 0 when nothing is loaded, so a pop checks
-/// `count != 0` and a push `count < cap` without a null check.
-///
-/// 32 bytes, two to a cache line, and the fast paths write `count`: two
-/// busy slots on one line would bounce it between their CPUs on every
-/// operation (seen as a 2x slower `xfree`). So slot `s` lives at
-/// [`cpu_index`]`(s)`, which puts slots 0..31 on 32 different lines and
-/// pairs each with a slot from 32..63. (One line per slot would double
-/// every cache's and child cache's size, and a group's child caches are
-/// many.)
-///
-/// Invariant: `loaded` null ⇒ `count == cap == 0`; else `cap` is the
-/// cache's rounds, `count <= cap`, `loaded.rounds[..count]` are free
-/// objects of the cache and `loaded.count` is stale. The slow paths call
-/// [`CpuMags::spill_count`] first and [`CpuMags::reload`] last, and in
-/// between work on the magazines' own counts.
-#[repr(C, align(32))]
-struct CpuMags {
-    count: usize,
-    cap: usize,
-    loaded: *mut Magazine,
-    previous: *mut Magazine,
-}
-
-static_assertions::const_assert_eq!(size_of::<CpuMags>(), 32);
-
-/// Where slot `slot`'s `CpuMags` sit in a cache's array: the low slots
-/// spread over every other entry, so neighbours never share a line.
-#[inline(always)]
-const fn cpu_index(slot: usize) -> usize {
-    const HALF: usize = if MAX_CPUS > 1 { MAX_CPUS / 2 } else { 1 };
-    (slot % HALF) * 2 + slot / HALF
-}
-
-static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
-
-impl CpuMags {
-    const EMPTY: CpuMags = CpuMags { count: 0, cap: 0, loaded: ptr::null_mut(), previous: ptr::null_mut() };
-
-    /// A round off the loaded magazine, if it has one.
-    ///
-    /// # Safety
-    ///
-    /// The invariant of the type holds; the caller owns the slot.
-    #[inline(always)]
-    unsafe fn pop(&mut self) -> Option<NonNull<u8>> {
-        if self.count == 0 {
-            return None;
-        }
-        self.count -= 1;
-        // SAFETY: `count > 0` means `loaded` is a live magazine whose first
-        // `count` rounds are free objects (the invariant).
-        unsafe { Some(NonNull::new_unchecked(*at(&(*self.loaded).rounds, self.count))) }
-    }
-
-    /// Pushes `p` onto the loaded magazine if it has room.
-    ///
-    /// # Safety
-    ///
-    /// As for [`CpuMags::pop`].
-    #[inline(always)]
-    unsafe fn push(&mut self, p: NonNull<u8>) -> bool {
-        if self.count >= self.cap {
-            return false;
-        }
-        // SAFETY: `count < cap` means `loaded` is live with room at
-        // `count` (`cap` is its rounds, at most MAG_MAX).
-        unsafe { *at_mut(&mut (*self.loaded).rounds, self.count) = p.as_ptr() };
-        self.count += 1;
-        true
-    }
-
-    /// Writes `count` back into `loaded`, so the magazine's own count is
-    /// current for a slow path or a drainer.
-    ///
-    /// # Safety
-    ///
-    /// The invariant of the type holds; the caller owns the slot.
-    #[inline]
-    unsafe fn spill_count(&mut self) {
-        if !self.loaded.is_null() {
-            // SAFETY: a non-null `loaded` is a live magazine of the slot.
-            unsafe { (*self.loaded).count = self.count };
-        }
-    }
-
-    /// Takes `loaded`'s count back after a slow path changed magazines.
-    ///
-    /// # Safety
-    ///
-    /// `loaded` is null or a live magazine with a current count of at
-    /// most `rounds`, the cache's rounds per magazine.
-    #[inline]
-    unsafe fn reload(&mut self, rounds: usize) {
-        if self.loaded.is_null() {
-            self.count = 0;
-            self.cap = 0;
-        } else {
-            // SAFETY: per the contract.
-            self.count = unsafe { (*self.loaded).count };
-            self.cap = rounds;
-        }
-    }
-}
-
 /// Magazine counters of a cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MagazineStats {
@@ -345,6 +240,13 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// Bonwick's reap returns what a working-set interval did not use.
     /// Only a hint: a drain is safe whenever it runs.
     active_slots: AtomicUsize,
+    /// Set for good the first time a slot takes a slow path on this cache
+    /// (in `note_slot`, before its fence): until then no slot or depot
+    /// holds a magazine of it, and with no slabs either it holds nothing
+    /// at all, so shrink, reap and drains pass it by ([`MagCache::idle`])
+    /// instead of locking each of its nodes (the 43 size classes of an
+    /// allocator that uses a few).
+    touched: AtomicBool,
     /// Set by the one caller that saw this dead cache empty.
     released: AtomicBool,
     /// Set once, on a dead cache, by the caller that found the objects out
@@ -359,6 +261,11 @@ pub(crate) struct MagCache<R: RawMutex> {
     cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
     depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
 }
+
+// Unwind safe as the `Kmem` around it is (see there): its cells are
+// touched only under the slot protocol and its locks, by code that calls
+// no user code part way through an update.
+impl<R: RawMutex> core::panic::RefUnwindSafe for MagCache<R> {}
 
 // SAFETY: a slot's `CpuMags` is touched only by the context holding the
 // slot (platform contract) or by a drainer that completed the handshake;
@@ -385,6 +292,7 @@ impl<R: RawMutex> MagCache<R> {
                 depot_max: depot_full_max(geo.size, rounds_for(geo.size)),
                 used_slots: atomic_usize(0),
                 active_slots: atomic_usize(0),
+                touched: atomic_bool(false),
                 released: atomic_bool(false),
                 unbuffered: atomic_bool(false),
                 retired_next: atomic_null(),
@@ -408,7 +316,20 @@ impl<R: RawMutex> MagCache<R> {
         if self.active_slots.load(Ordering::Relaxed) & bit == 0 {
             self.active_slots.fetch_or(bit, Ordering::Relaxed);
         }
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Relaxed);
+        }
         fence(Ordering::SeqCst);
+    }
+
+    /// Whether the cache holds nothing: never had a magazine (see
+    /// `touched`) and has no slab, so no object, full or empty magazine
+    /// or empty slab of it exists. A snapshot: a drain that relies on it
+    /// for a dead cache is ordered after the cache's `note_slot` fences
+    /// as the slot bits are (the flag is set before the fence).
+    #[inline]
+    pub(crate) fn idle(&self) -> bool {
+        !self.touched.load(Ordering::Relaxed) && self.cache.nslabs() == 0
     }
 
     /// The counter this cache's slabs are charged to, if any.
@@ -508,63 +429,6 @@ impl<R: RawMutex> MagCache<R> {
             (*l).count -= 1;
             Ok(NonNull::new_unchecked((*l).rounds[(*l).count]))
         }
-    }
-
-    /// `loaded` is empty: swap, trade with the depot, or refill from slabs.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds `slot`, `m` is its magazines of this cache, and
-    /// the magazines' own counts are current (`spill_count`).
-    #[cold]
-    #[inline(never)]
-    unsafe fn alloc_refill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags) -> Result<NonNull<u8>, GrowError> {
-        let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
-        // SAFETY: the slot's magazines are ours (contract); magazines taken
-        // from the depot become ours under its lock.
-        unsafe {
-            if !m.previous.is_null() && (*m.previous).count > 0 {
-                core::mem::swap(&mut m.loaded, &mut m.previous);
-                return Self::pop(m);
-            }
-            let mut depot = self.depots[node].lock();
-            if let Some(full) = depot.full.pop() {
-                if !m.previous.is_null() {
-                    depot.empty.push(m.previous);
-                }
-                drop(depot);
-                m.previous = m.loaded;
-                m.loaded = full;
-                return Self::pop(m);
-            }
-            if m.loaded.is_null() {
-                m.loaded = match depot.empty.pop() {
-                    Some(e) => e,
-                    None => {
-                        drop(depot);
-                        match Self::new_magazine(cx, node) {
-                            Some(e) => e,
-                            None => return self.cache.alloc(&self.pages(cx, Some(slot)), node),
-                        }
-                    }
-                };
-            } else {
-                drop(depot);
-            }
-            let l = m.loaded;
-            let n = self.cache.alloc_bulk(&self.pages(cx, Some(slot)), node, &mut (&mut (*l).rounds)[..self.rounds]);
-            (*l).count = *n.as_ref().unwrap_or(&0);
-            n?;
-            Self::pop(m)
-        }
-    }
-
-    /// An empty magazine from the internal magazine cache.
-    fn new_magazine<E: Env<R>>(cx: &E, node: usize) -> Option<*mut Magazine> {
-        let p = cx.mags().alloc(&Pages::plain(cx.src()), node).ok()?.as_ptr() as *mut Magazine;
-        // SAFETY: a fresh object of the magazine cache, laid out for one.
-        unsafe { ptr::addr_of_mut!((*p).count).write(0) };
-        Some(p)
     }
 
     /// Frees `ptr`: into this CPU's magazines when it holds a slot and the
@@ -725,100 +589,11 @@ impl<R: RawMutex> MagCache<R> {
         false
     }
 
-    /// [`MagCache::free_spill`] for a dead cache: the slot's loaded
-    /// magazine is its write-only free buffer. A full one goes back to the
-    /// slabs in one batch; a slot without one loads an empty one; once
-    /// `unbuffered` is set, `ptr` goes straight to its slab. Returns
-    /// whether the caller must end buffering (see the module docs).
-    ///
-    /// # Safety
-    ///
-    /// As for `free_spill`, whose caller called `note_slot` for the slot.
-    unsafe fn free_dead<E: Env<R>>(&self, cx: &E, node: usize, m: &mut CpuMags, ptr: NonNull<u8>) -> bool {
-        // After `note_slot`'s fence (Dekker with `end_buffering`).
-        if self.unbuffered.load(Ordering::Relaxed) {
-            // SAFETY: forwarded.
-            unsafe { self.cache.free(&self.pages(cx, None), ptr) };
-            return false;
-        }
-        if m.loaded.is_null() {
-            m.loaded = match Self::new_magazine(cx, node) {
-                Some(e) => e,
-                None => {
-                    // SAFETY: forwarded.
-                    unsafe { self.cache.free(&self.pages(cx, None), ptr) };
-                    return self.buffering_ends(cx);
-                }
-            };
-        } else {
-            let l = m.loaded;
-            // SAFETY: the slot's loaded magazine, with its current count:
-            // free objects of this cache, now ours to return.
-            unsafe {
-                self.cache.free_bulk(&self.pages(cx, None), &(&(*l).rounds)[..(*l).count]);
-                (*l).count = 0;
-            }
-        }
-        let l = m.loaded;
-        // SAFETY: a live magazine of the slot, just emptied or fresh.
-        unsafe {
-            (*l).rounds[(*l).count] = ptr.as_ptr();
-            (*l).count += 1;
-        }
-        self.buffering_ends(cx)
-    }
-
-    /// For a dead cache whose frees are buffered: whether its slots could
-    /// now buffer every object out of its slabs, `MAX_CPUS * rounds`
-    /// (see the module's *Dead caches*). The first caller to find it so
-    /// sets `unbuffered` and gets `true`: it must call
-    /// [`MagCache::end_buffering`] once it holds no slot. Always `false`
-    /// in interrupt context, which may not drain.
-    fn buffering_ends<E: Env<R>>(&self, cx: &E) -> bool {
-        if self.unbuffered.load(Ordering::Relaxed)
-            || cx.plat().in_interrupt()
-            || self.cache.active_objects() > MAX_CPUS * self.rounds
-        {
-            return false;
-        }
-        !self.unbuffered.swap(true, Ordering::Relaxed)
-    }
-
-    /// Ends a dead cache's buffering for the caller that
-    /// [`MagCache::buffering_ends`] chose: drains every slot's buffer to
-    /// the slabs. The caller holds no slot; after this, the free of the
-    /// cache's last object empties it.
-    #[cold]
-    #[inline(never)]
-    fn end_buffering<E: Env<R>>(&self, cx: &E) {
-        // Pairs with the fence in `note_slot` (Dekker): a holder either
-        // sees `unbuffered` and buffers nothing more, or set its slot bit
-        // before, and the drain reads the bits after this fence.
-        fence(Ordering::SeqCst);
-        // Only the slots: a dead cache's depots get no magazine, and the
-        // removal's drain empties those it had.
-        let used = self.used_slots.load(Ordering::Relaxed) as u64;
-        drain::drain_slots(cx, |f| f(self), used, false);
-    }
-
-    /// The removal's part, after its drain emptied every magazine this
-    /// cache had while alive: from now on a slot buffers at most `rounds`
-    /// of its objects, so if the objects out of its slabs are already
-    /// within the bound, buffering ends here (see the module docs).
-    pub(crate) fn dead_drained<E: Env<R>>(&self, cx: &E) {
-        if self.cache.is_dead() && self.buffering_ends(cx) {
-            self.end_buffering(cx);
-        }
-    }
-
-    /// For a dead cache that holds no slab any more: `true` exactly once,
-    /// so its owner can let go of it.
-    pub(crate) fn take_empty_dead(&self) -> bool {
-        self.cache.is_dead() && self.cache.nslabs() == 0 && !self.released.swap(true, Ordering::AcqRel)
-    }
-
     /// Frees every depot magazine of this cache.
     fn empty_depots<E: Env<R>>(&self, cx: &E) -> usize {
+        if !self.touched.load(Ordering::Relaxed) {
+            return 0;
+        }
         (0..MAX_NODES).map(|node| self.trim_depot(cx, node, usize::MAX, usize::MAX)).sum()
     }
 
@@ -831,28 +606,5 @@ impl<R: RawMutex> MagCache<R> {
             ms.depot_empty += d.empty.len;
         }
         (self.cache.stats(), ms)
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    /// `cpu_index` is a permutation of the slots that keeps each of the
-    /// first half of the slots on a cache line of its own.
-    #[test]
-    fn cpu_index_spreads_neighbouring_slots() {
-        let mut seen = [false; MAX_CPUS];
-        for slot in 0..MAX_CPUS {
-            let i = cpu_index(slot);
-            assert!(i < MAX_CPUS && !seen[i], "slot {slot} -> {i}");
-            seen[i] = true;
-        }
-        let line = |slot: usize| cpu_index(slot) * size_of::<CpuMags>() / 64;
-        for a in 0..MAX_CPUS / 2 {
-            for b in 0..a {
-                assert_ne!(line(a), line(b), "slots {a} and {b} share a line");
-            }
-        }
     }
 }

@@ -27,17 +27,20 @@ use core::ptr::{self, NonNull};
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
-use crate::counter::PageCounter;
-use crate::page::{free_exact, slab_base};
+use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
 
+#[cfg(any(test, feature = "paranoid"))]
+mod check;
 pub(crate) mod classes;
 mod geometry;
 mod node;
+mod pages;
 
 pub(crate) use geometry::{Geometry, order_cap};
 use node::{ListKind, NodeSlabs, Slab, free_map};
+pub(crate) use pages::{GrowError, Pages};
 
 /// Bytes reserved for the header at the start of every slab: at least
 /// one cache line, which the free bitmap shares (from [`MAP_OFFSET`]) as
@@ -68,99 +71,6 @@ fn prefetch_write(p: *const u8) {
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = p;
-}
-
-/// Why a cache could not grow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GrowError {
-    /// The page source is exhausted.
-    OutOfMemory,
-    /// The charge was refused by this counter (the cache's or an ancestor).
-    Limit(*const PageCounter),
-}
-
-/// Where a cache's slabs come from and who pays for them: a page source,
-/// and for accounted caches the counter charged for every slab (through
-/// the stock of CPU `slot` when there is one).
-pub(crate) struct Pages<'a, S> {
-    pub(crate) src: &'a S,
-    pub(crate) counter: Option<&'a PageCounter>,
-    pub(crate) slot: Option<usize>,
-    /// What new slab headers name as their cache: a pointer to the
-    /// structure that holds the cache at its start (a `MagCache`), with
-    /// that structure's provenance, so the owner found from an object can
-    /// be used as a whole; null: the cache itself.
-    pub(crate) owner: *const (),
-    /// Pages each level of `counter` may go past its `max` for a grow (0:
-    /// none); an overdrawn grow takes no stock (`slot` is then `None`).
-    pub(crate) overdraft: usize,
-}
-
-impl<'a, S: PageSource> Pages<'a, S> {
-    /// Unaccounted pages from `src`.
-    #[inline]
-    pub(crate) fn plain(src: &'a S) -> Self {
-        Pages { src, counter: None, slot: None, owner: ptr::null(), overdraft: 0 }
-    }
-
-    /// A run for a new slab of `geo`, charged first: `2^order` pages, of
-    /// which an exact slab keeps `geo.slab_pages()` and gives the rest
-    /// back at once (only those it keeps are charged).
-    fn grow(&self, geo: &Geometry, node: usize) -> Result<PageRun, GrowError> {
-        let pages = geo.slab_pages();
-        if let Some(c) = self.counter {
-            let r = if self.overdraft == 0 {
-                c.try_charge_stocked(self.slot, pages)
-            } else {
-                c.try_charge_over(pages, self.overdraft)
-            };
-            r.map_err(|k| GrowError::Limit(k))?;
-        }
-        match self.src.alloc_pages(geo.order, node) {
-            Some(run) => {
-                if geo.is_exact() {
-                    let tail = run.addr.as_ptr().wrapping_add(pages * PAGE_SIZE);
-                    // SAFETY: the pages past the slab's end are an unused part
-                    // of the run just allocated, nothing refers to them, and
-                    // `NonNull`: they lie inside it.
-                    unsafe { free_exact(self.src, NonNull::new_unchecked(tail), (1 << geo.order) - pages) };
-                }
-                if let Some(c) = self.counter {
-                    c.add_node_pages(run.node, pages);
-                }
-                Ok(run)
-            }
-            None => {
-                if let Some(c) = self.counter {
-                    c.uncharge_stocked(self.slot, pages);
-                }
-                Err(GrowError::OutOfMemory)
-            }
-        }
-    }
-
-    /// Gives slabs of `geo` back to the source and uncharges them: one call
-    /// into the source (for slabs that keep their whole run) and one
-    /// uncharge.
-    ///
-    /// # Safety
-    ///
-    /// Each run is the start of a slab of `geo` that `grow` made with the
-    /// same counter, given back once, and nothing uses its pages after.
-    unsafe fn release_bulk(&self, runs: &[NonNull<u8>], geo: &Geometry) {
-        if geo.is_exact() {
-            for &r in runs {
-                // SAFETY: forwarded: the pages the slab kept of its run.
-                unsafe { free_exact(self.src, r, geo.slab_pages()) };
-            }
-        } else {
-            // SAFETY: forwarded: whole runs of the slab order.
-            unsafe { self.src.free_pages_bulk(runs, geo.order) };
-        }
-        if let Some(c) = self.counter {
-            c.uncharge_stocked(self.slot, runs.len() * geo.slab_pages());
-        }
-    }
 }
 
 /// Counters of one cache, summed over nodes.
@@ -655,60 +565,6 @@ impl<R: RawMutex> Cache<R> {
         st.total_objects = st.slabs * self.geo().capacity;
         st.pages = st.slabs * self.geo().slab_pages();
         st
-    }
-
-    /// Walks every list and slab and checks the accounting equations;
-    /// panics on the first violation (tests).
-    #[cfg(any(test, feature = "paranoid"))]
-    pub(crate) fn check(&self) {
-        for (n, node) in self.nodes.iter().enumerate() {
-            let lists = node.lock();
-            let mut active = 0;
-            for (kind, list) in
-                [(ListKind::Partial, &lists.partial), (ListKind::Full, &lists.full), (ListKind::Empty, &lists.empty)]
-            {
-                let mut len = 0;
-                let mut prev = ptr::null_mut();
-                let mut s = list.head;
-                while !s.is_null() {
-                    // SAFETY: listed slabs are live headers under our lock.
-                    let slab = unsafe { &*s };
-                    assert_eq!(slab.magic, SLAB_MAGIC);
-                    assert_eq!(slab.cache, self.id());
-                    assert_eq!(slab.node as usize, n);
-                    assert_eq!(slab.list, kind);
-                    assert_eq!(slab.prev, prev);
-                    assert_eq!(s as usize % (PAGE_SIZE << self.geo().order), 0);
-                    let map = free_map(s);
-                    let mut free = 0;
-                    for w in 0..self.geo().words() {
-                        // SAFETY: the free bitmap of a live slab, under our lock.
-                        let bits = unsafe { map.add(w).read() };
-                        let valid = if self.geo().capacity - w * 64 >= 64 {
-                            u64::MAX
-                        } else {
-                            (1u64 << (self.geo().capacity - w * 64)) - 1
-                        };
-                        assert_eq!(bits & !valid, 0, "free bit beyond the slab's capacity");
-                        assert!(w >= slab.hint as usize || bits == 0, "free bit below the hint");
-                        free += bits.count_ones() as usize;
-                    }
-                    let inuse = slab.inuse as usize;
-                    assert_eq!(inuse + free, self.geo().capacity);
-                    match kind {
-                        ListKind::Full => assert_eq!(inuse, self.geo().capacity),
-                        ListKind::Empty => assert_eq!(inuse, 0),
-                        ListKind::Partial => assert!(inuse < self.geo().capacity),
-                    }
-                    active += inuse;
-                    len += 1;
-                    prev = s;
-                    s = slab.next;
-                }
-                assert_eq!(len, list.len);
-            }
-            assert_eq!(active, lists.active, "active objects drifted on node {n}");
-        }
     }
 }
 

@@ -549,8 +549,4 @@ impl Stat {
     pub(crate) fn get(&self) -> usize {
         self.0.load(Ordering::Relaxed)
     }
-    /// Starts the count again at `n`.
-    pub(crate) fn set(&self, n: usize) {
-        self.0.store(n, Ordering::Relaxed);
-    }
 }

@@ -141,3 +141,44 @@ fn leak_and_budget_checks_name_what_a_scope_holds() {
     assert!(over.downcast_ref::<String>().unwrap().contains("over its budget of 4096"));
     g.remove().unwrap();
 }
+
+/// Any number of groups can hold rules at once (there were 8 slots), each
+/// counting its own failures.
+#[test]
+fn a_hundred_groups_armed_at_once_each_fail_their_own_nth() {
+    let c = KMEM.create_cache::<u64>("inject-many", CacheFlags::ACCOUNT).unwrap();
+    let groups: Vec<_> = (0..100).map(|i| KMEM.root().create_child(&format!("inject-many-{i}")).unwrap()).collect();
+    for (i, g) in groups.iter().enumerate() {
+        g.inject_faults(FaultInjection::new(FailRule::Nth(1 + i % 3))).unwrap();
+    }
+    for (i, g) in groups.iter().enumerate() {
+        // The allocations (1st, 2nd, 3rd) that failed.
+        let failed_at: Vec<usize> = (1..=3).filter(|_| c.alloc_in(g, 0).is_err()).collect();
+        assert_eq!(failed_at, [1 + i % 3], "group {i}");
+        assert_eq!(g.injected_failures(), 1, "group {i}");
+    }
+    for g in groups {
+        g.assert_empty();
+        g.remove().unwrap();
+    }
+}
+
+/// Handles cross `catch_unwind` without `AssertUnwindSafe`: a failed leak
+/// check is caught, and the allocator, the group and the cache go on.
+#[test]
+fn a_failed_leak_check_is_caught_without_assert_unwind_safe() {
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
+    let g = KMEM.root().create_child("unwind").unwrap();
+    let c = KMEM.create_cache::<u64>("unwind-objs", CacheFlags::ACCOUNT).unwrap();
+    unwind_safe(&KMEM);
+    unwind_safe(&g);
+    unwind_safe(&c);
+    let leak = c.alloc_in(&g, 7).unwrap();
+    assert!(std::panic::catch_unwind(|| g.assert_empty()).is_err(), "one object is live");
+    assert_eq!(*leak, 7);
+    drop(leak);
+    g.assert_empty();
+    let again = c.alloc_in(&g, 8).unwrap();
+    drop(again);
+    g.remove().unwrap();
+}

@@ -7,10 +7,13 @@
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_user`.
 //!
 //! Under loom, `Kmem::new` is not `const`: build the allocator inside the
-//! model (a `static` cannot hold it), on a model thread with a large stack
-//! (a `Kmem` is tens of kilobytes), and drop it at the end of the model
-//! (loom runs the model many times); raise loom's `max_branches` (setting
-//! up and shrinking an allocator takes more steps than its default).
+//! model (a `static` cannot hold it) and drop it at the end of the model
+//! (loom runs the model many times). A `Kmem<OsPages>` builds on loom's
+//! default 32 KiB model stack (under loom it keeps its tree and size
+//! classes on the heap: 4.7 KB inline); a `Region` is 16 KB under loom,
+//! so the `Region` model builds it on a model thread with a larger stack.
+//! Raise loom's `max_branches`: setting up, shrinking and removing a
+//! group take more steps than its default of 1,000.
 //!
 //! Two models: the std defaults, `Kmem<OsPages>` with the `Threads`
 //! platform (threads `enter` a group and take per-thread slots, so loom
@@ -35,18 +38,17 @@ struct Node {
     value: [u64; 3],
 }
 
-/// The model thread's stack: room for a `Kmem`.
-const STACK: usize = 16 << 20;
-
-/// Runs `body` in every execution of a loom model, on a model thread with
-/// room for a `Kmem`.
-fn model(body: fn()) {
+/// Loom's model builder with room for the steps of setting up and
+/// tearing down an allocator.
+fn model(body: impl Fn() + Sync + Send + 'static) {
     let mut model = loom::model::Builder::new();
-    // Building a `Kmem`, a group and a cache, and shrinking at the end,
-    // take many steps on one thread: more than loom's default of 1,000.
-    model.max_branches = 100_000;
-    model.check(move || thread::Builder::new().stack_size(STACK).spawn(body).unwrap().join().unwrap());
+    model.max_branches = 20_000;
+    model.check(body);
 }
+
+/// The model thread's stack for a `Region`-based `Kmem` (18.5 KB under
+/// loom), in loom's unit (words).
+const REGION_STACK: usize = (256 << 10) / size_of::<usize>();
 
 /// The std defaults: `Kmem` is `Kmem<OsPages>` on the `Threads` platform.
 /// Two threads enter a group, allocate and free; once they are joined,
@@ -60,23 +62,29 @@ fn two_threads_enter_a_group_on_os_pages_and_give_everything_back() {
         // SAFETY: freed only at the end, once nothing refers to it.
         let kmem: &'static Kmem = unsafe { &*kmem_ptr };
         let tenant = Arc::new(kmem.root().create_child("tenant").unwrap());
+        // The first allocation of a size in a group sets up its caches:
+        // done once here, before the threads, it keeps their part of the
+        // model (what loom explores) to the allocation paths they share.
+        {
+            let _in = tenant.enter();
+            let layout = Layout::new::<[u64; 4]>();
+            // SAFETY: freed at once with its layout.
+            unsafe { kmem.deallocate(kmem.allocate(layout).unwrap().cast(), layout) };
+        }
         let workers: Vec<_> = (0..2u64)
             .map(|i| {
                 let tenant = tenant.clone();
-                thread::Builder::new()
-                    .stack_size(STACK)
-                    .spawn(move || {
-                        let _in = tenant.enter();
-                        let layout = Layout::new::<[u64; 4]>();
-                        let block = kmem.allocate(layout).unwrap().cast::<u64>();
-                        // SAFETY: a fresh block of 4 u64s, ours until freed.
-                        unsafe {
-                            block.write(i);
-                            assert_eq!(block.read(), i);
-                            kmem.deallocate(block.cast(), layout);
-                        }
-                    })
-                    .unwrap()
+                thread::spawn(move || {
+                    let _in = tenant.enter();
+                    let layout = Layout::new::<[u64; 4]>();
+                    let block = kmem.allocate(layout).unwrap().cast::<u64>();
+                    // SAFETY: a fresh block of 4 u64s, ours until freed.
+                    unsafe {
+                        block.write(i);
+                        assert_eq!(block.read(), i);
+                        kmem.deallocate(block.cast(), layout);
+                    }
+                })
             })
             .collect();
         for w in workers {
@@ -99,7 +107,8 @@ fn two_threads_enter_a_group_on_os_pages_and_give_everything_back() {
 #[test]
 fn two_threads_allocate_in_a_group_and_give_everything_back() {
     type K = Kmem<Region, DefaultRawMutex, NoCpus>;
-    model(|| {
+    model(|| thread::Builder::new().stack_size(REGION_STACK).spawn(region_model).unwrap().join().unwrap());
+    fn region_model() {
         // One allocator and one arena per execution of the model,
         // given back at its end (loom runs the model many times).
         let mem = Box::into_raw(Box::<[u8]>::new_uninit_slice(128 << 10));
@@ -110,20 +119,20 @@ fn two_threads_allocate_in_a_group_and_give_everything_back() {
         kmem.source().add(mem, 0).unwrap();
         let tenant = Arc::new(kmem.root().create_child("tenant").unwrap());
         let nodes = Arc::new(kmem.create_cache::<Node>("node", CacheFlags::ACCOUNT).unwrap());
+        // Unlike the model above, the threads make the first allocations
+        // of their sizes in the group: loom explores the caches' set-up
+        // racing too.
         let workers: Vec<_> = (0..2u64)
             .map(|i| {
                 let (tenant, nodes) = (tenant.clone(), nodes.clone());
-                thread::Builder::new()
-                    .stack_size(STACK)
-                    .spawn(move || {
-                        let n = nodes.alloc_in(&tenant, Node { key: i, value: [i; 3] }).unwrap();
-                        let layout = std::alloc::Layout::new::<[u8; 100]>();
-                        let block = tenant.allocator().allocate(layout).unwrap();
-                        assert_eq!((n.key, n.value), (i, [i; 3]));
-                        // SAFETY: allocated just above with `layout`.
-                        unsafe { tenant.allocator().deallocate(block.cast(), layout) };
-                    })
-                    .unwrap()
+                thread::spawn(move || {
+                    let n = nodes.alloc_in(&tenant, Node { key: i, value: [i; 3] }).unwrap();
+                    let layout = std::alloc::Layout::new::<[u8; 100]>();
+                    let block = tenant.allocator().allocate(layout).unwrap();
+                    assert_eq!((n.key, n.value), (i, [i; 3]));
+                    // SAFETY: allocated just above with `layout`.
+                    unsafe { tenant.allocator().deallocate(block.cast(), layout) };
+                })
             })
             .collect();
         for w in workers {
@@ -140,5 +149,5 @@ fn two_threads_allocate_in_a_group_and_give_everything_back() {
             drop(Box::from_raw(kmem_ptr.cast_mut()));
             drop(Box::from_raw(mem_ptr));
         }
-    });
+    }
 }

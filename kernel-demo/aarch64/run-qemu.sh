@@ -4,7 +4,7 @@
 # status 0 (semihosting SYS_EXIT, ADP_Stopped_ApplicationExit, status 0)
 # and the serial output holds the PASS line.
 #
-#   bash kernel-demo/aarch64/run-qemu.sh [icount]
+#   bash kernel-demo/aarch64/run-qemu.sh [icount|heap=KIB]
 #
 # icount: instead of the self-test, boots on one CPU under `-icount
 # shift=0,sleep=off` with `icount` in the kernel command line (`-append`,
@@ -13,6 +13,12 @@
 # src/kernel/icount.rs) and `icount: done`, which stands in for the PASS
 # line. sleep=off: every boot runs the same instructions (see
 # kernel-demo/run-qemu.sh).
+#
+# heap=KIB (e.g. heap=100, heap=64): instead of the self-test, boots on
+# one CPU with `heap=KIB` in the kernel command line: the kernel heap gets
+# only KIB KiB of RAM and runs a tutorial kernel's heap tests over it
+# (kernel-demo/common/tutorial_heap.rs), ending with `kmemcg heap suite in
+# KIB KiB: PASS`, which stands in for the PASS line.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -30,8 +36,17 @@ case "${1:-}" in
     cpus=1
     extra=(-icount shift=0,sleep=off -append icount)
     ;;
+  heap=[1-9]*)
+    if ! [[ "$1" =~ ^heap=[1-9][0-9]*$ ]]; then
+      echo "usage: $0 [icount|heap=KIB]" >&2
+      exit 2
+    fi
+    pass_line="kmemcg heap suite in ${1#heap=} KiB: PASS"
+    cpus=1
+    extra=(-append "$1")
+    ;;
   *)
-    echo "usage: $0 [icount]" >&2
+    echo "usage: $0 [icount|heap=KIB]" >&2
     exit 2
     ;;
 esac

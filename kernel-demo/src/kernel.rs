@@ -12,8 +12,11 @@ mod memory;
 mod port;
 mod selftest;
 pub(crate) mod serial;
+mod small_heap;
 mod smp;
 mod time;
+#[path = "../common/tutorial_heap.rs"]
+mod tutorial_heap;
 mod workload;
 
 use core::panic::PanicInfo;
@@ -69,8 +72,15 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
     // touched memory since; the boot stub identity-maps the low 4 GiB.
     let boot = unsafe { BootInfo::read(info as usize) }.unwrap_or_else(|e| fail(e));
     match boot.give_ram_to_kmem() {
-        Ok(bytes) => kprintln!("heap: {} MiB in {} free pages", bytes >> 20, KMEM.source().free_pages_on(0)),
+        Ok(bytes) => kprintln!("heap: {} KiB in {} free pages", bytes >> 10, KMEM.source().free_pages_on(0)),
         Err(e) => fail(e),
+    }
+    if let Some(bytes) = boot.heap {
+        // `run-qemu.sh ARCH heap=KIB`: the tutorial heap suite only.
+        match small_heap::run(bytes) {
+            Ok(()) => exit_qemu(QemuExit::Success),
+            Err(e) => fail(e),
+        }
     }
     if boot.icount {
         // `scripts/kernel-icount.sh`: instruction counts only, on this CPU.

@@ -4,16 +4,10 @@
 //!
 //! The allocation paths consult a group's rule only while the tree's mode
 //! word has `INJECT` (set the first time any group arms a rule), so
-//! injection costs nothing until it is used.
+//! injection costs nothing until it is used. Every group carries its own
+//! rule (a few words), so any number of groups can be armed at once.
 
-use crate::error::Error;
-use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicUsize, Ordering, Stat, atomic_bool, atomic_null, atomic_usize, loom_const_fn, repeat,
-};
-
-/// How many groups can hold a fault-injection rule at once (a group keeps
-/// its slot until it is reclaimed, so its count stays readable).
-pub const MAX_INJECTIONS: usize = 8;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, Stat, atomic_bool, atomic_usize, loom_const_fn};
 
 /// When a group's allocations fail; see [`FaultInjection`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -161,66 +155,6 @@ impl Inject {
     /// Failures injected so far.
     pub(crate) fn injected(&self) -> usize {
         self.injected.get()
-    }
-}
-
-/// The groups with a rule, kept by the tree: a small table, not a field
-/// of every group, since only tests use it. Slots are claimed and cleared
-/// under the tree lock and read lock-free.
-pub(crate) struct Table {
-    groups: [AtomicPtr<()>; MAX_INJECTIONS],
-    rules: [Inject; MAX_INJECTIONS],
-}
-
-impl Table {
-    loom_const_fn! {
-        /// No rules.
-        pub(crate) fn new() -> Self {
-            Table { groups: repeat!(atomic_null(); MAX_INJECTIONS), rules: repeat!(Inject::new(); MAX_INJECTIONS) }
-        }
-    }
-
-    /// The rule of group `g`, if it has a slot.
-    fn find(&self, g: *const ()) -> Option<&Inject> {
-        let i = self.groups.iter().position(|s| s.load(Ordering::Acquire).cast_const() == g)?;
-        Some(&self.rules[i])
-    }
-
-    /// Arms `f` for group `g` (`None`: disarms). Called with the tree lock
-    /// held.
-    pub(crate) fn arm(&self, g: *const (), f: Option<FaultInjection>) -> Result<(), Error> {
-        if let Some(r) = self.find(g) {
-            r.set(f);
-            return Ok(());
-        }
-        if f.is_none() {
-            return Ok(());
-        }
-        let i = self.groups.iter().position(|s| s.load(Ordering::Relaxed).is_null()).ok_or(Error::TooManyInjections)?;
-        self.rules[i].set(f);
-        self.rules[i].injected.set(0);
-        // Release: the rule is set before the slot names the group.
-        self.groups[i].store(g.cast_mut(), Ordering::Release);
-        Ok(())
-    }
-
-    /// Whether group `g`'s rule fails this allocation.
-    pub(crate) fn fails(&self, g: *const (), handle: bool) -> bool {
-        self.find(g).is_some_and(|r| r.fails(handle))
-    }
-
-    /// Failures injected into group `g` since it was first armed.
-    pub(crate) fn injected(&self, g: *const ()) -> usize {
-        self.find(g).map_or(0, Inject::injected)
-    }
-
-    /// Frees group `g`'s slot (the group is being reclaimed: nothing
-    /// allocates in it any more). Called with the tree lock held.
-    pub(crate) fn forget(&self, g: *const ()) {
-        if let Some(i) = self.groups.iter().position(|s| s.load(Ordering::Relaxed).cast_const() == g) {
-            self.rules[i].set(None);
-            self.groups[i].store(core::ptr::null_mut(), Ordering::Relaxed);
-        }
     }
 }
 

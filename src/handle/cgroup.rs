@@ -7,15 +7,12 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
+use super::GroupStat;
 use crate::cgroup::FaultInjection;
-use crate::cgroup::{
-    Event, Group, GroupId, MAX_ACCOUNTED, MAX_PRESSURES, PressureRow, class_name, release_token, set_no_reclaim,
-    swap_token,
-};
-use crate::error::{Error, GroupName, Name};
+use crate::cgroup::{Group, GroupId, release_token, set_no_reclaim, swap_token};
+use crate::error::{Error, Name};
 use crate::heap::{Heap, Kmem, KmemOf};
-use crate::magazine::MagCache;
-use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource, Platform};
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
 
 /// Bytes to pages, rounding down; `usize::MAX` stays "no limit".
 fn to_pages(bytes: usize) -> usize {
@@ -23,7 +20,7 @@ fn to_pages(bytes: usize) -> usize {
 }
 
 /// Pages to bytes, saturating ("no limit" stays `usize::MAX`).
-fn to_bytes(pages: usize) -> usize {
+pub(super) fn to_bytes(pages: usize) -> usize {
     pages.saturating_mul(PAGE_SIZE)
 }
 
@@ -344,7 +341,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// Arms fault injection for allocations charged to this group (see
     /// [`FaultInjection`] for which paths it applies to); arming again
     /// replaces the rule and restarts its count. Errors:
-    /// [`Error::Removed`], [`Error::TooManyInjections`].
+    /// [`Error::Removed`].
     pub fn inject_faults(&self, f: FaultInjection) -> Result<(), Error> {
         self.kmem.tree().inject_faults(self.g(), Some(f))
     }
@@ -421,57 +418,6 @@ impl<'k, K: Heap> Cgroup<'k, K> {
                 self.stat()
             );
         }
-    }
-
-    /// A `memory.stat`-like snapshot.
-    pub fn stat(&self) -> GroupStat {
-        let g = self.g();
-        let c = g.counter();
-        let ev = g.events();
-        let t = self.kmem.tree();
-        let mut st = GroupStat {
-            name: GroupName(*g.name()),
-            usage: self.usage(),
-            peak: self.peak(),
-            max: self.max(),
-            high: to_bytes(c.high()),
-            soft_limit: to_bytes(c.soft()),
-            low: to_bytes(c.low()),
-            min: to_bytes(c.min()),
-            failcnt: c.failcnt(),
-            events: EventCounts::of(|e| ev.hierarchical(e)),
-            events_local: EventCounts::of(|e| ev.local(e)),
-            soft_reclaim_passes: ev.soft.get(),
-            soft_reclaim_bytes: to_bytes(ev.soft_pages.get()),
-            throttled: ev.throttled.get(),
-            throttled_us: ev.throttled_us.get(),
-            overdrafts: ev.overdrafts.get(),
-            overdraft_bytes: to_bytes(ev.overdraft_pages.get()),
-            stocked: to_bytes(c.stocked()),
-            nodes: t.node_pages(g).map(to_bytes),
-            large: to_bytes(g.large_pages().get()),
-            injected: t.injected(g),
-            caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
-            ncaches: 0,
-            pressures: g.pressure_rows(),
-        };
-        let mut add = |name: Name, cache: &MagCache<K::Lock>| {
-            let s = cache.cache.stats();
-            if st.ncaches < MAX_ACCOUNTED && s.pages > 0 {
-                st.caches[st.ncaches] = CacheRow { name, objects: s.active_objects, pages: s.pages };
-                st.ncaches += 1;
-            }
-        };
-        if t.is_root(g) {
-            t.classes().iter().enumerate().for_each(|(c, cache)| add(class_name(c), cache));
-            st.large = to_bytes(self.kmem.stats().large_pages);
-        } else {
-            // Child caches of a destroyed typed cache are freed once no
-            // iteration runs: hold one off while reading them.
-            let _read = t.read_guard();
-            g.for_each_cache(|i, cache| add(t.acct_name(i), cache));
-        }
-        st
     }
 }
 
@@ -591,184 +537,5 @@ impl<'k, K: Heap> CgroupAllocator<'k, K> {
     /// online ancestor once it is removed (null: the root).
     pub(crate) fn charged(&self) -> *const Group<K::Lock> {
         self.handle.kmem.tree().effective(self.handle.g())
-    }
-}
-
-/// How many times each [`Event`] happened, in a group alone or in its
-/// subtree (see [`GroupStat::events`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EventCounts {
-    /// A charge would have gone over `max` (reclaim ran).
-    pub max: usize,
-    /// A charge failed at `max` even after reclaim.
-    pub oom: usize,
-    /// An allocating task reclaimed because usage was above `high`.
-    pub high: usize,
-    /// Reclaimed while within the effective `low`, because nothing
-    /// unprotected was left (its `low` is overcommitted, or memory too
-    /// tight for it).
-    pub low: usize,
-    /// Reclaimed while within its own `min`: by reclaim for its own `max`
-    /// or `high`, or [`Cgroup::reclaim`] on it (reclaim for others never
-    /// does).
-    pub min: usize,
-}
-
-impl EventCounts {
-    /// The counts `count` gives for each event.
-    fn of(count: impl Fn(Event) -> usize) -> EventCounts {
-        EventCounts {
-            max: count(Event::Max),
-            oom: count(Event::Oom),
-            high: count(Event::High),
-            low: count(Event::Low),
-            min: count(Event::Min),
-        }
-    }
-
-    /// The count of `e`.
-    pub fn get(&self, e: Event) -> usize {
-        match e {
-            Event::Max => self.max,
-            Event::Oom => self.oom,
-            Event::High => self.high,
-            Event::Low => self.low,
-            Event::Min => self.min,
-        }
-    }
-}
-
-/// One accounted cache's line in a [`GroupStat`].
-#[derive(Clone, Copy)]
-struct CacheRow {
-    name: Name,
-    objects: usize,
-    pages: usize,
-}
-
-impl CacheRow {
-    const EMPTY: CacheRow = CacheRow { name: Name::EMPTY, objects: 0, pages: 0 };
-}
-
-/// A `memory.stat`-like snapshot of a group; `Display` writes one
-/// `key value` pair per line (sizes in bytes, `max` for no limit; events
-/// as `events_<name>` and `events_local_<name>`), then one
-/// `slab <cache> <objects> <pages>` line per cache.
-#[derive(Clone, Copy)]
-pub struct GroupStat {
-    /// The group's name.
-    pub name: GroupName,
-    /// Bytes charged (group and descendants).
-    pub usage: usize,
-    /// Largest usage since the last reset.
-    pub peak: usize,
-    /// Hard limit.
-    pub max: usize,
-    /// Throttling threshold.
-    pub high: usize,
-    /// Soft limit.
-    pub soft_limit: usize,
-    /// Soft protection (see [`Cgroup::set_low`]).
-    pub low: usize,
-    /// Hard protection (see [`Cgroup::set_min`]).
-    pub min: usize,
-    /// Charges refused at this group.
-    pub failcnt: usize,
-    /// Events of the group and its descendants, removed ones included
-    /// (Linux `memory.events`).
-    pub events: EventCounts,
-    /// Events of the group itself (Linux `memory.events.local`).
-    pub events_local: EventCounts,
-    /// Soft-limit reclaim passes run on this group.
-    pub soft_reclaim_passes: usize,
-    /// Bytes those passes freed.
-    pub soft_reclaim_bytes: usize,
-    /// Times a task was delayed because this group stayed above its `high`
-    /// after reclaim (see [`Cgroup::set_high`]), and the delays' total in
-    /// microseconds.
-    pub throttled: usize,
-    /// See [`GroupStat::throttled`].
-    pub throttled_us: usize,
-    /// Charges this group's `max` refused that a callback of the
-    /// allocator (a shrinker, the event hook, the out-of-memory handler)
-    /// made anyway, past the `max` by at most
-    /// [`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT) pages (Linux lets a
-    /// task in reclaim, `PF_MEMALLOC`, go past `memory.max`), and their
-    /// bytes.
-    pub overdrafts: usize,
-    /// See [`GroupStat::overdrafts`].
-    pub overdraft_bytes: usize,
-    /// Bytes pre-charged in CPU stocks.
-    pub stocked: usize,
-    /// Bytes charged to the group and its descendants that back slabs and
-    /// large objects on each NUMA node (Linux `memory.numa_stat`). Stocked
-    /// bytes back nothing, so the nodes sum to `usage` less what the
-    /// subtree's stocks hold.
-    pub nodes: [usize; MAX_NODES],
-    /// Bytes of large objects (with their header pages) charged here.
-    pub large: usize,
-    /// Allocations fault injection failed ([`Cgroup::inject_faults`]).
-    pub injected: usize,
-    caches: [CacheRow; MAX_ACCOUNTED],
-    ncaches: usize,
-    pressures: ([PressureRow; MAX_PRESSURES], usize),
-}
-
-impl GroupStat {
-    /// `(cache name, objects out of the slabs, pages)` of each of the
-    /// group's own caches that holds pages.
-    pub fn caches(&self) -> impl Iterator<Item = (&str, usize, usize)> {
-        self.caches[..self.ncaches].iter().map(|r| (r.name.as_str(), r.objects, r.pages))
-    }
-}
-
-fn limit(f: &mut fmt::Formatter<'_>, key: &str, v: usize) -> fmt::Result {
-    if v >= usize::MAX / PAGE_SIZE * PAGE_SIZE { writeln!(f, "{key} max") } else { writeln!(f, "{key} {v}") }
-}
-
-impl fmt::Display for GroupStat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "group {}", self.name)?;
-        writeln!(f, "usage {}", self.usage)?;
-        writeln!(f, "peak {}", self.peak)?;
-        limit(f, "max", self.max)?;
-        limit(f, "high", self.high)?;
-        limit(f, "soft_limit", self.soft_limit)?;
-        writeln!(f, "low {}", self.low)?;
-        writeln!(f, "min {}", self.min)?;
-        writeln!(f, "failcnt {}", self.failcnt)?;
-        for e in Event::ALL {
-            writeln!(f, "events_{} {}", e.name(), self.events.get(e))?;
-        }
-        for e in Event::ALL {
-            writeln!(f, "events_local_{} {}", e.name(), self.events_local.get(e))?;
-        }
-        writeln!(f, "soft_reclaim_passes {}", self.soft_reclaim_passes)?;
-        writeln!(f, "soft_reclaim_bytes {}", self.soft_reclaim_bytes)?;
-        writeln!(f, "throttled {}", self.throttled)?;
-        writeln!(f, "throttled_us {}", self.throttled_us)?;
-        writeln!(f, "overdrafts {}", self.overdrafts)?;
-        writeln!(f, "overdraft_bytes {}", self.overdraft_bytes)?;
-        writeln!(f, "stocked {}", self.stocked)?;
-        write!(f, "usage_nodes")?;
-        for (node, bytes) in self.nodes.iter().enumerate() {
-            write!(f, " N{node}={bytes}")?;
-        }
-        writeln!(f)?;
-        writeln!(f, "large {}", self.large)?;
-        writeln!(f, "injected {}", self.injected)?;
-        for (name, objects, pages) in self.caches() {
-            writeln!(f, "slab {name} {objects} {pages}")?;
-        }
-        for row in &self.pressures.0[..self.pressures.1] {
-            writeln!(f, "{row}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for GroupStat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
     }
 }

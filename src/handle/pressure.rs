@@ -16,12 +16,14 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// has one, and none of the three thresholds may exceed the nearest
     /// such ancestor's `max` (the admin sets the max, the container tunes
     /// the rest, seed 003). Errors: [`Error::BadThresholds`],
-    /// [`Error::AboveParentMax`], [`Error::TooManyResources`],
-    /// [`Error::Removed`], name errors; re-tuning below the current usage
-    /// gives [`Error::LimitBelowUsage`].
+    /// [`Error::AboveParentMax`], [`Error::Removed`],
+    /// [`Error::OutOfMemory`] (a new resource's few dozen bytes of
+    /// metadata could not be had), name errors; re-tuning below the
+    /// current usage gives [`Error::LimitBelowUsage`]. A group may hold
+    /// any number of resources.
     pub fn pressure(&self, name: &str, thresholds: Thresholds) -> Result<Pressure<'k, K>, Error> {
         let name = Name::new(name)?;
-        let counter = self.kmem().tree().open_pressure(self.g(), name, thresholds)?;
+        let counter = self.kmem().tree().open_pressure(self.kmem(), self.g(), name, thresholds)?;
         Ok(Pressure { _group: self.clone(), counter })
     }
 }

@@ -23,6 +23,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(crate) fn check(&self) {
         self.tree().for_each_cache(&mut |c| c.cache.check());
         self.tree().descriptors.check();
+        self.tree().pressure_nodes.check();
     }
 
     /// Walks every slab list, free bitmap and counter and checks the

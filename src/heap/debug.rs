@@ -220,7 +220,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // The old detector holds no resources (atomics and an unlocked,
             // empty quarantine): forgotten, as a `const fn` cannot drop.
             core::mem::forget(core::mem::replace(self.detect.get_mut(), Detector::new(d)));
-            self.tree.get_mut().mode = atomic_usize(if d.is_on() { mode::DEBUG | mode::ARMED } else { 0 });
+            self.tree_mut().mode = atomic_usize(if d.is_on() { mode::DEBUG | mode::ARMED } else { 0 });
             self
         }
     }

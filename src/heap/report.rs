@@ -152,6 +152,7 @@ impl<K: Heap> fmt::Display for SlabInfo<'_, K> {
         row(f, format_args!("kmem_magazine"), Row::of_plain(&k.magazines), "-")?;
         row(f, format_args!("kmem_cgroup"), Row::of_plain(&t.groups), "-")?;
         row(f, format_args!("kmem_child_cache"), Row::of_plain(&t.child_caches), "-")?;
+        row(f, format_args!("kmem_pressure"), Row::of_plain(&t.pressure_nodes), "-")?;
         let mut res = Ok(());
         t.for_each_desc(|desc| {
             if res.is_ok() && desc.live.load(Ordering::Relaxed) {

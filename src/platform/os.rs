@@ -250,6 +250,10 @@ impl<R: RawMutex> OsPages<R> {
     }
 }
 
+// Unwind safe: its state is behind its lock, and nothing it runs can
+// panic part way through an update (it calls no user code).
+impl<R: RawMutex> core::panic::RefUnwindSafe for OsPages<R> {}
+
 // SAFETY: (1) pooled runs come from a buddy over chunks we mapped, direct runs
 // from fresh aligned mappings, so runs are aligned, writable and disjoint;
 // (2) nodes are clamped below MAX_NODES; (3) the buddy accepts aligned pieces

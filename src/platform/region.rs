@@ -196,6 +196,10 @@ impl Span {
     }
 }
 
+// Unwind safe: its state is behind its locks and atomics, and nothing it
+// runs can panic part way through an update (it calls no user code).
+impl<R: RawMutex, const ZONES: usize> core::panic::RefUnwindSafe for Region<R, ZONES> {}
+
 // SAFETY: (1) runs come from a buddy that hands each block out once, aligned
 // to its size, inside memory the caller vouched for; (2) the node is the
 // index of the buddy, below MAX_NODES; (3) the buddy accepts any aligned

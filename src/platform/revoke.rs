@@ -8,16 +8,14 @@
 //!
 //! # After `fork`
 //!
-//! A child of a multithreaded process keeps the parent's `owner[s]`
-//! pointers to the words of threads that do not exist in it (as it keeps
-//! their slots claimed). A revoker there compares each word with its slot
-//! before it writes, and those slots stay claimed, so no thread of the
-//! child holds one; but the memory of a dead thread's word may have been
-//! reused for something else that happens to hold that number. So a
-//! child that goes on allocating from many threads after `fork` (which
-//! is `unsafe` to call, and which `std::process::Command` does not do:
-//! its child only execs) should not rely on this module; clearing the
-//! pointers in a `pthread_atfork` child handler is left to do.
+//! A child of a multithreaded process inherits the parent's `owner[s]`
+//! pointers to the words of threads that do not exist in it (and their
+//! slots, which stay claimed: no thread of the child holds one). The
+//! memory of a dead thread's word may be reused for anything, so a
+//! revoker must not write there: `Threads` registers a `pthread_atfork`
+//! child handler that calls [`Revoker::after_fork`], which withdraws every
+//! word but the forking thread's (the child's only thread) and frees the
+//! `revoking` flags a thread of the parent may have held at the fork.
 //!
 //! # The word
 //!
@@ -159,6 +157,26 @@ impl Revoker {
         self.owner[slot].store(core::ptr::null_mut(), Ordering::Relaxed);
         // Release: a revoker that takes the flag next sees the null.
         self.revoking[slot].store(false, Ordering::Release);
+    }
+
+    /// In the child of a `fork`, whose only thread is the one that called
+    /// it, with `own` its word: withdraws every other published word (their
+    /// threads do not exist here) and frees every `revoking` flag (their
+    /// holders do not either; the forking thread is inside `fork`, not in
+    /// this module).
+    pub(crate) fn after_fork(&self, own: &AtomicUsize) {
+        for slot in 0..MAX_CPUS {
+            if !core::ptr::eq(self.owner[slot].load(Ordering::Relaxed), own) {
+                self.owner[slot].store(core::ptr::null_mut(), Ordering::Relaxed);
+            }
+            self.revoking[slot].store(false, Ordering::Release);
+        }
+    }
+
+    /// The word published for `slot` (null: none).
+    #[cfg(all(test, feature = "std", not(loom), not(miri)))]
+    pub(crate) fn published(&self, slot: usize) -> *const AtomicUsize {
+        self.owner[slot].load(Ordering::Relaxed)
     }
 
     /// Switches every published armed word to counting. A slot whose flag

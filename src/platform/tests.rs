@@ -465,3 +465,51 @@ fn yielding_lock_try_lock_forgotten_guards_and_long_waits() {
     });
     assert_eq!(*m.lock(), 2);
 }
+
+/// The child of a `fork` keeps no published word of a thread it does not
+/// have: its revoker would otherwise write into that thread's dead
+/// memory (`revoke`'s *After fork*).
+#[cfg(all(feature = "std", not(loom), not(miri)))]
+#[test]
+fn fork_child_follows_no_dead_threads_word() {
+    use core::alloc::{GlobalAlloc, Layout};
+    use std::sync::{Arc, Barrier};
+
+    let k: &'static crate::Kmem<OsPages> = leak(crate::Kmem::new(OsPages::new()));
+    let l = Layout::new::<[u64; 4]>();
+    let published = || (0..MAX_CPUS).filter(|&s| !threads::published(s).is_null()).count();
+    let before = published();
+    // A thread that holds a slot (and so, with membarrier, publishes its
+    // word) while the fork happens.
+    let (holding, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let t = {
+        let (holding, done) = (holding.clone(), done.clone());
+        std::thread::spawn(move || {
+            // SAFETY: a valid layout; freed with it.
+            unsafe { k.dealloc(k.alloc(l), l) };
+            holding.wait();
+            done.wait();
+        })
+    };
+    holding.wait();
+    // SAFETY: as above.
+    unsafe { k.dealloc(k.alloc(l), l) };
+    let mine = (0..MAX_CPUS).map(threads::published).filter(|p| !p.is_null()).count();
+    assert!(mine > before, "the thread published its word (membarrier is available here)");
+    // SAFETY: the child only loads atomics and calls `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // The child: only this thread exists; at most its own word stays.
+        let left = published();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if left <= 1 { 0 } else { 10 + left as i32 }) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: `pid` is our child; `status` a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child kept words of threads it does not have");
+    done.wait();
+    t.join().unwrap();
+}

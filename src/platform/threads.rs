@@ -259,6 +259,13 @@ fn init() -> Option<libc::pthread_key_t> {
                 };
                 let asym = !cfg!(miri) && register();
                 ASYM.store(if asym { 1 } else { 2 }, Ordering::Release);
+                if asym {
+                    // SAFETY: registers a handler that runs in the child of
+                    // a fork, an `extern "C"` fn that never unwinds and
+                    // only stores to atomics (async-signal-safe). Failure
+                    // (out of memory) leaves the gap `after_fork` closes.
+                    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+                }
                 let mut key: libc::pthread_key_t = 0;
                 // SAFETY: `key` is a valid out-pointer; the destructor is an
                 // `extern "C"` fn that never unwinds.
@@ -272,6 +279,18 @@ fn init() -> Option<libc::pthread_key_t> {
             k => return Some((k - 2) as libc::pthread_key_t),
         }
     }
+}
+
+/// In the child of a `fork`: only the forking thread exists, so no other
+/// thread's `FAST` word may be written to (see `revoke`'s *After fork*).
+extern "C" fn after_fork_child() {
+    FAST.with(|f| REVOKER.after_fork(f));
+}
+
+/// The word published for `slot`, for the fork test.
+#[cfg(all(test, feature = "std", not(loom), not(miri)))]
+pub(crate) fn published(slot: usize) -> *const AtomicUsize {
+    REVOKER.published(slot)
 }
 
 /// Whether `try_enter` hands out slots. Relaxed: `ASYM` is settled in

@@ -273,6 +273,43 @@ fn allocator_handle_charges_its_group_from_any_thread() {
     assert_uncharged_after_shrink(k, &[&g]);
 }
 
+/// Many siblings: names stay unique through the name index's growth and
+/// its removed entries, a removed group's name is free again, and the
+/// same name under another parent is a different group.
+#[test]
+fn many_siblings_keep_unique_names() {
+    let k = kmem();
+    let root = k.root();
+    let n = scaled(3000, 300);
+    let mut groups: Vec<Option<Cgroup<'static, K>>> =
+        (0..n).map(|i| Some(root.create_child(&std::format!("s{i}")).unwrap())).collect();
+    for (i, g) in groups.iter_mut().enumerate() {
+        if i % 2 == 1 {
+            g.take().unwrap().remove().unwrap();
+        }
+    }
+    for (i, slot) in groups.iter_mut().enumerate() {
+        let name = std::format!("s{i}");
+        match slot {
+            Some(g) => {
+                assert_eq!(root.create_child(&name).err(), Some(Error::NameTaken), "{name} is still there");
+                // The same name below a sibling is another group.
+                g.create_child(&name).unwrap().remove().unwrap();
+            }
+            None => *slot = Some(root.create_child(&name).unwrap()),
+        }
+    }
+    for i in (0..n).step_by(7) {
+        assert_eq!(root.create_child(&std::format!("s{i}")).err(), Some(Error::NameTaken));
+    }
+    for g in groups.into_iter().flatten() {
+        g.remove().unwrap();
+    }
+    for i in (0..n).step_by(7) {
+        root.create_child(&std::format!("s{i}")).unwrap().remove().unwrap();
+    }
+}
+
 #[test]
 fn limits_and_names_bad_input() {
     let k = kmem();

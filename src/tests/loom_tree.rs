@@ -91,7 +91,7 @@ impl TreeEnv {
         for c in [&t.classes()[class()]].into_iter().chain(caches.iter().copied()) {
             c.stats();
         }
-        for meta in [&t.groups, &t.child_caches, &t.descriptors, &self.mags] {
+        for meta in [&t.groups, &t.child_caches, &t.descriptors, &t.pressure_nodes, &self.mags] {
             meta.stats();
         }
         for node in 0..MAX_NODES {
@@ -339,12 +339,12 @@ fn loom_shrinker_registration_races_reclaim() {
     model(|env| {
         let a: &'static Counting = Box::leak(Box::new(Counting(Default::default())));
         let b: &'static Counting = Box::leak(Box::new(Counting(Default::default())));
-        env.tree.register_shrinker(a).unwrap();
+        env.tree.register_shrinker(&env.src, a).unwrap();
         // Reclaim of a group without caches: the shrinker protocol alone.
         let g = env.child("g");
         env.warm(&[]);
         let reg = spawn(&env, move |env| {
-            env.tree.register_shrinker(b).unwrap();
+            env.tree.register_shrinker(&env.src, b).unwrap();
             env.tree.unregister_shrinker(a);
         });
         env.tree.reclaim(&*env, g, 1);

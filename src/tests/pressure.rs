@@ -41,10 +41,16 @@ fn thresholds_are_validated_against_order_and_the_parent() {
     assert_eq!(c.usage(), 100);
     assert_eq!(child.pressure("tcp", t(10, 20, 30)).err(), Some(Error::LimitBelowUsage { usage: 100 }));
     c.uncharge(100).unwrap();
-    for name in ["a", "b", "c"] {
-        child.pressure(name, Thresholds::UNLIMITED).unwrap();
+    // Any number of resources (there were 4 slots), each its own.
+    let many: std::vec::Vec<_> =
+        (0..40).map(|i| child.pressure(&std::format!("r{i}"), t(0, 10, 20)).unwrap()).collect();
+    for (i, r) in many.iter().enumerate() {
+        assert_ne!(r.charge(i % 21), PressureState::Refused);
+        assert_eq!(r.usage(), i % 21, "resource {i}");
     }
-    assert_eq!(child.pressure("d", Thresholds::UNLIMITED).err(), Some(Error::TooManyResources));
+    let stat = child.stat().to_string();
+    assert!(stat.contains("pressure r0 usage 0") && stat.contains("pressure r6 usage 6"), "{stat}");
+    assert!(stat.contains("pressure_more 33\n"), "tcp and the first 7 of 40 shown: {stat}");
     drop(p);
 }
 

@@ -501,3 +501,51 @@ fn atomic_scope_inside_a_shrinker_keeps_the_reclaiming_mark() {
     drop(_in);
     k.unregister_shrinker(s);
 }
+
+/// Any number of shrinkers (there were 64 slots): 300 registered, more
+/// than a page of the list's table and many chunks of a reclaim's copy,
+/// are each asked once per visit; the holes of unregistered ones are
+/// skipped and reused.
+#[test]
+fn hundreds_of_shrinkers_are_all_asked() {
+    struct Asked(std::sync::atomic::AtomicUsize);
+    impl Shrinker for Asked {
+        fn count(&self, _sc: &ShrinkControl) -> usize {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            0
+        }
+        fn scan(&self, _sc: &ShrinkControl, _nr: usize) -> usize {
+            0
+        }
+    }
+    let k = kmem(1 << 20);
+    let g = k.root().create_child("many-shrinkers").unwrap();
+    let all: Vec<&'static Asked> =
+        (0..300).map(|_| &*Box::leak(Box::new(Asked(std::sync::atomic::AtomicUsize::new(0))))).collect();
+    for &s in &all {
+        k.register_shrinker(s).unwrap();
+        k.register_shrinker(s).unwrap(); // twice: a no-op
+    }
+    let asked = |s: &Asked| s.0.swap(0, std::sync::atomic::Ordering::Relaxed);
+    g.reclaim(crate::PAGE_SIZE);
+    let counts: Vec<usize> = all.iter().map(|s| asked(s)).collect();
+    assert!(counts.iter().all(|&c| c >= 1), "every shrinker asked: {counts:?}");
+    assert!(counts.iter().all(|&c| c == counts[0]), "each as often: {counts:?}");
+    for &s in all.iter().step_by(3) {
+        k.unregister_shrinker(s);
+    }
+    g.reclaim(crate::PAGE_SIZE);
+    for (i, s) in all.iter().enumerate() {
+        assert_eq!(asked(s) == 0, i % 3 == 0, "shrinker {i}");
+    }
+    // The holes are taken again.
+    for &s in all.iter().step_by(3) {
+        k.register_shrinker(s).unwrap();
+    }
+    g.reclaim(crate::PAGE_SIZE);
+    assert!(all.iter().all(|s| asked(s) >= 1));
+    for &s in &all {
+        k.unregister_shrinker(s);
+    }
+    g.remove().unwrap();
+}

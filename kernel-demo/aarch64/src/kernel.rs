@@ -10,7 +10,10 @@ mod irq;
 mod memory;
 mod selftest;
 pub(crate) mod serial;
+mod small_heap;
 mod sync;
+#[path = "../../common/tutorial_heap.rs"]
+mod tutorial_heap;
 
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +61,13 @@ extern "C" fn kmain(dtb_addr: usize, entry_el: u64) -> ! {
         dt.uart.unwrap_or(0)
     );
     memory::give_ram(&dt).unwrap_or_else(|e| fail(e));
+    if let Some(bytes) = dt.heap {
+        // `run-qemu.sh aarch64 heap=KIB`: the tutorial heap suite only.
+        match small_heap::run(bytes) {
+            Ok(()) => exit_qemu(true),
+            Err(e) => fail(e),
+        }
+    }
     if dt.icount {
         // `scripts/kernel-icount.sh`: instruction counts only, on this CPU.
         match icount::run() {

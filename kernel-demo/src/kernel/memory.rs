@@ -46,6 +46,9 @@ pub struct BootInfo {
     /// Whether the command line has the word `icount`: measure instruction
     /// counts only (`icount.rs`), no self-test.
     pub icount: bool,
+    /// `heap=KIB` on the command line, in bytes: the heap gets only that
+    /// much RAM and runs the tutorial heap suite only (`small_heap.rs`).
+    pub heap: Option<usize>,
 }
 
 /// Length of the NUL-terminated string at `p`.
@@ -78,12 +81,14 @@ impl BootInfo {
         let mut reserve = |start: u64, len: u64| reserved_end = reserved_end.max(start + len);
         reserve(info as u64, 88); // the information structure itself
         let mut icount = false;
+        let mut heap = None;
         if flags & (1 << 2) != 0 {
             // SAFETY: bit 2: `cmdline` is a valid C string.
             let cmdline = unsafe { core::ffi::CStr::from_ptr(word(16) as *const core::ffi::c_char) };
             reserve(word(16) as u64, cmdline.count_bytes() as u64 + 1);
             // QEMU passes the kernel's file name, a space, then `-append`.
             icount = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"icount");
+            heap = super::tutorial_heap::heap_arg(cmdline.to_bytes());
         }
         if flags & (1 << 3) != 0 {
             let (count, addr) = (word(20), word(24));
@@ -104,7 +109,7 @@ impl BootInfo {
         let (len, addr) = (word(44), word(48));
         reserve(addr as u64, len as u64);
 
-        let mut boot = BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end, icount };
+        let mut boot = BootInfo { entries: [Entry::default(); MAX_ENTRIES], count: 0, reserved_end, icount, heap };
         let mut p = addr;
         while p + 24 <= addr + len && boot.count < MAX_ENTRIES {
             // SAFETY: bit 6: `len` bytes of entries at `addr`, each
@@ -127,7 +132,8 @@ impl BootInfo {
     /// Prints the memory map and hands every usable range above the kernel
     /// and boot structures, and below the identity-mapping limit, to
     /// `KMEM`, but for the top [`BENCH_HEAP`] bytes of the largest, which
-    /// go to `KMEM_NOCPUS`. Returns the bytes `KMEM` got.
+    /// go to `KMEM_NOCPUS`; with `heap=KIB`, only that many bytes at the
+    /// start of the largest range, to `KMEM`. Returns the bytes `KMEM` got.
     pub fn give_ram_to_kmem(&self) -> Result<u64, &'static str> {
         let kernel = (&raw const __kernel_start as usize, &raw const __kernel_end as usize);
         kprintln!("kernel image {:#x}..{:#x}, boot data up to {:#x}", kernel.0, kernel.1, self.reserved_end);
@@ -139,6 +145,20 @@ impl BootInfo {
             (e.kind == USABLE && start < end).then_some((start, end))
         };
         let largest = self.entries[..self.count].iter().filter_map(usable).max_by_key(|&(s, e)| e - s);
+        if let Some(bytes) = self.heap {
+            // The heap suite: `bytes` at the start of the largest range,
+            // nothing else (a small kernel's heap, mapped page aligned).
+            let (start, end) = largest.ok_or("no usable RAM above the kernel")?;
+            if bytes as u64 > end - start {
+                return Err("heap= asks for more RAM than the largest range has");
+            }
+            // SAFETY: as below: usable RAM above the kernel and the boot
+            // structures, identity mapped, given to `KMEM` alone.
+            unsafe { KMEM.source().add_raw(start as *mut u8, bytes, 0) }
+                .map_err(|_| "kmemcg refused the heap= range")?;
+            kprintln!("    -> kmemcg: {:#x}..{:#x} ({} KiB), nothing else", start, start + bytes as u64, bytes >> 10);
+            return Ok(bytes as u64);
+        }
         let mut total = 0;
         for e in &self.entries[..self.count] {
             kprintln!("  mmap {:#013x}..{:#013x} type {}", e.base, e.base + e.len, e.kind);

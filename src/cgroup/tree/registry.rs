@@ -8,7 +8,8 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use super::{Tree, unlink, walk};
+use super::Tree;
+use super::lists::{unlink, walk};
 use crate::cgroup::{MAX_ACCOUNTED, MAX_ACCOUNTED_CACHES};
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};

@@ -48,7 +48,7 @@ fn capped_everywhere<S: PageSource, P: Platform>(k: &Kmem<S, DefaultRawMutex, P>
     for (c, base) in GEOMETRIES.iter().enumerate().take(NCLASSES) {
         assert_eq!(*k.tree.classes()[c].cache.geometry(), base.within(cap), "class {c}");
     }
-    for m in [&*k.magazines, &*k.tree.groups, &*k.tree.child_caches, &*k.tree.descriptors] {
+    for m in [&*k.magazines, &*k.tree.groups, &*k.tree.child_caches, &*k.tree.descriptors, &*k.tree.pressure_nodes] {
         assert!(m.geometry().order <= cap.max(1), "{:?}", m.geometry());
     }
 }

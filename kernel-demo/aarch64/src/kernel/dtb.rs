@@ -2,7 +2,8 @@
 //! reservation block, the CPUs' MPIDRs, the GIC, the generic timer's
 //! virtual interrupt, the PL011, the PSCI conduit, and whether the kernel
 //! command line (`/chosen` `bootargs`, QEMU's `-append`) asks for the
-//! instruction counts only (`icount`).
+//! instruction counts only (`icount`) or the heap suite in a small heap
+//! (`heap=KIB`).
 
 use super::cpu::{Conduit, MAX_CPUS};
 
@@ -52,6 +53,9 @@ pub struct DeviceTree {
     /// Whether `/chosen` `bootargs` has the word `icount`: measure
     /// instruction counts only (`icount.rs`), no self-test.
     pub icount: bool,
+    /// `heap=KIB` in `bootargs`, in bytes: the heap gets only that much
+    /// RAM and runs the tutorial heap suite only (`small_heap.rs`).
+    pub heap: Option<usize>,
 }
 
 /// What a node is, as far as this reader cares.
@@ -148,6 +152,7 @@ impl DeviceTree {
             uart: None,
             psci: None,
             icount: false,
+            heap: None,
         };
 
         let mut p = rsvmap;
@@ -209,7 +214,9 @@ impl DeviceTree {
                         b"interrupts" => node.interrupts = value,
                         b"method" => node.method = value,
                         b"bootargs" if node.kind == Kind::Chosen => {
-                            dt.icount = cstr(value, 0)?.split(|&c| c == b' ').any(|w| w == b"icount");
+                            let args = cstr(value, 0)?;
+                            dt.icount = args.split(|&c| c == b' ').any(|w| w == b"icount");
+                            dt.heap = super::tutorial_heap::heap_arg(args);
                         }
                         b"device_type" if depth == 1 && has_string(value, b"memory") => node.kind = Kind::Memory,
                         b"compatible" => {

@@ -61,7 +61,9 @@ impl Pieces {
     }
 }
 
-/// Gives RAM to `KMEM` (and `SOLO_BYTES` of it to `SOLO`).
+/// Gives RAM to `KMEM` (and `SOLO_BYTES` of it to `SOLO`); with
+/// `heap=KIB`, only that many bytes at the start of the largest free
+/// range, to `KMEM`.
 pub fn give_ram(dt: &DeviceTree) -> Result<(), &'static str> {
     let page = PAGE_SIZE as u64;
     let kernel = (&raw const __kernel_start as u64, &raw const __kernel_end as u64);
@@ -80,6 +82,20 @@ pub fn give_ram(dt: &DeviceTree) -> Result<(), &'static str> {
     }
 
     let largest = (0..free.n).max_by_key(|&i| free.r[i].size).ok_or("no RAM in the device tree")?;
+    if let Some(bytes) = dt.heap {
+        // The heap suite: `bytes` at the start of the largest range (page
+        // aligned), nothing else: a small kernel's heap.
+        let r = free.r[largest];
+        let start = r.base.next_multiple_of(page);
+        if start + bytes as u64 > r.base + r.size {
+            return Err("heap= asks for more RAM than the largest range has");
+        }
+        // SAFETY: as below: RAM outside the image, the blob and its
+        // reservations, identity mapped, given to `KMEM` alone.
+        unsafe { KMEM.source().add_raw(start as *mut u8, bytes, 0) }.map_err(|_| "kmemcg refused the heap= range")?;
+        kprintln!("memory: -> kmemcg {:#x}..{:#x} ({} KiB), nothing else", start, start + bytes as u64, bytes >> 10);
+        return Ok(());
+    }
     if free.r[largest].size < 2 * SOLO_BYTES {
         return Err("not enough RAM");
     }
