@@ -885,7 +885,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // A zero size (nothing was allocated) has no class: its test is
         // off the fast path, with the large objects'.
         let m = self.tree.mode();
-        if m != 0 && !(m == mode::DEBUG && self.plain_under_sampling(ptr, size, align)) {
+        if m != 0 {
             if size == 0 {
                 return;
             }
@@ -915,9 +915,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
     #[inline(always)]
     unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
-        if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0
-            && !(m & !mode::GROUPS == mode::DEBUG && self.plain_under_sampling(ptr, size, align))
-        {
+        if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
+            // SAFETY: forwarded.
+            if unsafe { self.free_unsampled(m, class, ptr, size, align) } {
+                return;
+            }
             // SAFETY: forwarded.
             return unsafe { self.free_special(ptr, size, align, class) };
         }

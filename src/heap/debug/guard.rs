@@ -6,7 +6,7 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use crate::cgroup::{Group, mode};
-use crate::heap::Kmem;
+use crate::heap::{Kmem, hardened_on_free};
 use crate::page::pages_for;
 use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
 use crate::slab::classes::class_of;
@@ -97,15 +97,57 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.tree.set_mode(mode::ARMED, true);
     }
 
-    /// With sampling alone and no sample due (the mode word is `DEBUG`,
-    /// maybe with `GROUPS`): whether a free of `ptr` with `size` and
-    /// `align` can take the plain path, which it can unless the block ends
-    /// at a page boundary as a sampled object does. Inlined into the free
-    /// paths past their test of a non-zero mode word, so it costs nothing
-    /// with detection off.
+    /// With sampling alone and no sample due (the mode word `m` is
+    /// `DEBUG`, maybe with `GROUPS`), frees `ptr` as the path without
+    /// detection would, unless the block ends at a page boundary as a
+    /// sampled one does; returns whether it did. Inlined into the free path
+    /// past its test of a non-zero mode word, so it costs nothing with
+    /// detection off.
+    ///
+    /// # Safety
+    ///
+    /// As for `Kmem::free_raw` (a rebased, non-null pointer, `size > 0`),
+    /// `class` being `class_of(size, align)`.
     #[inline(always)]
-    pub(crate) fn plain_under_sampling(&self, ptr: NonNull<u8>, size: usize, align: usize) -> bool {
-        !ptr.as_ptr().addr().wrapping_add(size.wrapping_add(align - 1) & !(align - 1)).is_multiple_of(PAGE_SIZE)
+    pub(crate) unsafe fn free_unsampled(
+        &self,
+        m: usize,
+        class: Option<usize>,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> bool {
+        if m & !mode::GROUPS != mode::DEBUG
+            || ptr.as_ptr().addr().wrapping_add(size.wrapping_add(align - 1) & !(align - 1)).is_multiple_of(PAGE_SIZE)
+        {
+            return false;
+        }
+        match class {
+            // No groups: every object of the class is in its base cache, as
+            // on the plain path.
+            Some(c) if m == mode::DEBUG => {
+                if let Some(base) = self.base_for_free(c, ptr) {
+                    hardened_on_free(base, ptr);
+                    // SAFETY: forwarded.
+                    unsafe { base.free(self, ptr) };
+                }
+            }
+            // SAFETY: forwarded.
+            _ => unsafe { self.free_unsampled_grouped(class, ptr) },
+        }
+        true
+    }
+
+    /// [`Kmem::free_unsampled`] once groups exist, or of a large object:
+    /// out of line, so the path without groups stays short.
+    ///
+    /// # Safety
+    ///
+    /// As for `Kmem::free_raw`.
+    #[inline(never)]
+    unsafe fn free_unsampled_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe { self.free_grouped(class, ptr) }
     }
 
     /// Whether any sampled object is live (`Acquire`: pairs with the

@@ -272,6 +272,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `s` is a slot just handed out by `cache`, whose slots are at least
     /// `size + typed_padding(size, align)` bytes (the cache was made with
     /// detection on).
+    #[cold]
+    #[inline(never)]
     pub(crate) unsafe fn hand_out_typed(
         &self,
         cache: &MagCache<R>,
@@ -294,6 +296,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// `p` is a live object of `owner` returned by
     /// [`Kmem::hand_out_typed`] with `size` and `align`, freed once.
+    #[cold]
+    #[inline(never)]
     pub(crate) unsafe fn free_typed_checked(&self, owner: &MagCache<R>, p: NonNull<u8>, size: usize, align: usize) {
         if !self.checks_objects() {
             // SAFETY: forwarded (no header: the object is its slot).
