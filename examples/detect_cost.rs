@@ -2,22 +2,25 @@
 //!
 //! What memory-error detection costs: 64-byte alloc+free pairs and the
 //! `random` workload (a live set of 10k slots, each step frees one and
-//! allocates 8..4096 bytes) on three allocators in one process: detection
-//! off, on without guard-page sampling, and `Detection::ALL` (one
-//! allocation in 256 on a guard page). Rounds interleave the three; the
-//! medians and their ratios to "off" are printed.
+//! allocates 8..4096 bytes) on five allocators in one process: `System`,
+//! kmemcg with detection off, sampling alone (`Detection::SAMPLED`, one
+//! allocation in 5,000 on a guard page), on without guard-page sampling,
+//! and `Detection::ALL` (one allocation in 256 on a guard page). Rounds
+//! interleave them; the medians and their ratios to "off" and to `System`
+//! are printed.
 
-use std::alloc::{GlobalAlloc, Layout};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::Instant;
 
 use kmemcg::{Detection, Kmem, OsPages};
 
 static OFF: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::OFF);
+static SAMPLED: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
 static ON: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(0));
 static ALL: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL);
 
-fn pairs(k: &Kmem, n: usize) -> f64 {
+fn pairs<A: GlobalAlloc>(k: &A, n: usize) -> f64 {
     let layout = Layout::from_size_align(64, 8).unwrap();
     let t = Instant::now();
     for _ in 0..n {
@@ -30,7 +33,7 @@ fn pairs(k: &Kmem, n: usize) -> f64 {
     t.elapsed().as_nanos() as f64 / n as f64
 }
 
-fn random(k: &Kmem, steps: usize) -> f64 {
+fn random<A: GlobalAlloc>(k: &A, steps: usize) -> f64 {
     const LIVE: usize = 10_000;
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
@@ -68,21 +71,32 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// One round of both workloads on `k`: (pair ns, random ns).
+fn round<A: GlobalAlloc>(k: &A) -> (f64, f64) {
+    (pairs(k, 2_000_000), random(k, 500_000))
+}
+
 fn main() {
     let rounds = 7;
-    let kmems: [(&str, &Kmem); 3] = [("off", &OFF), ("on, no sampling", &ON), ("all (guard 1/256)", &ALL)];
-    let mut pair_ns = vec![Vec::new(); 3];
-    let mut random_ns = vec![Vec::new(); 3];
+    let names = ["System", "off", "sampled (1/5000)", "on, no sampling", "all (guard 1/256)"];
+    let run: [&dyn Fn() -> (f64, f64); 5] =
+        [&|| round(&System), &|| round(&OFF), &|| round(&SAMPLED), &|| round(&ON), &|| round(&ALL)];
+    let mut pair_ns = vec![Vec::new(); names.len()];
+    let mut random_ns = vec![Vec::new(); names.len()];
     for _ in 0..rounds {
-        for (i, (_, k)) in kmems.iter().enumerate() {
-            pair_ns[i].push(pairs(k, 2_000_000));
-            random_ns[i].push(random(k, 500_000));
+        for (i, r) in run.iter().enumerate() {
+            let (p, q) = r();
+            pair_ns[i].push(p);
+            random_ns[i].push(q);
         }
     }
-    let (p0, r0) = (median(pair_ns[0].clone()), median(random_ns[0].clone()));
-    println!("detection          pair-64 ns  ratio   random ns  ratio   (medians of {rounds} interleaved rounds)");
-    for (i, (name, _)) in kmems.iter().enumerate() {
+    let (ps, rs) = (median(pair_ns[0].clone()), median(random_ns[0].clone()));
+    let (p0, r0) = (median(pair_ns[1].clone()), median(random_ns[1].clone()));
+    println!(
+        "detection          pair-64 ns   /off  /System   random ns   /off  /System   (medians of {rounds} interleaved rounds)"
+    );
+    for (i, name) in names.iter().enumerate() {
         let (p, r) = (median(pair_ns[i].clone()), median(random_ns[i].clone()));
-        println!("{name:<18} {p:>10.2} {:>6.2}x {r:>10.2} {:>6.2}x", p / p0, r / r0);
+        println!("{name:<18} {p:>10.2} {:>6.3} {:>7.2}  {r:>10.2} {:>6.3} {:>7.2}", p / p0, p / ps, r / r0, r / rs);
     }
 }

@@ -16,7 +16,9 @@
 //! * `percpu`: `generic` on a `Kmem` with the bare-metal platform
 //!   (`PerCpu`, without an all-CPU barrier) and `IrqSpinLock`s, over a
 //!   host `Cpu` whose interrupt masking costs nothing: the kernel path's
-//!   instructions, less the kernel's own `cli`/`popf` (or DAIF writes).
+//!   instructions, less the kernel's own `cli`/`popf` (or DAIF writes);
+//! * `sampled`: `generic` on a `Kmem` with guard-page sampling alone
+//!   (`Detection::SAMPLED`), the mode meant to be left on.
 //!
 //! Decay is off: under valgrind the loop runs tens of times slower, so a
 //! reap once a second of wall time would come tens of times as often per
@@ -26,12 +28,14 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 
-use kmemcg::{CacheFlags, Cpu, Decay, DefaultRawMutex, IrqSpinLock, Kmem, NoCpus, OsPages, PerCpu};
+use kmemcg::{CacheFlags, Cpu, Decay, DefaultRawMutex, Detection, IrqSpinLock, Kmem, NoCpus, OsPages, PerCpu};
 
 #[global_allocator]
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 
 static SINGLE: Kmem<OsPages, DefaultRawMutex, NoCpus> = Kmem::with_platform(OsPages::new(), NoCpus::new());
+
+static SAMPLED: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
 
 /// One CPU whose interrupts cannot fire: what `PerCpu` costs besides the
 /// kernel's own interrupt masking.
@@ -95,6 +99,10 @@ fn main() {
         "percpu" => {
             PERCPU.set_decay(Decay::OFF);
             pairs(&PERCPU, n)
+        }
+        "sampled" => {
+            SAMPLED.set_decay(Decay::OFF);
+            pairs(&SAMPLED, n)
         }
         "box" | "box-group" => boxes(n),
         "typed" => typed(n, CacheFlags::NONE),

@@ -13,7 +13,6 @@ mod large;
 mod oom;
 mod report;
 
-pub(crate) use debug::TRAILER;
 pub use debug::{Detection, GUARDED_MAX};
 pub use decay::Decay;
 pub use oom::{OomReport, OomSite};
@@ -269,7 +268,7 @@ fn moved() -> ! {
 }
 
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
-const SPECIAL: usize = mode::DEBUG | mode::INJECT | mode::ENV | mode::BYTES;
+const SPECIAL: usize = mode::ARMED | mode::INJECT | mode::ENV | mode::BYTES;
 
 /// A dangling, aligned pointer for zero-size blocks.
 #[inline]
@@ -655,7 +654,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     fn alloc_current<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         let m = self.tree.mode();
-        if m == 0 {
+        // `DEBUG` alone: sampling with no sample due, as plain.
+        if m & !mode::DEBUG == 0 {
             // A path of its own: merged with the grouped one, the null
             // group would be tested again after the class lookup.
             return self.alloc_pow2::<NOUNWIND>(core::ptr::null(), size, align);
@@ -916,6 +916,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     unsafe fn free_moded(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize, align: usize) {
         if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
+            // SAFETY: forwarded.
+            if unsafe { self.free_unsampled(m, class, ptr, size, align) } {
+                return;
+            }
             // SAFETY: forwarded.
             return unsafe { self.free_special(ptr, size, align, class) };
         }

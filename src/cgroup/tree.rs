@@ -128,6 +128,10 @@ pub(crate) mod mode {
     /// Some group asked for its object bytes to be counted (sticky): the
     /// heap's special paths count them (`Cgroup::track_bytes`).
     pub(crate) const BYTES: usize = 16;
+    /// Allocations take the detection path: always with red zones or
+    /// poison, and while a sample is due with sampling alone (`DEBUG`
+    /// stays set for the frees).
+    pub(crate) const ARMED: usize = 32;
 }
 
 /// Where a tree holds its size classes' caches: inline, so that a `Kmem`

@@ -11,7 +11,7 @@ use lock_api::RawMutex;
 use super::Cgroup;
 use crate::cgroup::{CacheDesc, Group, NOT_ACCOUNTED};
 use crate::error::{Error, Name};
-use crate::heap::{Heap, Kmem, KmemOf, TRAILER, hardened_on_alloc};
+use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc};
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
 use crate::slab::CacheStats;
@@ -68,8 +68,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if flags.contains(CacheFlags::HWCACHE_ALIGN) {
             align = align.max(64);
         }
-        // With detection on, objects carry its trailer (red zone and tag).
-        let size = size_of::<T>() + if self.detecting() { TRAILER } else { 0 };
+        // With detection on, objects carry its header and red zones.
+        let size = size_of::<T>() + if self.detecting() { self.typed_padding(size_of::<T>(), align) } else { 0 };
         let geo = self.cache_geometry(size, align).ok_or(Error::BadLayout)?;
         let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
         Ok(KmemCache { kmem: self, desc, _type: PhantomData })
@@ -145,10 +145,17 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         }
         let p = self.alloc_object_plain(g)?;
         if k.detecting() {
-            // SAFETY: a fresh object of this cache (or a child of it), made
+            // SAFETY: a fresh slot of this cache (or a child of it), made
             // with detection on (`detecting` never changes once an
             // allocation was made).
-            unsafe { k.hand_out_typed(KmemOf::<K>::owner(&self.desc.cache, p), p, size_of::<T>()) };
+            return Ok(unsafe {
+                k.hand_out_typed(
+                    KmemOf::<K>::owner(&self.desc.cache, p),
+                    p,
+                    size_of::<T>(),
+                    self.desc.cache.cache.geometry().align,
+                )
+            });
         }
         Ok(p)
     }
@@ -275,7 +282,7 @@ impl<T, K: Heap> Drop for FreeOnDrop<'_, '_, T, K> {
             let ptr = b.kmem.source().rebase(b.ptr.cast());
             let owner = KmemOf::<K>::owner(&b.desc.cache, ptr);
             if b.kmem.special() && b.kmem.detecting() {
-                b.kmem.free_typed_checked(owner, ptr, size_of::<T>());
+                b.kmem.free_typed_checked(owner, ptr, size_of::<T>(), b.desc.cache.cache.geometry().align);
             } else {
                 b.kmem.free_into(owner, ptr);
             }

@@ -94,6 +94,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if cfg!(loom) {
             return;
         }
+        self.sample_tick();
         let t = self.decay.ticks.load(Ordering::Relaxed).wrapping_add(1);
         self.decay.ticks.store(t, Ordering::Relaxed);
         if t.is_multiple_of(256) {

@@ -1,0 +1,105 @@
+//! Allocation and free sites of checked objects ([`Detection::sites`]):
+//! return addresses taken with glibc's `backtrace(3)` (which unwinds from
+//! the binary's unwind tables, so it needs no frame pointers, and, after
+//! its first call has loaded the unwinder, allocates nothing) into a
+//! fixed table keyed by slot address, and printed by a report with
+//! `backtrace_symbols_fd(3)` (module and offset, or symbol for exported
+//! ones; `addr2line -e` resolves offsets), which allocates nothing either.
+//!
+//! The table is best effort: a slot hashing to the entry of a newer one
+//! loses its sites, and racing writers of one entry may mix frames; a
+//! report prints sites only for an entry naming its slot.
+//!
+//! [`Detection::sites`]: super::Detection::sites
+
+use crate::sync::{AtomicUsize, Ordering};
+
+/// Return addresses kept per site.
+const DEPTH: usize = 10;
+/// Frames skipped: `backtrace` itself is not counted; these are the
+/// recording function and the detection path above it.
+const SKIP: usize = 2;
+/// Entries in the table (a power of two).
+const ENTRIES: usize = 1 << 13;
+
+/// One slot's sites. Relaxed throughout: the entry is a best-effort
+/// record whose words nothing else depends on.
+struct Entry {
+    slot: AtomicUsize,
+    alloc: [AtomicUsize; DEPTH],
+    free: [AtomicUsize; DEPTH],
+}
+
+static TABLE: [Entry; ENTRIES] = [const {
+    Entry {
+        slot: AtomicUsize::new(0),
+        alloc: [const { AtomicUsize::new(0) }; DEPTH],
+        free: [const { AtomicUsize::new(0) }; DEPTH],
+    }
+}; ENTRIES];
+
+/// The entry of slot `s`.
+fn entry(s: *mut u8) -> &'static Entry {
+    let h = (s.addr() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ENTRIES.trailing_zeros());
+    &TABLE[h as usize]
+}
+
+/// The caller's stack into `out` (zeros after its end).
+#[inline(never)]
+fn capture(out: &[AtomicUsize; DEPTH]) {
+    let mut buf = [core::ptr::null_mut::<libc::c_void>(); DEPTH + SKIP];
+    // SAFETY: `buf` holds `DEPTH + SKIP` pointers; `backtrace` writes at
+    // most that many.
+    let n = unsafe { libc::backtrace(buf.as_mut_ptr(), (DEPTH + SKIP) as libc::c_int) }.max(0) as usize;
+    for (i, o) in out.iter().enumerate() {
+        let f = if SKIP + i < n { buf[SKIP + i].addr() } else { 0 };
+        o.store(f, Ordering::Relaxed);
+    }
+}
+
+/// Records the allocation site of slot `s` (and forgets a free site).
+#[inline(never)]
+pub(super) fn allocated(s: *mut u8) {
+    let e = entry(s);
+    e.slot.store(s.addr(), Ordering::Relaxed);
+    capture(&e.alloc);
+    e.free.iter().for_each(|f| f.store(0, Ordering::Relaxed));
+}
+
+/// Records the free site of slot `s`, if its entry is still its own.
+#[inline(never)]
+pub(super) fn freed(s: *mut u8) {
+    let e = entry(s);
+    if e.slot.load(Ordering::Relaxed) == s.addr() {
+        capture(&e.free);
+    }
+}
+
+/// Prints the sites recorded for slot `s` on standard error.
+pub(super) fn print(s: *mut u8) {
+    let e = entry(s);
+    if e.slot.load(Ordering::Relaxed) != s.addr() {
+        return;
+    }
+    for (what, frames) in [("  allocated at:\n", &e.alloc), ("  freed at:\n", &e.free)] {
+        let mut buf = [core::ptr::null_mut::<libc::c_void>(); DEPTH];
+        let mut n = 0;
+        for f in frames {
+            let a = f.load(Ordering::Relaxed);
+            if a == 0 {
+                break;
+            }
+            buf[n] = core::ptr::without_provenance_mut(a);
+            n += 1;
+        }
+        if n == 0 {
+            continue;
+        }
+        // SAFETY: (1) a valid buffer written to fd 2, which allocates
+        // nothing; (2) `n` pointers of `buf`, used as numbers only.
+        unsafe {
+            libc::write(2, what.as_ptr().cast(), what.len());
+            libc::backtrace_symbols_fd(buf.as_ptr(), n as libc::c_int, 2);
+        }
+    }
+}
