@@ -1,0 +1,316 @@
+//! The allocation paths: the plain fast path, the grouped one, the paths
+//! with detection or injection on, and the out-of-line slow paths.
+
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::{FreeOnUnwind, Kmem, NoUnwind, SPECIAL, hardened_on_alloc};
+use crate::cgroup::{Group, mode};
+use crate::counter::PageCounter;
+use crate::error::Error;
+use crate::magazine::{Acct, MagCache};
+use crate::platform::{PageSource, Platform};
+use crate::slab::classes::class_of;
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// `size` bytes aligned to `align` for the current group, or `None`.
+    /// `size == 0`, an alignment that is not a power of two, sizes whose
+    /// rounding overflows and a refused charge all give `None`.
+    #[inline]
+    pub(crate) fn alloc_raw(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        if !align.is_power_of_two() {
+            return None;
+        }
+        self.alloc_current::<false>(size, align)
+    }
+
+    /// [`Kmem::alloc_raw`] for a `Layout`, whose alignment is a power of
+    /// two: the `Allocator` entry, inlined into it (a callback that
+    /// panics unwinds through it).
+    #[inline(always)]
+    pub(crate) fn alloc_layout(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
+        self.alloc_current::<false>(layout.size(), layout.align())
+    }
+
+    /// [`Kmem::alloc_layout`] for `GlobalAlloc`, which must not unwind: a
+    /// callback that panics on one of its slow paths aborts there
+    /// ([`Kmem::no_unwind_special`]).
+    #[inline(always)]
+    pub(crate) fn alloc_layout_global(&self, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
+        self.alloc_current::<true>(layout.size(), layout.align())
+    }
+
+    /// The slow paths of an allocation that must not unwind
+    /// (`GlobalAlloc`'s), each with a [`NoUnwind`] guard: a callback
+    /// (shrinker, event hook, out-of-memory handler) that panics in one
+    /// aborts the program there. Out of line and cold, with their
+    /// arguments in registers, so the guard's landing pad is not on the
+    /// fast path, which then needs no stack frame.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn no_unwind_special(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_special_current(size, align);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    pub(super) fn no_unwind_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_in_new_child(g, c, base);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    pub(super) fn no_unwind_slow(&self, cache: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_slow_opt(cache);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    pub(super) fn no_unwind_large(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_large(g, size, align, false);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// An allocation for the current group: one test of the mode word
+    /// takes the plain path (no groups, no detection, no injection).
+    /// `NOUNWIND`: for `GlobalAlloc` (see [`Kmem::no_unwind_special`]).
+    #[inline(always)]
+    pub(super) fn alloc_current<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let m = self.tree.mode();
+        // `DEBUG` alone: sampling with no sample due, as plain.
+        if m & !mode::DEBUG == 0 {
+            // A path of its own: merged with the grouped one, the null
+            // group would be tested again after the class lookup.
+            return self.alloc_pow2::<NOUNWIND>(core::ptr::null(), size, align);
+        }
+        let g = if m & SPECIAL != 0 {
+            if NOUNWIND {
+                return self.no_unwind_special(size, align);
+            }
+            return self.alloc_special_current(size, align);
+        } else if self.platform.in_interrupt() {
+            // Interrupt context charges the root, not the interrupted task.
+            core::ptr::null()
+        } else {
+            self.tree.charged_for(self.platform.current_group())
+        };
+        self.alloc_pow2::<NOUNWIND>(g, size, align)
+    }
+
+    /// [`Kmem::alloc_layout`] charging group `g` (null: root).
+    #[inline(always)]
+    pub(crate) fn alloc_layout_in(&self, g: *const Group<R>, layout: core::alloc::Layout) -> Option<NonNull<u8>> {
+        self.alloc_for(g, layout.size(), layout.align())
+    }
+
+    /// An allocation charging `g` (a group handle's), detection and fault
+    /// injection included.
+    #[inline(always)]
+    pub(super) fn alloc_for(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        if self.tree.mode() & SPECIAL != 0 {
+            return self.alloc_special(g, size, align, true);
+        }
+        self.alloc_pow2::<false>(g, size, align)
+    }
+
+    /// [`Kmem::alloc_special`] for the current group, which it looks up
+    /// itself: a call made inline would keep the size and alignment in
+    /// callee-saved registers, and the plain path would save and restore
+    /// them on every allocation.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_special_current(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        self.alloc_special(self.current(), size, align, false)
+    }
+
+    /// The allocation path with detection or fault injection on (or the
+    /// environment still to read). `handle`: a group handle's allocation,
+    /// which can report failure (injection applies to the others only
+    /// when the group asked for it).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_special(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+        handle: bool,
+    ) -> Option<NonNull<u8>> {
+        if !self.settle_alloc() {
+            return None;
+        }
+        let m = self.resolve_mode();
+        // SAFETY: callers pass null or a live group of this allocator.
+        if m & mode::INJECT != 0 && unsafe { g.as_ref() }.is_some_and(|g| self.tree.inject_fails(g, handle)) {
+            return None;
+        }
+        if m & mode::DEBUG != 0 && size != 0 {
+            return self.alloc_checked(g, size, align);
+        }
+        let p = self.alloc_pow2::<false>(g, size, align)?;
+        if m & mode::BYTES != 0 {
+            // SAFETY: `p` is a live object of `size` and `align` from
+            // `alloc_pow2` (no detection).
+            if let Some(c) = unsafe { self.charged_counter(p, size, align) } {
+                c.add_bytes(self.usable_size(size, align));
+            }
+        }
+        Some(p)
+    }
+
+    /// The counter an object is charged to, for byte tracking (detection
+    /// off): its cache's group for a size-class object, its header's for a
+    /// large one (the root's for both when charged to the root); `None`
+    /// for an unaccounted cache's. Read from the object itself at both
+    /// allocation and free, so the two always name the same counter.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live object of this `Kmem` allocated with `size` (non-zero)
+    /// and `align`, with detection off.
+    pub(super) unsafe fn charged_counter(&self, p: NonNull<u8>, size: usize, align: usize) -> Option<&PageCounter> {
+        let root = self.tree.root().counter();
+        match class_of(size, align) {
+            Some(c) => {
+                // SAFETY: `class_of` returns indices below NCLASSES.
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
+                // SAFETY: a live object of `base`'s class (caller).
+                match unsafe { Self::owner(base, p) }.acct {
+                    // SAFETY: a child cache's group, and so its counter,
+                    // outlives the cache, which outlives its live objects.
+                    Acct::Counter(pc) => Some(unsafe { &*pc }),
+                    Acct::Root => Some(root),
+                    Acct::None => None,
+                }
+            }
+            // SAFETY: a live large object (caller); its reference keeps its
+            // group alive.
+            None => Some(unsafe { self.large_group(p) }?.map_or(root, |g| g.counter())),
+        }
+    }
+
+    /// [`Kmem::alloc_in`] for an `align` known to be a power of two, with
+    /// no detection or injection.
+    #[inline(always)]
+    pub(crate) fn alloc_pow2<const NOUNWIND: bool>(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
+        match class_of(size, align) {
+            Some(c) => {
+                // SAFETY: `class_of` returns indices below NCLASSES.
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
+                let cache = if g.is_null() {
+                    base
+                } else {
+                    // SAFETY: callers pass a live group of this allocator.
+                    match unsafe { &*g }.child_cache(c) {
+                        Some(child) => child,
+                        None if NOUNWIND => return self.no_unwind_new_child(g, c, base),
+                        None => return self.alloc_in_new_child(g, c, base),
+                    }
+                };
+                let p = match cache.alloc_fast(self) {
+                    Some(p) => p,
+                    None if NOUNWIND => self.no_unwind_slow(cache)?,
+                    None => self.alloc_slow_opt(cache)?,
+                };
+                hardened_on_alloc(cache, p);
+                Some(p)
+            }
+            None if size == 0 => None,
+            None if NOUNWIND => self.no_unwind_large(g, size, align),
+            None => self.alloc_large(g, size, align, false),
+        }
+    }
+
+    /// [`Kmem::alloc_in`] for group `g`'s first object of class `c`:
+    /// creates the child cache, then allocates. Out of line and called in
+    /// tail position, so the fast path needs no stack frame.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_in_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+        self.settle();
+        let cache = self.tree.cache_for(self, g, c, base)?;
+        let p = self.alloc_from(cache).ok()?;
+        hardened_on_alloc(cache, p);
+        Some(p)
+    }
+
+    /// One object from `cache`: a magazine hit inline, everything else
+    /// (refills, limits, throttling) out of line.
+    #[inline(always)]
+    pub(crate) fn alloc_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        match cache.alloc_fast(self) {
+            Some(p) => Ok(p),
+            None => self.alloc_slow_from(cache),
+        }
+    }
+
+    /// The slow path of [`Kmem::alloc_from`]: after a refill, the `high`
+    /// and contention checks run here, once per magazine.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_slow_from(&self, cache: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        if !self.settle_alloc() {
+            return Err(Error::OutOfMemory);
+        }
+        let grow = || match cache.alloc_slow(self) {
+            Ok(p) => Ok(p),
+            Err(e) => self.tree.grow_failed(self, cache, e),
+        };
+        let r = match grow() {
+            // The source is dry even after reclaim: recorded for
+            // `last_oom`, then the handler may add memory; one retry.
+            Err(Error::OutOfMemory) => {
+                let geo = cache.cache.geometry();
+                self.record_oom_slab(geo);
+                if self.out_of_memory(1 << geo.order) {
+                    grow().inspect_err(|e| {
+                        if *e == Error::OutOfMemory {
+                            self.record_oom_slab(geo)
+                        }
+                    })
+                } else {
+                    Err(Error::OutOfMemory)
+                }
+            }
+            r => r,
+        };
+        if let Ok(p) = r {
+            // `high` reclaim and contention may call shrinkers and the
+            // event hook: if one unwinds, the object goes back.
+            let undo = FreeOnUnwind { kmem: self, cache, p };
+            self.tree.after_refill(self, cache);
+            core::mem::forget(undo);
+        }
+        self.decay_tick();
+        r
+    }
+
+    /// [`Kmem::alloc_slow_from`] for the paths that want no error: an
+    /// `Option` comes back in a register, so the fast path around it needs
+    /// no stack frame.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_slow_opt(&self, cache: &MagCache<R>) -> Option<NonNull<u8>> {
+        self.alloc_slow_from(cache).ok()
+    }
+}

@@ -1,0 +1,335 @@
+//! The free paths (plain, grouped, with detection on), finding an
+//! object's cache, and resizing.
+
+use core::ptr::NonNull;
+
+use lock_api::RawMutex;
+
+use super::{Kmem, SPECIAL, hardened_abort, hardened_on_free};
+use crate::cgroup::mode;
+use crate::magazine::MagCache;
+use crate::page::pages_for;
+use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
+use crate::slab::classes::{GEOMETRIES, class_of};
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// Frees what `alloc_raw(size, align)` returned.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must have come from `alloc_raw`/`alloc_in` (or `realloc_raw`)
+    /// of this `Kmem` with this `size` and `align`, and not been freed since.
+    #[inline(always)]
+    pub(crate) unsafe fn free_raw(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        // The allocator writes to the object's slab header or page-run
+        // header: through its own provenance, not the caller's (a no-op
+        // outside Miri).
+        let ptr = self.source.rebase(ptr);
+        // A zero size (nothing was allocated) has no class: its test is
+        // off the fast path, with the large objects'.
+        let m = self.tree.mode();
+        if m != 0 {
+            if size == 0 {
+                return;
+            }
+            // SAFETY: forwarded.
+            return unsafe { self.free_moded(m, class_of(size, align), ptr, size, align) };
+        }
+        match class_of(size, align) {
+            Some(c) => {
+                let Some(base) = self.base_for_free(c, ptr) else { return };
+                hardened_on_free(base, ptr);
+                // SAFETY: with no groups, every object of class `c` is in
+                // the base cache.
+                unsafe { base.free(self, ptr) }
+            }
+            None if size == 0 => {}
+            // SAFETY: forwarded: a live large object of this `Kmem`.
+            None => unsafe { self.free_large(ptr) },
+        }
+    }
+
+    /// [`Kmem::free_raw`] once groups exist or detection is on (mode `m`):
+    /// inlined into it, but only the owner lookup and free go out of line
+    /// (`free_owned`, two arguments), so the plain path stays a leaf.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`] (a rebased, non-null pointer, `size > 0`).
+    #[inline(always)]
+    pub(super) unsafe fn free_moded(
+        &self,
+        m: usize,
+        class: Option<usize>,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) {
+        if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
+            // SAFETY: forwarded.
+            if unsafe { self.free_unsampled(m, class, ptr, size, align) } {
+                return;
+            }
+            // SAFETY: forwarded.
+            return unsafe { self.free_special(ptr, size, align, class) };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.free_grouped(class, ptr) }
+    }
+
+    /// A free once groups exist (no detection); `class` is `class_of` of
+    /// its layout: into whichever cache (base or a group's child) owns the
+    /// object's slab.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`].
+    #[inline(always)]
+    pub(super) unsafe fn free_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
+        match class {
+            Some(c) => {
+                let Some(base) = self.base_for_free(c, ptr) else { return };
+                // SAFETY: forwarded.
+                unsafe { self.free_owned(base, ptr) }
+            }
+            // SAFETY: forwarded: a live large object of this `Kmem`.
+            None => unsafe { self.free_large(ptr) },
+        }
+    }
+
+    /// Frees an object of `base`'s class once groups exist: into whichever
+    /// cache (base or a group's child) owns its slab. Out of line, so the
+    /// plain free path around it stays a leaf.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `base`'s class, in a slab of `base` or of
+    /// one of its child caches.
+    #[inline(never)]
+    pub(super) unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
+        self.check_home();
+        // SAFETY: forwarded.
+        unsafe { self.free_into(Self::owner(base, ptr), ptr) }
+    }
+
+    /// A free with detection on, or the environment still to read (a free
+    /// before any allocation: then as without detection).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`].
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn free_special(&self, ptr: NonNull<u8>, size: usize, align: usize, class: Option<usize>) {
+        self.settle();
+        let m = self.resolve_mode();
+        // SAFETY: forwarded.
+        unsafe {
+            if m & mode::DEBUG != 0 {
+                return self.free_checked(ptr, size, align);
+            }
+            if m & mode::BYTES != 0
+                && let Some(c) = self.charged_counter(ptr, size, align)
+            {
+                c.sub_bytes(self.usable_size(size, align));
+            }
+            self.free_grouped(class, ptr)
+        }
+    }
+
+    /// The base cache of class `c` (from `class_of`) for a free of `ptr`;
+    /// `None` (counted, and an abort when hardened) if debug builds or
+    /// `hardened` find that no cache of the class owns `ptr`.
+    #[inline(always)]
+    pub(super) fn base_for_free(&self, c: usize, ptr: NonNull<u8>) -> Option<&MagCache<R>> {
+        // SAFETY: `class_of` returns indices below NCLASSES.
+        let base = unsafe { self.tree.classes().get_unchecked(c) };
+        if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
+            self.bad_free();
+            return None;
+        }
+        Some(base)
+    }
+
+    /// Counts and (hardened) reports a free of a pointer no cache owns.
+    #[cold]
+    pub(super) fn bad_free(&self) {
+        self.bad_frees.add(1);
+        hardened_abort("kmemcg: free of a pointer that no cache owns");
+    }
+
+    /// The cache that owns the slab of `ptr`: `base` or one of its child
+    /// caches.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `base` or of one of its child caches.
+    #[inline(always)]
+    pub(crate) unsafe fn owner(base: &MagCache<R>, ptr: NonNull<u8>) -> &MagCache<R> {
+        // SAFETY: per the contract, a slab of `base`'s geometry whose
+        // header names its `MagCache`, which outlives its live objects.
+        unsafe { &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>) }
+    }
+
+    /// Frees `ptr` into `owner`, the cache its slab names: a magazine push
+    /// inline, everything else under a read guard. The slow path is the
+    /// one that can return a dead cache's last slab, after which another
+    /// thread (`reap`, `shrink`, removal) may see the cache empty and let
+    /// go of its group; the guard, taken while this object still keeps the
+    /// cache's slab (and so the group), defers any freeing of the group and
+    /// its caches until this thread is done with them (the uncharge and
+    /// `after_free`).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, freed once.
+    #[inline(always)]
+    pub(crate) unsafe fn free_into(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        hardened_on_free(owner, ptr);
+        // SAFETY: forwarded.
+        if !unsafe { owner.free_fast(self, ptr) } {
+            // SAFETY: forwarded.
+            unsafe { self.free_into_slow(owner, ptr) }
+        }
+    }
+
+    /// The slow path of [`Kmem::free_into`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_into`].
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        self.settle();
+        {
+            let _read = self.tree.read_guard();
+            // SAFETY: forwarded.
+            unsafe { owner.free_slow(self, ptr) };
+            self.tree.after_free(owner);
+        }
+        self.decay_tick();
+    }
+
+    /// Whether `ptr` is a live-looking object of the class `base` serves,
+    /// in a slab of `base` or of one of its child caches. Reads the slab
+    /// header only after the page source vouches for the address, and
+    /// only once. (Debug builds run it on every free, in a user's crate at
+    /// its opt-level: kept to two lookups and one header read.)
+    pub(super) fn is_object_of(&self, base: &MagCache<R>, ptr: NonNull<u8>) -> bool {
+        self.settle();
+        // The header is read at the start of the run a slab of this class
+        // would occupy: the source must own that page too (a stray pointer
+        // into a one-page run of its own must not make us read below it),
+        // unless it is the page of `ptr`.
+        let p = ptr.as_ptr();
+        let header = crate::page::slab_base(p, base.cache.geometry().order);
+        if self.source.ownership(p.addr()) != Ownership::Owned
+            || (p.addr() - header.addr() >= PAGE_SIZE && self.source.ownership(header.addr()) != Ownership::Owned)
+        {
+            return false;
+        }
+        // SAFETY: the source owns the page where the slab header would be,
+        // so it is readable.
+        let Some(cache) = (unsafe { base.cache.live_owner(p) }) else { return false };
+        // SAFETY: a live slab's header names its `MagCache`, which outlives
+        // its slabs (see `Kmem::owner`).
+        let owner = unsafe { &*(cache as *const MagCache<R>) };
+        (core::ptr::eq(owner, base) || owner.cache.geometry() == base.cache.geometry())
+            && owner.cache.is_slot(ptr, cache)
+    }
+
+    /// Resizes in place when the new size keeps the class (or the page
+    /// count, or shrinks a page run), else moves. `None` leaves the old
+    /// block intact.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`] with `old_size`.
+    pub(crate) unsafe fn realloc_raw(
+        &self,
+        ptr: NonNull<u8>,
+        old_size: usize,
+        align: usize,
+        new_size: usize,
+    ) -> Option<NonNull<u8>> {
+        if new_size == 0 || old_size == 0 {
+            return None;
+        }
+        // SAFETY: forwarded.
+        if unsafe { self.resize_in_place(ptr, old_size, align, new_size) } {
+            return Some(ptr);
+        }
+        // The new block is charged to the current group, like any
+        // allocation; the old one is uncharged from its owner.
+        let new = if new_size > old_size && self.grows_onto_pages(new_size, align) {
+            // The group `alloc_raw` would charge: `current` is null without
+            // groups and in interrupt context.
+            self.alloc_large(self.current(), new_size, align, true)
+        } else {
+            self.alloc_raw(new_size, align)
+        }?;
+        // SAFETY: both blocks are live, distinct, and at least this long.
+        unsafe {
+            core::ptr::copy_nonoverlapping(ptr.as_ptr(), new.as_ptr(), old_size.min(new_size));
+            self.free_raw(ptr, old_size, align);
+        }
+        Some(new)
+    }
+
+    /// Whether a block that must move to grow to `size` goes to the page
+    /// path, where the move places it with room to grow in place (see
+    /// `large`): not with detection or fault injection on (or the
+    /// environment still to read), which take their usual paths.
+    #[inline]
+    pub(crate) fn grows_onto_pages(&self, size: usize, align: usize) -> bool {
+        self.tree.mode() & SPECIAL == 0 && align.is_power_of_two() && class_of(size, align).is_none()
+    }
+
+    /// Resizes a block of `old_size` to `new_size` (both non-zero) without
+    /// moving it, if the class stays, or the page run can give back its
+    /// tail or take the pages after it; returns whether it did.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`] with `old_size`.
+    pub(crate) unsafe fn resize_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        old_size: usize,
+        align: usize,
+        new_size: usize,
+    ) -> bool {
+        let ptr = self.source.rebase(ptr);
+        if self.tree.mode() & mode::DEBUG != 0 {
+            self.settle();
+            // SAFETY: forwarded.
+            return unsafe { self.resize_checked(ptr, old_size, align, new_size) };
+        }
+        match (class_of(old_size, align), class_of(new_size, align)) {
+            (Some(a), Some(b)) => a == b,
+            // Byte tracking counts a large object's pages at allocation
+            // and free: it moves instead.
+            (None, None) if self.tree.mode() & mode::BYTES != 0 => false,
+            (None, None) => {
+                self.settle();
+                // SAFETY: forwarded: a live large object.
+                unsafe { self.resize_large_in_place(ptr, new_size) }
+            }
+            _ => false,
+        }
+    }
+
+    /// The bytes actually usable in a block of `size` and `align`: its class
+    /// size, or its whole pages (`size` itself with detection on: the rest
+    /// is red zone).
+    pub(crate) fn usable_size(&self, size: usize, align: usize) -> usize {
+        if self.tree.mode() & mode::DEBUG != 0 {
+            return size;
+        }
+        match class_of(size, align) {
+            Some(c) => GEOMETRIES[c].size,
+            None => pages_for(size).map_or(size, |p| p * PAGE_SIZE),
+        }
+    }
+}
