@@ -120,8 +120,11 @@ pub(crate) use slots::Slots;
 
 static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
 
-/// Rounds in the largest magazine (4 under loom and Miri).
-pub(crate) const MAG_MAX: usize = if cfg!(any(loom, miri)) { 4 } else { 64 };
+/// Rounds in the largest magazine: 4 under loom and in the crate's own
+/// tests under Miri, so models and unit tests reach the slow paths often;
+/// 64 in a user's program under Miri, where every slow path's interpreted
+/// work (and its Stacked Borrows retags) is what their test run waits on.
+pub(crate) const MAG_MAX: usize = if cfg!(any(loom, all(miri, test))) { 4 } else { 64 };
 /// The most full magazines a depot keeps per node before frees flush to
 /// slabs (fewer for large objects: see [`depot_full_max`]).
 pub(crate) const DEPOT_FULL_MAX: usize = if cfg!(any(loom, miri)) { 1 } else { 16 };
