@@ -365,14 +365,14 @@ pub use magazine::{MagazineStats, SlotStats};
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::OsPages;
-#[cfg(feature = "std")]
-#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
-pub use platform::Threads;
 pub use platform::{
     Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, FIRST_REGION_PAGES, IrqSpinLock, MAX_CPUS, MAX_NODES,
     MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError,
     SourceStats, arch, order_for_pages,
 };
+#[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
+pub use platform::{NumaThreads, Threads};
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;
 #[cfg(loom)]
