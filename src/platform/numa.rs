@@ -23,7 +23,6 @@ use crate::sync::{AtomicUsize, Ordering, atomic_usize};
 /// `get_mempolicy` flag: return the nodes the process may use.
 const MPOL_F_MEMS_ALLOWED: libc::c_ulong = 1 << 2;
 /// `mbind` mode: prefer the node, fall back to others when it is full.
-#[allow(dead_code)] // used by `bind` (next: OsPages)
 const MPOL_PREFERRED: libc::c_ulong = 1;
 /// Words of the node mask `get_mempolicy` fills: 1,024 nodes, the most a
 /// Linux kernel is built for (`CONFIG_NODES_SHIFT` 10); the call fails
@@ -127,7 +126,6 @@ pub(super) fn current_node() -> usize {
 ///
 /// `[addr, addr + len)` is a page-aligned piece of an anonymous mapping
 /// the caller made and owns (the call changes only its policy).
-#[allow(dead_code)] // used by OsPages (next commit)
 pub(super) unsafe fn bind(addr: *mut u8, len: usize, node: usize) {
     if cfg!(miri) || nodes() <= 1 || node >= libc::c_ulong::BITS as usize {
         return;
