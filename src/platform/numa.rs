@@ -127,8 +127,22 @@ pub(super) fn current_node() -> usize {
 /// `[addr, addr + len)` is a page-aligned piece of an anonymous mapping
 /// the caller made and owns (the call changes only its policy).
 pub(super) unsafe fn bind(addr: *mut u8, len: usize, node: usize) {
-    if cfg!(miri) || nodes() <= 1 || node >= libc::c_ulong::BITS as usize {
+    if cfg!(miri) || nodes() <= 1 {
         return;
+    }
+    // SAFETY: forwarded.
+    let _ = unsafe { mbind(addr, len, node) };
+}
+
+/// The `mbind(MPOL_PREFERRED)` call of [`bind`], whatever the node count:
+/// 0 or -1 (a node beyond a word's bits is refused here).
+///
+/// # Safety
+///
+/// As for [`bind`].
+unsafe fn mbind(addr: *mut u8, len: usize, node: usize) -> libc::c_long {
+    if node >= libc::c_ulong::BITS as usize {
+        return -1;
     }
     let mask: libc::c_ulong = 1 << node;
     // SAFETY: per the contract the range is ours; `mask` is one readable
@@ -144,7 +158,7 @@ pub(super) unsafe fn bind(addr: *mut u8, len: usize, node: usize) {
             libc::c_ulong::BITS as libc::c_ulong + 1,
             0 as libc::c_uint,
         )
-    };
+    }
 }
 
 #[cfg(test)]

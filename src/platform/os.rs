@@ -478,6 +478,19 @@ fn map_aligned(len: usize, align: usize) -> Option<*mut u8> {
     Some(start)
 }
 
+/// A fresh read-write mapping of `len` bytes (page multiple), for tests.
+#[cfg(all(test, not(loom)))]
+pub(super) fn map_for_test(len: usize) -> *mut u8 {
+    map_aligned(len, PAGE_SIZE).expect("mmap")
+}
+
+/// Unmaps what [`map_for_test`] mapped.
+#[cfg(all(test, not(loom)))]
+pub(super) fn unmap_for_test(p: *mut u8, len: usize) {
+    // SAFETY: a whole mapping of `map_for_test`, no longer used.
+    unsafe { unmap_whole(p, len) };
+}
+
 /// Unmaps a page-aligned piece of a mapping; under Miri, which unmaps only
 /// whole mappings, leaves it mapped (leaked).
 ///

@@ -67,3 +67,29 @@ fn numa_threads_slot_node() {
         assert_eq!(node, 0);
     }
 }
+
+/// A bind the kernel refuses (a node this host does not have; on a kernel
+/// without NUMA every bind) leaves the mapping as it was: usable, its pages
+/// wherever first touched.
+#[test]
+fn a_refused_bind_leaves_the_mapping_usable() {
+    const LEN: usize = 64 * 1024;
+    let p = crate::platform::os::map_for_test(LEN);
+    let nodes = nodes();
+    // SAFETY: a fresh mapping of ours.
+    assert_eq!(unsafe { mbind(p, LEN, nodes) }, -1);
+    // SAFETY: as above (a node beyond a word is refused without a call).
+    assert_eq!(unsafe { mbind(p, LEN, 200) }, -1);
+    // SAFETY: as above; a no-op on one node.
+    unsafe { bind(p, LEN, 3) };
+    // SAFETY: the mapping is LEN bytes, readable and writable.
+    unsafe {
+        core::ptr::write_bytes(p, 0xa5, LEN);
+        assert_eq!(*p.add(LEN - 1), 0xa5);
+    }
+    // SAFETY: node 0 exists on every host this runs on (or the call fails
+    // without NUMA): either way nothing changes but the policy.
+    let r = unsafe { mbind(p, LEN, 0) };
+    assert!(r == 0 || r == -1);
+    crate::platform::os::unmap_for_test(p, LEN);
+}
