@@ -117,6 +117,8 @@
 //! | `HINT`, `VAIN`, `WANTED` | releases; a wait in vain; slotless threads (set) and holders (clear) | `Relaxed` | nothing: hints that steer scans and give-ups, never a publication |
 //! | `FAST`, and `REVOKER`'s `CONTENDED`, `OWNER[s]`, `REVOKING[s]` | see the `revoke` module | | |
 //! | `KEY`, `ASYM` | `init`, once | `Release` | `Acquire` in `init` before any claim |
+//! | `NODES` | `init`, once, before `KEY` | `Relaxed` | `KEY`'s `Release`/`Acquire`: every claimer and holder passed `init` |
+//! | `SLOT_NODE[s]` | a claim of `s`, after its CAS | `Relaxed` | nothing: read by `NumaThreads::node_of` in the holder that wrote it (a later holder reads it after its own claim rewrote it) |
 
 use core::cell::Cell;
 use core::mem::size_of;
@@ -205,12 +207,13 @@ pub struct Threads;
 /// slots as `Threads` (the two share all state), so a program may use
 /// both.
 ///
-/// Not the default: asking for the node count on every free costs
-/// `Threads` 3 to 5 instructions per alloc+free pair even on one node
-/// (measured with `scripts/icount.sh`: a load of a library static, which
-/// a position-independent binary reaches through the GOT, or of a
-/// thread-local copy, and the branch), so a host with one node pays
-/// nothing only if it does not ask.
+/// Not the default: every free asks for the node count, which costs 4
+/// instructions per 64-byte alloc+free pair even on one node
+/// (`scripts/icount.sh`, case `numa`: 88 against `generic`'s 84; a load
+/// of a library static, which a position-independent binary reaches
+/// through the GOT, and the branch; a thread-local copy cost 3 to 4). A
+/// host with one node pays nothing only if it does not ask, so `Threads`
+/// stays on node 0.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NumaThreads;
 
