@@ -249,7 +249,7 @@ fn os_pages_runs_come_from_their_nodes_chunks() {
     let os = leak(OsPages::<DefaultRawMutex>::new());
     let chunk = |r: &PageRun| r.addr.as_ptr().addr() / CHUNK;
     let mut runs: [Vec<PageRun>; 2] = [Vec::new(), Vec::new()];
-    for i in 0..600 {
+    for i in 0..scaled(600, 10) {
         let node = i % 2;
         let run = os.alloc_pages((i % 4) as u32, node).unwrap();
         assert_eq!(run.node, node);
