@@ -21,6 +21,11 @@
 //! asked once); a failed bind is ignored, and the pages then go where
 //! first touched. A program on one node asks for node 0 only, and pays
 //! for the other nodes' list heads (28 words each) and nothing else.
+//! Trade-off: an entirely free chunk stays its node's until a trim unmaps
+//! it (up to `RETAINED_CHUNKS` of them across nodes), so one node's
+//! retained chunks do not serve another's runs; once the pool holds
+//! `max_chunks`, a node without a free block of its own maps its runs
+//! directly, as any run above a chunk is.
 //!
 //! # Ownership map
 //!
