@@ -18,7 +18,9 @@
 //!   host `Cpu` whose interrupt masking costs nothing: the kernel path's
 //!   instructions, less the kernel's own `cli`/`popf` (or DAIF writes);
 //! * `sampled`: `generic` on a `Kmem` with guard-page sampling alone
-//!   (`Detection::SAMPLED`), the mode meant to be left on.
+//!   (`Detection::SAMPLED`), the mode meant to be left on;
+//! * `numa`: `generic` on a `Kmem` with `NumaThreads` (on a one-node
+//!   host: what asking for the node count on every free costs).
 //!
 //! Decay is off: under valgrind the loop runs tens of times slower, so a
 //! reap once a second of wall time would come tens of times as often per
@@ -28,7 +30,9 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 
-use kmemcg::{CacheFlags, Cpu, Decay, DefaultRawMutex, Detection, IrqSpinLock, Kmem, NoCpus, OsPages, PerCpu};
+use kmemcg::{
+    CacheFlags, Cpu, Decay, DefaultRawMutex, Detection, IrqSpinLock, Kmem, NoCpus, NumaThreads, OsPages, PerCpu,
+};
 
 #[global_allocator]
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
@@ -36,6 +40,8 @@ static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 static SINGLE: Kmem<OsPages, DefaultRawMutex, NoCpus> = Kmem::with_platform(OsPages::new(), NoCpus::new());
 
 static SAMPLED: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
+
+static NUMA: Kmem<OsPages, DefaultRawMutex, NumaThreads> = Kmem::with_platform(OsPages::new(), NumaThreads::new());
 
 /// One CPU whose interrupts cannot fire: what `PerCpu` costs besides the
 /// kernel's own interrupt masking.
@@ -103,6 +109,10 @@ fn main() {
         "sampled" => {
             SAMPLED.set_decay(Decay::OFF);
             pairs(&SAMPLED, n)
+        }
+        "numa" => {
+            NUMA.set_decay(Decay::OFF);
+            pairs(&NUMA, n)
         }
         "box" | "box-group" => boxes(n),
         "typed" => typed(n, CacheFlags::NONE),

@@ -182,6 +182,7 @@
 //! | field | written by | ordering | paired with |
 //! | --- | --- | --- | --- |
 //! | `Region::spans[n]` | `Region::add_raw`, after writing the span entry | `Release` | `Acquire` in `Region::node_of` |
+//! | `numa`'s node count, `NumaThreads`' `NODES` and `SLOT_NODE[s]` | the first ask (`get_mempolicy`); `init`; a claim of slot `s` | `Relaxed` | nothing for the count (every thread computes the same value); the slot claim's `Acquire` CAS and `init`'s `KEY` for the others (see `threads.rs`) |
 //! | `OsPages` page map: leaf pointers | first mapping in a leaf's range, by CAS | `AcqRel` | `Acquire` in `ownership` |
 //! | `OsPages` page map: page bits | set after `mmap` and before a run is handed out, cleared before `munmap` | `Release` | `Acquire` in `ownership` (a stray pointer racing an unmap may still read `Owned`) |
 //! | `SlotSync::state`, `SlotSync::drain` | the slot holder, a drainer | see the slot protocol in `magazine` | Dekker with a light/heavy fence pair; on a try-lock platform the heavy barrier is a take-and-give-back of each slot flag (next row) |
@@ -365,14 +366,14 @@ pub use magazine::{MagazineStats, SlotStats};
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub use platform::OsPages;
-#[cfg(feature = "std")]
-#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
-pub use platform::Threads;
 pub use platform::{
     Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, FIRST_REGION_PAGES, IrqSpinLock, MAX_CPUS, MAX_NODES,
     MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError,
     SourceStats, arch, order_for_pages,
 };
+#[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
+pub use platform::{NumaThreads, Threads};
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;
 #[cfg(loom)]

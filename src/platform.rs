@@ -21,6 +21,8 @@
 pub mod arch;
 mod buddy;
 mod cpu;
+#[cfg(all(feature = "std", not(loom)))]
+mod numa;
 #[cfg(feature = "std")]
 mod os;
 mod percpu;
@@ -35,11 +37,14 @@ mod threads_model;
 pub use cpu::{MAX_CPUS, NoCpus, Platform};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
-pub use threads::Threads;
+pub use threads::{NumaThreads, Threads};
 /// Under loom, `Threads` is a model build with the same API (see its
 /// module).
 #[cfg(all(feature = "std", loom))]
 pub use threads_model::Threads;
+/// Under loom, the model `Threads` (one node), with the same API.
+#[cfg(all(feature = "std", loom))]
+pub type NumaThreads = Threads;
 
 /// The platform `Kmem::new` uses: per-thread slots with `std`, one slot for
 /// one context without.

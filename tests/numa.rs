@@ -1,7 +1,8 @@
-//! NUMA: two simulated nodes (a `Region` each) and a platform that pins
-//! threads to nodes. Allocations come from the thread's node; a free of a
-//! remote object goes back to its home node, not into the freeing CPU's
-//! magazines.
+//! NUMA: two simulated nodes (a `Region` each, or `OsPages`' per-node
+//! chunks) and a platform that pins threads to nodes. Allocations come
+//! from the thread's node; a free of a remote object goes back to its home
+//! node, not into the freeing CPU's magazines. And `NumaThreads` on this
+//! host.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -9,7 +10,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
-use kmemcg::{Kmem, MAX_CPUS, PageSource, Platform, Region};
+use kmemcg::{DefaultRawMutex, Kmem, MAX_CPUS, NumaThreads, OsPages, PageSource, Platform, Region};
 
 thread_local! {
     static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
@@ -114,4 +115,104 @@ fn allocations_are_node_local_and_remote_frees_go_home() {
     k.shrink();
     assert_eq!(k.source().stats().pages_in_use, 0);
     assert_eq!(k.source().free_pages_on(1) + k.source().free_pages_on(0), k.source().stats().pages_reserved);
+}
+
+/// The chunk `OsPages` serves an address from (4 MiB, aligned).
+fn chunk_of(p: usize) -> usize {
+    p >> 22
+}
+
+/// The same over `OsPages` on this one-node machine: the platform says two
+/// nodes, so the slabs of a node-1 thread come from chunks mapped for node
+/// 1 (their binds are skipped here, one node being all there is), which
+/// no node-0 object shares; node-1 objects freed by a node-0 thread go
+/// back to node 1's slabs, so the node-0 thread's later objects still lie
+/// in node-0 chunks only. Slots 2 and 3 (nodes 0 and 1): the `Region`
+/// test may run at the same time on slots 0 and 1.
+#[test]
+fn os_pages_chunks_are_per_node_and_remote_frees_go_home() {
+    let k: &'static Kmem<OsPages, DefaultRawMutex, TwoNodes> =
+        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), TwoNodes)));
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let remote: Vec<usize> = thread::spawn(move || {
+        pin(3);
+        // SAFETY: valid layout.
+        let v: Vec<usize> = (0..5000).map(|_| unsafe { k.alloc(layout) } as usize).collect();
+        assert!(v.iter().all(|&p| p != 0));
+        unpin(3);
+        v
+    })
+    .join()
+    .unwrap();
+    let node1: std::collections::BTreeSet<usize> = remote.iter().map(|&p| chunk_of(p)).collect();
+
+    let mine: Vec<usize> = thread::spawn(move || {
+        pin(2);
+        // SAFETY: valid layout.
+        let before: Vec<usize> = (0..5000).map(|_| unsafe { k.alloc(layout) } as usize).collect();
+        for &p in &remote {
+            // SAFETY: live blocks, freed once.
+            unsafe { k.dealloc(p as *mut u8, layout) };
+        }
+        // SAFETY: valid layout.
+        let after: Vec<usize> = (0..5000).map(|_| unsafe { k.alloc(layout) } as usize).collect();
+        unpin(2);
+        before.into_iter().chain(after).collect()
+    })
+    .join()
+    .unwrap();
+    assert!(mine.iter().all(|&p| p != 0));
+    assert!(
+        mine.iter().all(|&p| !node1.contains(&chunk_of(p))),
+        "a node-0 object lies in a node-1 chunk (or a remote free landed in a local magazine)"
+    );
+
+    thread::spawn(move || {
+        pin(2);
+        for p in mine {
+            // SAFETY: live blocks, freed once.
+            unsafe { k.dealloc(p as *mut u8, layout) };
+        }
+        unpin(2);
+    })
+    .join()
+    .unwrap();
+    k.shrink();
+    assert_eq!(k.source().stats().pages_in_use, 0);
+}
+
+/// `NumaThreads` on this host: allocations work from several threads, and
+/// with one node (this machine) it reports one node; with more, a count
+/// below `MAX_NODES`.
+#[test]
+fn numa_threads_on_this_host() {
+    let k: &'static Kmem<OsPages, DefaultRawMutex, NumaThreads> =
+        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), NumaThreads::new())));
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            thread::spawn(move || {
+                // SAFETY: valid layout; each block freed once.
+                let v: Vec<usize> = (0..2000).map(|_| unsafe { k.alloc(layout) } as usize).collect();
+                assert!(v.iter().all(|&p| p != 0));
+                for p in v {
+                    // SAFETY: live blocks, freed once.
+                    unsafe { k.dealloc(p as *mut u8, layout) };
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let nodes = NumaThreads::new().nodes();
+    assert!((1..=kmemcg::MAX_NODES).contains(&nodes));
+    let sysfs = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("node")).count())
+        .unwrap_or(1);
+    if sysfs <= 1 {
+        assert_eq!(nodes, 1);
+    }
+    k.shrink();
+    assert_eq!(k.source().stats().pages_in_use, 0);
 }

@@ -10,6 +10,11 @@
 //! are naturally aligned in absolute addresses, so the buddy of the block at
 //! `a` of order `k` is `a ^ (PAGE_SIZE << k)`, wherever zones begin.
 //!
+//! Each zone belongs to one of the buddy's `N` *nodes* (`N` is 1 but for
+//! `OsPages`, whose chunks are bound to NUMA nodes): a free block is on
+//! its zone's node's lists, so an allocation for a node takes only that
+//! node's blocks, and blocks of two nodes never merge.
+//!
 //! Zones of one buddy may be *merged*: a free block may then straddle two
 //! adjacent zones (both halves are free, so both are ours). An *island* zone
 //! (an OS chunk) never merges, so it can be handed back whole once its
@@ -62,6 +67,8 @@ struct Zone {
     /// Length of that memory.
     raw_len: usize,
     island: bool,
+    /// The node whose lists hold the zone's free blocks (`< N`).
+    node: u8,
 }
 
 impl Zone {
@@ -75,6 +82,7 @@ impl Zone {
         raw_start: 0,
         raw_len: 0,
         island: false,
+        node: 0,
     };
 
     #[inline]
@@ -107,16 +115,16 @@ pub(crate) enum ZoneError {
     Full,
 }
 
-/// A buddy allocator over at most `Z` zones. Not synchronised: its owner
-/// wraps it in a lock.
-pub(crate) struct Buddy<const Z: usize> {
+/// A buddy allocator over at most `Z` zones on `N` nodes. Not
+/// synchronised: its owner wraps it in a lock.
+pub(crate) struct Buddy<const Z: usize, const N: usize = 1> {
     /// Sorted by `start`; the first `nzones` entries are live.
     zones: [Zone; Z],
     nzones: usize,
-    /// Head of the free list of each order (null = empty).
-    heads: [*mut FreeBlock; ORDERS],
-    /// Blocks on the free list of each order (for reports: what a failed
-    /// allocation found).
+    /// Head of the free list of each node and order (null = empty).
+    heads: [[*mut FreeBlock; ORDERS]; N],
+    /// Blocks on the free lists of each order, all nodes together (for
+    /// reports: what a failed allocation found).
     counts: [usize; ORDERS],
     free_pages: usize,
     managed_pages: usize,
@@ -132,15 +140,15 @@ pub(crate) struct Buddy<const Z: usize> {
 // SAFETY: the raw meta pointers point into memory the buddy owns exclusively
 // (carved from the zones handed to it); moving the buddy to another thread
 // moves that ownership with it. Its owner serialises all access with a lock.
-unsafe impl<const Z: usize> Send for Buddy<Z> {}
+unsafe impl<const Z: usize, const N: usize> Send for Buddy<Z, N> {}
 
-impl<const Z: usize> Buddy<Z> {
+impl<const Z: usize, const N: usize> Buddy<Z, N> {
     /// An empty buddy allocator.
     pub(crate) const fn new() -> Self {
         Buddy {
             zones: [Zone::EMPTY; Z],
             nzones: 0,
-            heads: [core::ptr::null_mut(); ORDERS],
+            heads: [[core::ptr::null_mut(); ORDERS]; N],
             counts: [0; ORDERS],
             free_pages: 0,
             managed_pages: 0,
@@ -246,6 +254,25 @@ impl<const Z: usize> Buddy<Z> {
         island: bool,
         min_pages: usize,
     ) -> Result<(usize, usize), ZoneError> {
+        // SAFETY: forwarded.
+        unsafe { self.add_zone_on(base, len, island, min_pages, 0) }
+    }
+
+    /// [`Buddy::add_zone`] for node `node` (`< N`): the zone's free blocks
+    /// go on that node's lists.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Buddy::add_zone`].
+    pub(crate) unsafe fn add_zone_on(
+        &mut self,
+        base: *mut u8,
+        len: usize,
+        island: bool,
+        min_pages: usize,
+        node: usize,
+    ) -> Result<(usize, usize), ZoneError> {
+        debug_assert!(node < N);
         let start = base.addr();
         let inline_room = if island { 0 } else { INLINE_META - self.inline_used };
         let Some(layout) = ZoneLayout::of(start, len, island, inline_room) else { return Err(ZoneError::TooSmall) };
@@ -271,6 +298,7 @@ impl<const Z: usize> Buddy<Z> {
             raw_start: raw_lo,
             raw_len: raw_hi - raw_lo,
             island,
+            node: node.min(N - 1) as u8,
         };
         match layout.meta {
             MetaAt::Bytes(at) => zone.meta = base.with_addr(at),
@@ -282,8 +310,10 @@ impl<const Z: usize> Buddy<Z> {
                 let meta_pages = (hi - lo) / PAGE_SIZE - pages;
                 // Put the meta pages on the side away from a mergeable
                 // neighbour below, so free blocks can grow across the seam.
-                let low_neighbour =
-                    !island && self.zones[..self.nzones].iter().any(|z| !z.island && z.raw_start + z.raw_len == lo);
+                let low_neighbour = !island
+                    && self.zones[..self.nzones]
+                        .iter()
+                        .any(|z| !z.island && z.node == zone.node && z.raw_start + z.raw_len == lo);
                 if low_neighbour {
                     zone.meta = base.with_addr(lo + pages * PAGE_SIZE);
                 } else {
@@ -319,7 +349,8 @@ impl<const Z: usize> Buddy<Z> {
     ///
     /// The block must be managed, free, and on no list.
     unsafe fn push(&mut self, zi: usize, block: *mut u8, order: u32) {
-        let head = self.heads[order as usize];
+        let node = usize::from(self.zones[zi].node);
+        let head = self.heads[node][order as usize];
         let block = block.cast::<FreeBlock>();
         // SAFETY: the block is free memory we manage, at least a page long.
         unsafe { block.write(FreeBlock { next: head, prev: core::ptr::null_mut() }) };
@@ -327,7 +358,7 @@ impl<const Z: usize> Buddy<Z> {
             // SAFETY: `head` is a free block on this list.
             unsafe { (*head).prev = block };
         }
-        self.heads[order as usize] = block;
+        self.heads[node][order as usize] = block;
         self.counts[order as usize] += 1;
         // SAFETY: zone `zi` holds `block` (see `meta`).
         unsafe { *self.meta(zi, block.addr()) = FREE | order as u8 };
@@ -340,6 +371,7 @@ impl<const Z: usize> Buddy<Z> {
     ///
     /// The block must be on the list of `order`.
     unsafe fn unlink(&mut self, zi: usize, block: *mut u8, order: u32) {
+        let node = usize::from(self.zones[zi].node);
         let block = block.cast::<FreeBlock>();
         // SAFETY: the block is free, so its links are ours to read and fix.
         unsafe {
@@ -347,7 +379,7 @@ impl<const Z: usize> Buddy<Z> {
             if !prev.is_null() {
                 (*prev).next = next;
             } else {
-                self.heads[order as usize] = next;
+                self.heads[node][order as usize] = next;
             }
             if !next.is_null() {
                 (*next).prev = prev;
@@ -358,16 +390,23 @@ impl<const Z: usize> Buddy<Z> {
         self.free_pages -= 1 << order;
     }
 
-    /// A block of `2^order` pages, or `None`.
+    /// A block of `2^order` pages (of node 0), or `None`.
     pub(crate) fn alloc(&mut self, order: u32) -> Option<*mut u8> {
+        self.alloc_on(order, 0)
+    }
+
+    /// A block of `2^order` pages from the zones of `node`, or `None`
+    /// (also for a node `>= N`).
+    pub(crate) fn alloc_on(&mut self, order: u32, node: usize) -> Option<*mut u8> {
+        let heads = self.heads.get(node)?;
         let mut k = order;
-        while (k as usize) < ORDERS && self.heads[k as usize].is_null() {
+        while (k as usize) < ORDERS && heads[k as usize].is_null() {
             k += 1;
         }
         if k as usize >= ORDERS {
             return None;
         }
-        let block = self.heads[k as usize].cast::<u8>();
+        let block = heads[k as usize].cast::<u8>();
         let zi = self.zone_of(block.addr())?;
         // SAFETY: `block` heads the list of order k.
         unsafe { self.unlink(zi, block, k) };
@@ -422,7 +461,9 @@ impl<const Z: usize> Buddy<Z> {
         while order + 1 < MAX_ORDER {
             let buddy = block.addr() ^ (PAGE_SIZE << order);
             let Some(bz) = self.zone_near(zi, buddy) else { break };
-            if bz != zi && (self.zones[bz].island || self.zones[zi].island) {
+            if bz != zi
+                && (self.zones[bz].island || self.zones[zi].island || self.zones[bz].node != self.zones[zi].node)
+            {
                 break;
             }
             // SAFETY: `buddy` is in zone `bz`.
@@ -561,7 +602,7 @@ impl<const Z: usize> Buddy<Z> {
     }
 }
 
-impl<const Z: usize> Buddy<Z> {
+impl<const Z: usize, const N: usize> Buddy<Z, N> {
     /// The shortest memory starting at `start` that [`Buddy::add_zone`]
     /// (not an island) would accept with `pages` usable pages (exact below
     /// 4,096 pages, within a page above), or `usize::MAX` if none fits

@@ -10,6 +10,23 @@
 //! size, and unmapped piece by piece as they are freed (the tail of an
 //! exact run goes back at once).
 //!
+//! # Nodes
+//!
+//! Each pooled chunk belongs to the node it was first mapped for: the
+//! buddy keeps one set of free lists per node (`Buddy<_, MAX_NODES>`), so
+//! a run asked for node `n` comes from node `n`'s chunks, and a chunk
+//! mapped for `n` (and a direct run) is bound to `n` with
+//! `mbind(MPOL_PREFERRED)` before anything touches it. On a host with one
+//! node, or a kernel without NUMA, the bind is skipped (the node count is
+//! asked once); a failed bind is ignored, and the pages then go where
+//! first touched. A program on one node asks for node 0 only, and pays
+//! for the other nodes' list heads (28 words each) and nothing else.
+//! Trade-off: an entirely free chunk stays its node's until a trim unmaps
+//! it (up to `RETAINED_CHUNKS` of them across nodes), so one node's
+//! retained chunks do not serve another's runs; once the pool holds
+//! `max_chunks`, a node without a free block of its own maps its runs
+//! directly, as any run above a chunk is.
+//!
 //! # Ownership map
 //!
 //! [`PageSource::ownership`] runs on every checked free (debug builds and
@@ -102,8 +119,9 @@ const MAP_FLAGS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
 /// call it. Larger runs, and small ones once the pool holds its maximum of
 /// chunks ([`OsPages::with_max_chunks`]) and has no free block, are mapped
 /// and unmapped directly. Runs are tagged with the node the caller asked
-/// for: the OS places pages on first touch, which is normally the asking
-/// CPU's node.
+/// for, and pooled runs for a node come from chunks mapped for it and
+/// bound to it (`mbind`, where the host has several nodes; see the
+/// module's *Nodes*).
 ///
 /// [`PageSource::ownership`] is exact to the page, takes no lock and costs
 /// two loads (see the module's *Ownership map*).
@@ -135,7 +153,8 @@ unsafe impl Send for Mappings {}
 
 /// The chunk pool, behind the pool lock.
 struct Pool {
-    buddy: Buddy<POOL_ZONES>,
+    /// Chunks of every node, each on its node's lists (see *Nodes*).
+    buddy: Buddy<POOL_ZONES, MAX_NODES>,
     /// Chunks in `buddy` (all its zones are chunks); at most
     /// `OsPages::max_chunks`.
     chunks: usize,
@@ -177,11 +196,19 @@ impl<R: RawMutex> OsPages<R> {
         }
     }
 
-    /// Maps `len` bytes aligned to `align` (both page multiples) and marks
-    /// them in the page map. `None` if either fails (then nothing stays
-    /// mapped or marked).
-    fn map(&self, len: usize, align: usize) -> Option<*mut u8> {
+    /// Maps `len` bytes aligned to `align` (both page multiples), binds
+    /// them to `node` (see *Nodes*) and marks them in the page map. `None`
+    /// if mapping or marking fails (then nothing stays mapped or marked).
+    fn map(&self, len: usize, align: usize, node: usize) -> Option<*mut u8> {
         let p = map_aligned(len, align)?;
+        #[cfg(not(loom))]
+        // SAFETY: the mapping was just made, is ours, and nothing has
+        // touched it.
+        unsafe {
+            super::numa::bind(p, len, node)
+        };
+        #[cfg(loom)]
+        let _ = node;
         if !self.owned.mark(p.addr(), len) {
             // SAFETY: just mapped, and nothing refers to it.
             unsafe { unmap_piece(p, len) };
@@ -215,17 +242,24 @@ impl<R: RawMutex> OsPages<R> {
         self.mapped.sub(len / PAGE_SIZE);
     }
 
+    /// Walks the pool's lists and checks them (tests).
+    #[cfg(test)]
+    pub(super) fn check(&self) {
+        self.pool.lock().buddy.check();
+    }
+
     /// Whether the pool may take another chunk.
     fn has_room(&self, pool: &Pool) -> bool {
         pool.chunks < self.max_chunks && pool.buddy.has_room()
     }
 
-    /// A run from the chunk pool, mapping a new chunk when the pool is dry
-    /// and may grow; `None` sends the caller to a direct mapping.
-    fn alloc_pooled(&self, order: u32) -> Option<*mut u8> {
+    /// A run from `node`'s chunks (`node < MAX_NODES`), mapping a new
+    /// chunk for it when they are dry and the pool may grow; `None` sends
+    /// the caller to a direct mapping.
+    fn alloc_pooled(&self, order: u32, node: usize) -> Option<*mut u8> {
         {
             let mut pool = self.pool.lock();
-            if let Some(a) = pool.buddy.alloc(order) {
+            if let Some(a) = pool.buddy.alloc_on(order, node) {
                 return Some(a);
             }
             if !self.has_room(&pool) {
@@ -233,13 +267,13 @@ impl<R: RawMutex> OsPages<R> {
             }
         }
         // Map outside the lock: a syscall is not a slab-list update.
-        let chunk = self.map(CHUNK_BYTES, CHUNK_BYTES)?;
+        let chunk = self.map(CHUNK_BYTES, CHUNK_BYTES, node)?;
         let mut pool = self.pool.lock();
         if self.has_room(&pool) {
             // SAFETY: the chunk was just mapped and is ours alone.
-            if unsafe { pool.buddy.add_zone(chunk, CHUNK_BYTES, true, 1) }.is_ok() {
+            if unsafe { pool.buddy.add_zone_on(chunk, CHUNK_BYTES, true, 1, node) }.is_ok() {
                 pool.chunks += 1;
-                return pool.buddy.alloc(order);
+                return pool.buddy.alloc_on(order, node);
             }
         }
         // Another thread filled the pool meanwhile.
@@ -278,12 +312,13 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
         if order >= MAX_ORDER {
             return None;
         }
-        let addr = if order <= CHUNK_MAX_ORDER { self.alloc_pooled(order) } else { None };
+        let node = node.min(MAX_NODES - 1);
+        let addr = if order <= CHUNK_MAX_ORDER { self.alloc_pooled(order, node) } else { None };
         let addr = match addr {
             Some(a) => a,
             None => {
                 let len = PAGE_SIZE.checked_shl(order)?;
-                self.map(len, len)?
+                self.map(len, len, node)?
             }
         };
         self.in_use.add(1 << order);
@@ -291,7 +326,7 @@ unsafe impl<R: RawMutex + Sync> PageSource for OsPages<R> {
             // SAFETY: mmap and the buddy never return address 0.
             addr: unsafe { NonNull::new_unchecked(addr) },
             order,
-            node: node.min(MAX_NODES - 1),
+            node,
         })
     }
 
@@ -446,6 +481,19 @@ fn map_aligned(len: usize, align: usize) -> Option<*mut u8> {
         }
     }
     Some(start)
+}
+
+/// A fresh read-write mapping of `len` bytes (page multiple), for tests.
+#[cfg(all(test, not(loom)))]
+pub(super) fn map_for_test(len: usize) -> *mut u8 {
+    map_aligned(len, PAGE_SIZE).expect("mmap")
+}
+
+/// Unmaps what [`map_for_test`] mapped.
+#[cfg(all(test, not(loom)))]
+pub(super) fn unmap_for_test(p: *mut u8, len: usize) {
+    // SAFETY: a whole mapping of `map_for_test`, no longer used.
+    unsafe { unmap_whole(p, len) };
 }
 
 /// Unmaps a page-aligned piece of a mapping; under Miri, which unmaps only

@@ -77,6 +77,22 @@
 //! (only `enter` can give a slot up); threads waiting behind such holders
 //! find out after [`WAIT_NS`], once per release.
 //!
+//! # Nodes
+//!
+//! `Threads` puts every slot on node 0. [`NumaThreads`] (the same slots)
+//! tells nodes apart: a slot's node is the node its claimer ran on at the claim (`getcpu(2)`,
+//! node 0 if the kernel cannot tell; see the `numa` module), stored per
+//! slot, so `node_of` is one load; `nodes()` is the count of nodes the
+//! process may allocate on, asked once in `init`. On a host with one node
+//! neither costs a syscall. A thread that the scheduler moves to another
+//! node keeps its slot's node until it claims a slot again (after a
+//! give-up, or in a new thread): its refills then come from the old
+//! node's slabs, still correct, only remote. Linux 6.3's rseq `node_id`
+//! would let a holder refresh it with a thread-local load; that is not
+//! done: glibc registers the rseq area itself and exposes only its
+//! offset, and the node would then change while the slot is held, which
+//! `Platform::node_of` forbids.
+//!
 //! # Per-thread state
 //!
 //! | state | `SLOT` | `FAST` | `OWNER[s]` | key value | `CLAIMED[s]` |
@@ -101,6 +117,8 @@
 //! | `HINT`, `VAIN`, `WANTED` | releases; a wait in vain; slotless threads (set) and holders (clear) | `Relaxed` | nothing: hints that steer scans and give-ups, never a publication |
 //! | `FAST`, and `REVOKER`'s `CONTENDED`, `OWNER[s]`, `REVOKING[s]` | see the `revoke` module | | |
 //! | `KEY`, `ASYM` | `init`, once | `Release` | `Acquire` in `init` before any claim |
+//! | `NODES` | `init`, once, before `KEY` | `Relaxed` | `KEY`'s `Release`/`Acquire`: every claimer and holder passed `init` |
+//! | `SLOT_NODE[s]` | a claim of `s`, after its CAS | `Relaxed` | nothing: read by `NumaThreads::node_of` in the holder that wrote it (a later holder reads it after its own claim rewrote it) |
 
 use core::cell::Cell;
 use core::mem::size_of;
@@ -142,6 +160,14 @@ std::thread_local! {
     static GROUP: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
 }
 
+/// The node of each slot: the node its holder ran on when it claimed it
+/// (see *Nodes*). Written by the claimer after its claiming CAS, read by
+/// the holder (and by later holders only after their own claim rewrote
+/// it), so `Relaxed` suffices: the `CLAIMED` pair orders it anyway.
+static SLOT_NODE: [AtomicU8; MAX_CPUS] = [const { atomic_u8(0) }; MAX_CPUS];
+/// The nodes the process may use (`numa::nodes`), stored in `init`
+/// before the first claim; 1 until then, and on a host with one node.
+static NODES: AtomicUsize = atomic_usize(1);
 /// Slots held by a thread (or stolen by a drainer).
 static CLAIMED: [AtomicBool; MAX_CPUS] = [const { atomic_bool(false) }; MAX_CPUS];
 /// Releases so far, bumped after every store of `false` to `CLAIMED`; its
@@ -170,9 +196,33 @@ static ASYM: AtomicU8 = atomic_u8(0);
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 
-/// The per-thread slot platform; the default with `std`.
+/// The per-thread slot platform; the default with `std`. Every slot is
+/// node 0: see [`NumaThreads`] for hosts with several nodes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Threads;
+
+/// [`Threads`] with NUMA nodes: a slot's node is the node its claimer ran
+/// on (see the module's *Nodes*), and [`Platform::nodes`] the count of
+/// nodes the process may allocate on (1 on a host without NUMA). The same
+/// slots as `Threads` (the two share all state), so a program may use
+/// both.
+///
+/// Not the default: every free asks for the node count, which costs 4
+/// instructions per 64-byte alloc+free pair even on one node
+/// (`scripts/icount.sh`, case `numa`: 88 against `generic`'s 84; a load
+/// of a library static, which a position-independent binary reaches
+/// through the GOT, and the branch; a thread-local copy cost 3 to 4). A
+/// host with one node pays nothing only if it does not ask, so `Threads`
+/// stays on node 0.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NumaThreads;
+
+impl NumaThreads {
+    /// The platform (all state is process-wide).
+    pub const fn new() -> Self {
+        NumaThreads
+    }
+}
 
 impl Threads {
     /// The platform (all state is process-wide).
@@ -257,6 +307,8 @@ fn init() -> Option<libc::pthread_key_t> {
                     // has no effect on memory; failure means "not available".
                     unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
                 };
+                // Before any claim: a claim reads it to fold its node.
+                NODES.store(super::numa::nodes(), Ordering::Relaxed);
                 let asym = !cfg!(miri) && register();
                 ASYM.store(if asym { 1 } else { 2 }, Ordering::Release);
                 if asym {
@@ -521,6 +573,9 @@ impl Threads {
                 release(slot);
                 return None;
             }
+            // Relaxed: see `SLOT_NODE`; below MAX_NODES (`numa`), so the
+            // cast keeps it.
+            SLOT_NODE[slot].store(super::numa::current_node() as u8, Ordering::Relaxed);
             SLOT.with(|s| s.set(slot));
             LEFT.with(|l| l.set(QUANTUM));
             if armed_ok() {
@@ -632,5 +687,86 @@ unsafe impl Platform for Threads {
     /// Sleeps the thread (`std::thread::sleep`, which allocates nothing).
     fn throttle(&self, ns: u64) {
         std::thread::sleep(core::time::Duration::from_nanos(ns));
+    }
+}
+
+// SAFETY: every method but `node_of` and `nodes` is `Threads`'s, so its
+// points (1) and (3)-(7) hold as there. (2) `SLOT_NODE[s]` is below
+// `NODES` (`numa::current_node` folds it below `numa::nodes`, which
+// `init` stored into `NODES` before the first claim), both at most
+// MAX_NODES; it is written only by a claim of `s`, after the claiming
+// CAS and before the claimer's first hold, so it stays fixed while the
+// slot is held.
+unsafe impl Platform for NumaThreads {
+    #[inline(always)]
+    fn current_group(&self) -> *const () {
+        Threads.current_group()
+    }
+
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
+        // SAFETY: forwarded.
+        unsafe { Threads.set_current_group(token) }
+    }
+
+    #[inline(always)]
+    unsafe fn enter(&self) -> Option<usize> {
+        // SAFETY: forwarded.
+        unsafe { Threads.enter() }
+    }
+
+    #[inline(always)]
+    unsafe fn try_enter(&self) -> Option<usize> {
+        // SAFETY: forwarded.
+        unsafe { Threads.try_enter() }
+    }
+
+    #[inline(always)]
+    unsafe fn exit(&self, slot: usize) {
+        // SAFETY: forwarded.
+        unsafe { Threads.exit(slot) }
+    }
+
+    /// The node the slot's holder ran on when it claimed it (see *Nodes*).
+    #[inline(always)]
+    fn node_of(&self, slot: usize) -> usize {
+        // Relaxed: see `SLOT_NODE`. `get`: a slot is below MAX_CPUS by
+        // contract, and node 0 is valid for any other value.
+        SLOT_NODE.get(slot).map_or(0, |n| n.load(Ordering::Relaxed) as usize)
+    }
+
+    /// The nodes the process may allocate on (1 without NUMA, and before
+    /// the first slot is claimed).
+    #[inline(always)]
+    fn nodes(&self) -> usize {
+        // Relaxed: set once in `init`, before any claim; every holder
+        // passed through `init`'s Acquire of `KEY`.
+        NODES.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn asymmetric(&self) -> bool {
+        Threads.asymmetric()
+    }
+
+    fn heavy_barrier(&self) {
+        Threads.heavy_barrier()
+    }
+
+    fn now_ms(&self) -> Option<u64> {
+        Threads.now_ms()
+    }
+
+    unsafe fn steal(&self, slot: usize) -> bool {
+        // SAFETY: forwarded.
+        unsafe { Threads.steal(slot) }
+    }
+
+    unsafe fn unsteal(&self, slot: usize) {
+        // SAFETY: forwarded.
+        unsafe { Threads.unsteal(slot) }
+    }
+
+    fn throttle(&self, ns: u64) {
+        Threads.throttle(ns)
     }
 }

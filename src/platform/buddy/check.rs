@@ -3,17 +3,18 @@
 use super::{Buddy, FREE, ORDERS};
 use crate::platform::PAGE_SIZE;
 
-impl<const Z: usize> Buddy<Z> {
+impl<const Z: usize, const N: usize> Buddy<Z, N> {
     /// Walks every list and meta array and checks the invariants; panics
     /// with a description on the first violation (tests and `paranoid`).
     pub(crate) fn check(&self) {
         let mut listed = 0usize;
-        for order in 0..ORDERS {
+        for (node, order) in (0..N).flat_map(|n| (0..ORDERS).map(move |o| (n, o))) {
             let mut prev = core::ptr::null_mut();
-            let mut cur = self.heads[order];
+            let mut cur = self.heads[node][order];
             while !cur.is_null() {
                 assert_eq!(cur.addr() % (PAGE_SIZE << order), 0, "misaligned free block");
                 let zi = self.zone_of(cur.addr()).expect("free block outside zones");
+                assert_eq!(usize::from(self.zones[zi].node), node, "free block on another node's list");
                 // SAFETY: `cur` is in zone `zi`.
                 assert_eq!(unsafe { *self.meta(zi, cur.addr()) }, FREE | order as u8);
                 // SAFETY: `cur` is on a free list, so it holds links.
@@ -27,11 +28,13 @@ impl<const Z: usize> Buddy<Z> {
         assert_eq!(listed, self.free_pages, "free page count drifted");
         for order in 0..ORDERS {
             let mut n = 0;
-            let mut cur = self.heads[order];
-            while !cur.is_null() {
-                n += 1;
-                // SAFETY: `cur` is on a free list, so it holds links.
-                cur = unsafe { cur.read() }.next;
+            for heads in &self.heads {
+                let mut cur = heads[order];
+                while !cur.is_null() {
+                    n += 1;
+                    // SAFETY: `cur` is on a free list, so it holds links.
+                    cur = unsafe { cur.read() }.next;
+                }
             }
             assert_eq!(n, self.counts[order], "block count of order {order} drifted");
         }
