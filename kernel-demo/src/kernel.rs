@@ -3,22 +3,20 @@
 
 mod acpi;
 mod apic;
+mod arch;
 mod bench;
 mod boot;
 mod cpu;
 mod icount;
 mod idt;
 mod memory;
-#[path = "../common/numa.rs"]
+#[path = "../common/src/numa.rs"]
 mod numa;
 mod port;
 mod selftest;
 pub(crate) mod serial;
-mod small_heap;
 mod smp;
 mod time;
-#[path = "../common/tutorial_heap.rs"]
-mod tutorial_heap;
 mod vectors;
 mod workload;
 
@@ -34,7 +32,7 @@ use smp::phase;
 
 /// The kernel heap's type: kmemcg over the RAM of the memory map, with
 /// interrupt-masking locks and one magazine slot per CPU.
-pub type Heap = Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, PerCpu<Hw>>;
+pub type Heap = kernel_common::Heap<Hw>;
 
 /// The kernel heap.
 #[global_allocator]
@@ -95,7 +93,7 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
     }
     if let Some(bytes) = boot.heap {
         // `run-qemu.sh ARCH heap=KIB`: the tutorial heap suite only.
-        match small_heap::run(bytes) {
+        match kernel_common::small_heap::run::<arch::X86_64>(bytes) {
             Ok(()) => exit_qemu(QemuExit::Success),
             Err(e) => fail(e),
         }

@@ -1,6 +1,7 @@
 //! The kernel: entry points, the global allocator, the panic and fault
 //! handlers, QEMU exit.
 
+mod arch;
 mod bench;
 mod boot;
 mod cpu;
@@ -8,14 +9,11 @@ mod dtb;
 mod icount;
 mod irq;
 mod memory;
-#[path = "../../common/numa.rs"]
+#[path = "../../common/src/numa.rs"]
 mod numa;
 mod selftest;
 pub(crate) mod serial;
-mod small_heap;
 mod sync;
-#[path = "../../common/tutorial_heap.rs"]
-mod tutorial_heap;
 
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -29,7 +27,7 @@ use serial::kprintln;
 /// The lock type of every allocator lock: masks IRQs while held.
 pub type Lock = IrqSpinLock<Hw>;
 /// The kernel heap's type.
-pub type Heap = Kmem<Region<Lock>, Lock, PerCpu<Hw>>;
+pub type Heap = kernel_common::Heap<Hw>;
 /// A one-CPU heap (no per-CPU slots: every operation takes the shared,
 /// locked path), for comparison.
 pub type SoloHeap = Kmem<Region<Lock>, Lock, NoCpus>;
@@ -88,7 +86,7 @@ extern "C" fn kmain(dtb_addr: usize, entry_el: u64) -> ! {
     memory::give_ram(&dt).unwrap_or_else(|e| fail(e));
     if let Some(bytes) = dt.heap {
         // `run-qemu.sh aarch64 heap=KIB`: the tutorial heap suite only.
-        match small_heap::run(bytes) {
+        match kernel_common::small_heap::run::<arch::Aarch64>(bytes) {
             Ok(()) => exit_qemu(true),
             Err(e) => fail(e),
         }

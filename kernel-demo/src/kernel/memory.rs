@@ -52,7 +52,7 @@ pub struct BootInfo {
     /// counts only (`icount.rs`), no self-test.
     pub icount: bool,
     /// `heap=KIB` on the command line, in bytes: the heap gets only that
-    /// much RAM and runs the tutorial heap suite only (`small_heap.rs`).
+    /// much RAM and runs the tutorial heap suite only (`kernel_common::small_heap`).
     pub heap: Option<usize>,
     /// Whether the command line has the word `numa`: the two-node test
     /// (`numa.rs`) instead of the self-test; with `icount` too, its
@@ -99,7 +99,7 @@ impl BootInfo {
             // QEMU passes the kernel's file name, a space, then `-append`.
             icount = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"icount");
             numa = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"numa");
-            heap = super::tutorial_heap::heap_arg(cmdline.to_bytes());
+            heap = kernel_common::tutorial_heap::heap_arg(cmdline.to_bytes());
         }
         if flags & (1 << 3) != 0 {
             let (count, addr) = (word(20), word(24));

@@ -1,0 +1,25 @@
+//! This kernel as the shared part sees it: `kernel_common::Arch`.
+
+use core::fmt::{self, Write as _};
+
+use super::cpu::Hw;
+use super::serial::Serial;
+use super::{Heap, KMEM};
+
+/// The aarch64 kernel.
+pub struct Aarch64;
+
+impl kernel_common::Arch for Aarch64 {
+    type Cpu = Hw;
+
+    fn print_line(args: fmt::Arguments<'_>) {
+        Serial::locked(|s| {
+            let _ = s.write_fmt(args);
+            let _ = s.write_str("\n");
+        });
+    }
+
+    fn heap() -> &'static Heap {
+        &KMEM
+    }
+}

@@ -1,0 +1,32 @@
+//! What a kernel gives the shared part: the [`Arch`] trait, its heap
+//! types, and [`kprintln!`](crate::kprintln) over its console.
+
+use core::fmt;
+
+use kmemcg::{IrqSpinLock, Kmem, PerCpu, Region};
+
+/// A kernel heap: kmemcg over `Region`s of RAM, with interrupt-masking
+/// locks and one magazine slot per CPU of `C`.
+pub type Heap<C> = Kmem<Region<IrqSpinLock<C>>, IrqSpinLock<C>, PerCpu<C>>;
+
+/// One architecture's kernel, as the shared tests see it.
+pub trait Arch: 'static {
+    /// The kernel's `kmemcg::Cpu`: CPU index, interrupt masking,
+    /// interrupt context.
+    type Cpu: kmemcg::Cpu;
+
+    /// Writes one line (`args` and a newline) to the console, whole,
+    /// against other CPUs; allocates nothing, callable from any CPU.
+    fn print_line(args: fmt::Arguments<'_>);
+
+    /// The kernel heap (the `#[global_allocator]`).
+    fn heap() -> &'static Heap<Self::Cpu>;
+}
+
+/// `println!` to the console of the kernel `A`: `kprintln!(A; "...", ...)`.
+#[macro_export]
+macro_rules! kprintln {
+    ($arch:ty; $($arg:tt)*) => {
+        <$arch as $crate::Arch>::print_line(format_args!($($arg)*))
+    };
+}

@@ -1,0 +1,28 @@
+//! The architecture-free part of the demo kernels (`kernel-demo`,
+//! `kernel-demo/aarch64`) and, for the tutorial heap tests, the Cortex-M
+//! program (`kernel-demo/cortex-m`).
+//!
+//! A kernel implements [`Arch`] (one line of console output, its heaps)
+//! and calls the tests here; what stays in the kernel is its architecture:
+//! boot, interrupts, timer, serial, the memory map, starting the other
+//! CPUs. The modules, none of which imports a sibling but [`arch`]:
+//!
+//! - [`arch`]: the [`Arch`] trait, the heap types, [`kprintln!`];
+//! - [`tutorial_heap`]: a tutorial kernel's heap tests and the `heap=KIB`
+//!   parser;
+//! - [`small_heap`]: the `heap=KIB` mode, those tests in a small heap.
+//!
+//! Built for the host (`cargo build --workspace`), it compiles to the same
+//! `no_std` library, which nothing there uses.
+
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc, missing_docs)]
+
+extern crate alloc;
+
+pub mod arch;
+pub mod small_heap;
+pub mod tutorial_heap;
+
+pub use arch::{Arch, Heap};

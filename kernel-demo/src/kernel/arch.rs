@@ -1,0 +1,21 @@
+//! This kernel as the shared part sees it: `kernel_common::Arch`.
+
+use core::fmt;
+
+use super::cpu::Hw;
+use super::{Heap, KMEM, serial};
+
+/// The x86_64 kernel.
+pub struct X86_64;
+
+impl kernel_common::Arch for X86_64 {
+    type Cpu = Hw;
+
+    fn print_line(args: fmt::Arguments<'_>) {
+        serial::print_line(args);
+    }
+
+    fn heap() -> &'static Heap {
+        &KMEM
+    }
+}
