@@ -10,8 +10,6 @@ mod cpu;
 mod icount;
 mod idt;
 mod memory;
-#[path = "../common/src/numa.rs"]
-mod numa;
 mod port;
 mod selftest;
 pub(crate) mod serial;
@@ -25,7 +23,8 @@ use core::sync::atomic::Ordering;
 
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
-use cpu::{Hw, IrqLock, MAX_SMP, NumaHw};
+use cpu::{Hw, IrqLock, MAX_SMP};
+use kernel_common::numa;
 use memory::BootInfo;
 use serial::{Serial, kprintln};
 use smp::phase;
@@ -45,7 +44,7 @@ static KMEM_NOCPUS: Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, NoCpus> =
 
 /// The NUMA boot's heap (`numa` on the command line): each node's RAM as
 /// that node's regions, and a platform that knows each CPU's node.
-pub type NumaHeap = Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, PerCpu<NumaHw>>;
+pub type NumaHeap = kernel_common::NumaHeap<Hw>;
 
 /// The NUMA boot's heap (see `numa.rs`); the global heap gets a slice of
 /// node 0 for the kernel's own allocations.
@@ -197,22 +196,22 @@ fn numa_run(boot: &BootInfo) -> Result<(), &'static str> {
         n += 1;
     }
     boot.give_ram_numa(&srat)?;
-    numa::start(n, boot.icount)?;
+    numa::start::<arch::X86_64>(n, boot.icount)?;
     let online = smp::start_aps(&cpus, bsp, if boot.icount { ap_numa_icount } else { ap_numa })?;
     if online != n {
         return Err("not every CPU came up");
     }
     if boot.icount {
-        return numa::measure(time::rdtsc, icount::ticks_per_insn()?);
+        return numa::measure::<arch::X86_64>(time::rdtsc, icount::ticks_per_insn()?);
     }
-    numa::cpu_part(0)?;
+    numa::cpu_part::<arch::X86_64>(0)?;
     kprintln!("kmemcg numa self-test: PASS");
     Ok(())
 }
 
 /// An application processor in the NUMA test.
 extern "C" fn ap_numa(index: usize) -> ! {
-    if let Err(e) = smp::ap_init(index).and_then(|()| numa::cpu_part(index)) {
+    if let Err(e) = smp::ap_init(index).and_then(|()| numa::cpu_part::<arch::X86_64>(index)) {
         fail(e);
     }
     halt()
@@ -225,7 +224,7 @@ extern "C" fn ap_numa_icount(index: usize) -> ! {
     if let Err(e) = smp::ap_init(index) {
         fail(e);
     }
-    numa::remote_part(index);
+    numa::remote_part::<arch::X86_64>(index);
     halt()
 }
 

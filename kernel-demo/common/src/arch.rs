@@ -5,9 +5,15 @@ use core::fmt;
 
 use kmemcg::{IrqSpinLock, Kmem, PerCpu, Region};
 
+use crate::node_map::NumaCpu;
+
 /// A kernel heap: kmemcg over `Region`s of RAM, with interrupt-masking
 /// locks and one magazine slot per CPU of `C`.
 pub type Heap<C> = Kmem<Region<IrqSpinLock<C>>, IrqSpinLock<C>, PerCpu<C>>;
+
+/// The NUMA boots' heap: each node's RAM as that node's regions, the same
+/// locks, and a platform that knows each CPU's node ([`NumaCpu`]).
+pub type NumaHeap<C> = Kmem<Region<IrqSpinLock<C>>, IrqSpinLock<C>, PerCpu<NumaCpu<C>>>;
 
 /// One architecture's kernel, as the shared tests see it.
 pub trait Arch: 'static {
@@ -21,6 +27,9 @@ pub trait Arch: 'static {
 
     /// The kernel heap (the `#[global_allocator]`).
     fn heap() -> &'static Heap<Self::Cpu>;
+
+    /// The NUMA boots' heap (`KMEM_NUMA`), beside the global one.
+    fn numa_heap() -> &'static NumaHeap<Self::Cpu>;
 }
 
 /// `println!` to the console of the kernel `A`: `kprintln!(A; "...", ...)`.

@@ -10,7 +10,11 @@
 //! - [`arch`]: the [`Arch`] trait, the heap types, [`kprintln!`];
 //! - [`tutorial_heap`]: a tutorial kernel's heap tests and the `heap=KIB`
 //!   parser;
-//! - [`small_heap`]: the `heap=KIB` mode, those tests in a small heap.
+//! - [`small_heap`]: the `heap=KIB` mode, those tests in a small heap;
+//! - [`node_map`]: the CPU → node map of the NUMA boots and
+//!   [`NumaCpu`](node_map::NumaCpu), their heap's platform;
+//! - `numa` (targets with 64-bit atomics): the `numa` and `numa-icount`
+//!   modes, the two-node test and its counts.
 //!
 //! Built for the host (`cargo build --workspace`), it compiles to the same
 //! `no_std` library, which nothing there uses.
@@ -22,7 +26,10 @@
 extern crate alloc;
 
 pub mod arch;
+pub mod node_map;
+#[cfg(target_has_atomic = "64")]
+pub mod numa;
 pub mod small_heap;
 pub mod tutorial_heap;
 
-pub use arch::{Arch, Heap};
+pub use arch::{Arch, Heap, NumaHeap};

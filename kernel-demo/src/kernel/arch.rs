@@ -3,7 +3,7 @@
 use core::fmt;
 
 use super::cpu::Hw;
-use super::{Heap, KMEM, serial};
+use super::{Heap, KMEM, KMEM_NUMA, NumaHeap, serial};
 
 /// The x86_64 kernel.
 pub struct X86_64;
@@ -17,5 +17,9 @@ impl kernel_common::Arch for X86_64 {
 
     fn heap() -> &'static Heap {
         &KMEM
+    }
+
+    fn numa_heap() -> &'static NumaHeap {
+        &KMEM_NUMA
     }
 }

@@ -6,7 +6,10 @@ use kmemcg::PAGE_SIZE;
 
 use super::acpi::Srat;
 use super::serial::kprintln;
-use super::{KMEM, KMEM_NOCPUS, numa};
+use kernel_common::numa;
+
+use super::arch::X86_64;
+use super::{KMEM, KMEM_NOCPUS};
 
 /// The boot stub identity-maps `[0, IDENTITY_LIMIT)`; memory above it is
 /// not addressable.
@@ -180,7 +183,7 @@ impl BootInfo {
                 }
                 // SAFETY: as above, for the rest of the piece, which only
                 // `KMEM_NUMA` gets.
-                unsafe { numa::give(s, t, node) }?;
+                unsafe { numa::give::<X86_64>(s, t, node) }?;
             }
         }
         if global { Ok(()) } else { Err("no room on node 0 for the global heap") }

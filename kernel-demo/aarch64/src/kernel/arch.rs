@@ -4,7 +4,7 @@ use core::fmt::{self, Write as _};
 
 use super::cpu::Hw;
 use super::serial::Serial;
-use super::{Heap, KMEM};
+use super::{Heap, KMEM, KMEM_NUMA, NumaHeap};
 
 /// The aarch64 kernel.
 pub struct Aarch64;
@@ -21,5 +21,9 @@ impl kernel_common::Arch for Aarch64 {
 
     fn heap() -> &'static Heap {
         &KMEM
+    }
+
+    fn numa_heap() -> &'static NumaHeap {
+        &KMEM_NUMA
     }
 }

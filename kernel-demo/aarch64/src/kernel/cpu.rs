@@ -102,47 +102,6 @@ unsafe impl kmemcg::Cpu for Hw {
     }
 }
 
-/// [`Hw`] with nodes, for the NUMA boot's heap: the node of each CPU from
-/// the map the boot CPU read from the device tree (`numa.rs`).
-pub struct NumaHw;
-
-// SAFETY: (1), (2), (3), (5) and (6) as for `Hw`, whose functions these
-// are. (4) `numa::cpu_node` returns a node below `numa::NODES` (2, below
-// `kmemcg::MAX_NODES`), set by the boot CPU before any CPU allocates from
-// the heap that uses `NumaHw` and never changed; `nodes` is 2 from then on.
-unsafe impl kmemcg::Cpu for NumaHw {
-    #[inline(always)]
-    fn id() -> usize {
-        id()
-    }
-
-    #[inline(always)]
-    fn irq_save() -> usize {
-        <Hw as kmemcg::Cpu>::irq_save()
-    }
-
-    #[inline(always)]
-    unsafe fn irq_restore(saved: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { <Hw as kmemcg::Cpu>::irq_restore(saved) }
-    }
-
-    #[inline(always)]
-    fn in_interrupt() -> bool {
-        <Hw as kmemcg::Cpu>::in_interrupt()
-    }
-
-    #[inline(always)]
-    fn node_of(cpu: usize) -> usize {
-        super::numa::cpu_node(cpu)
-    }
-
-    #[inline(always)]
-    fn nodes() -> usize {
-        super::numa::nodes()
-    }
-}
-
 /// Masks IRQs on this CPU; returns the DAIF value to restore.
 #[inline(always)]
 pub fn irq_save() -> usize {
