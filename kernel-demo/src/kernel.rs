@@ -11,20 +11,20 @@ mod icount;
 mod idt;
 mod memory;
 mod port;
-mod selftest;
 pub(crate) mod serial;
 mod smp;
 mod time;
 mod vectors;
-mod workload;
 
 use core::panic::PanicInfo;
 use core::sync::atomic::Ordering;
 
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
+use arch::X86_64;
 use cpu::{Hw, IrqLock, MAX_SMP};
-use kernel_common::numa;
+use kernel_common::report::IrqCounts;
+use kernel_common::{numa, report, selftest, workload};
 use memory::BootInfo;
 use serial::{Serial, kprintln};
 use smp::phase;
@@ -104,7 +104,7 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
             Err(e) => fail(e),
         }
     }
-    if let Err(e) = selftest::run(&KMEM) {
+    if let Err(e) = selftest::run::<X86_64>() {
         fail(e);
     }
     match smp_run() {
@@ -134,7 +134,7 @@ fn smp_run() -> Result<(), &'static str> {
     let n = smp::start_aps(&cpus, bsp, ap_main)?;
     kprintln!("smp: {n} CPUs online");
 
-    let sh = workload::setup(n)?;
+    let sh = workload::setup::<X86_64>(n)?;
     KMEM.shrink();
     let root_before = KMEM.root().usage();
     let pages_before = KMEM.stats().source.pages_in_use;
@@ -151,26 +151,15 @@ fn smp_run() -> Result<(), &'static str> {
     if results.iter().any(Option::is_some) {
         return Err("the workload failed on a CPU");
     }
-    workload::check_accounting(sh, root_before, pages_before)?;
+    workload::check_accounting::<X86_64>(sh, root_before, pages_before)?;
 
-    let mut ok = true;
-    for i in 0..n {
-        let stats = KMEM.slot_stats(i);
-        let block = cpu::get(i).ok_or("CPU index out of range")?;
-        let irq = block.irq_allocs.load(Ordering::Relaxed);
-        // Magazine hits take the fast path, which counts nothing: a CPU's
-        // refills and spills show its magazines at work.
-        kprintln!(
-            "cpu {i}: magazine refills and spills {}, slow-path hits {}, irq allocations {irq}",
-            stats.misses,
-            stats.hits
-        );
-        ok &= stats.misses > 0 && irq > 0 && block.irq_failures.load(Ordering::Relaxed) == 0;
-    }
-    if !ok {
-        return Err("a CPU never used its magazines, had no interrupt-context allocations, or a failed one");
-    }
-    workload::remove_groups(sh)?;
+    report::cpu_lines::<X86_64>(n, |i| {
+        cpu::get(i).map_or_else(IrqCounts::default, |block| IrqCounts {
+            allocations: block.irq_allocs.load(Ordering::Relaxed),
+            failures: block.irq_failures.load(Ordering::Relaxed),
+        })
+    })?;
+    workload::remove_groups::<X86_64>(sh)?;
     bench::run(n)?;
     smp::set_phase(phase::END);
     Ok(())
@@ -230,10 +219,10 @@ extern "C" fn ap_numa_icount(index: usize) -> ! {
 
 /// CPU `me`'s workload, with its timer on and interrupts enabled; then
 /// it waits for a few interrupt-context allocations and stops its timer.
-fn work_on_this_cpu(sh: &'static workload::Shared, me: usize) -> Result<(), &'static str> {
+fn work_on_this_cpu(sh: &'static workload::Shared<Hw>, me: usize) -> Result<(), &'static str> {
     apic::start_timer(TIMER_US);
     cpu::enable_interrupts();
-    let r = workload::run(sh, me);
+    let r = workload::run::<X86_64>(sh, me);
     let deadline = time::rdtsc() + time::us_to_tsc(IRQ_WAIT_US);
     let block = cpu::this();
     cpu::wait_until(|| block.irq_allocs.load(Ordering::Relaxed) >= MIN_IRQ_ALLOCS || time::rdtsc() > deadline);
@@ -248,7 +237,7 @@ extern "C" fn ap_main(index: usize) -> ! {
         fail(e);
     }
     smp::wait_phase(phase::WORK);
-    let r = match workload::shared() {
+    let r = match workload::shared::<X86_64>() {
         Some(sh) => work_on_this_cpu(sh, index),
         None => Err("no shared state at the start of the workload"),
     };

@@ -30,6 +30,23 @@ pub trait Arch: 'static {
 
     /// The NUMA boots' heap (`KMEM_NUMA`), beside the global one.
     fn numa_heap() -> &'static NumaHeap<Self::Cpu>;
+
+    /// A counter that advances at [`ticks_per_second`](Arch::ticks_per_second)
+    /// on every CPU (x86_64: the TSC; aarch64: `CNTVCT_EL0`).
+    fn ticks() -> u64;
+
+    /// The counter's frequency, Hz (not 0).
+    fn ticks_per_second() -> u64;
+}
+
+/// `us` microseconds in ticks of `A`'s counter.
+pub fn us_to_ticks<A: Arch>(us: u64) -> u64 {
+    (u128::from(us) * u128::from(A::ticks_per_second()) / 1_000_000) as u64
+}
+
+/// `ticks` of `A`'s counter in microseconds.
+pub fn ticks_to_us<A: Arch>(ticks: u64) -> u64 {
+    (u128::from(ticks) * 1_000_000 / u128::from(A::ticks_per_second().max(1))) as u64
 }
 
 /// `println!` to the console of the kernel `A`: `kprintln!(A; "...", ...)`.

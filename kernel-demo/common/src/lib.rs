@@ -14,7 +14,15 @@
 //! - [`node_map`]: the CPU → node map of the NUMA boots and
 //!   [`NumaCpu`](node_map::NumaCpu), their heap's platform;
 //! - `numa` (targets with 64-bit atomics): the `numa` and `numa-icount`
-//!   modes, the two-node test and its counts.
+//!   modes, the two-node test and its counts;
+//! - [`selftest`]: the single-CPU checks (collections, a typed cache, two
+//!   limited groups);
+//! - [`workload`]: the SMP workload every CPU runs at once, and the
+//!   accounting checks after it;
+//! - [`report`]: the per-CPU lines after it (magazines, interrupt-context
+//!   allocations);
+//! - [`lock`] ([`IrqLock`](lock::IrqLock)) and [`publish`]
+//!   ([`Published`](publish::Published)): the SMP tests' shared state.
 //!
 //! Built for the host (`cargo build --workspace`), it compiles to the same
 //! `no_std` library, which nothing there uses.
@@ -26,10 +34,19 @@
 extern crate alloc;
 
 pub mod arch;
+pub mod lock;
 pub mod node_map;
 #[cfg(target_has_atomic = "64")]
 pub mod numa;
+pub mod publish;
+pub mod report;
+pub mod selftest;
 pub mod small_heap;
 pub mod tutorial_heap;
+pub mod workload;
 
 pub use arch::{Arch, Heap, NumaHeap};
+
+/// CPUs the kernels run at most (each has a block and a stack per CPU;
+/// below `kmemcg::MAX_CPUS`).
+pub const MAX_CPUS: usize = 8;

@@ -10,8 +10,8 @@
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-/// CPUs the map holds (both kernels run at most 8).
-pub const MAX_CPUS: usize = 8;
+pub use crate::MAX_CPUS;
+
 /// Nodes the test runs on.
 pub const NODES: usize = 2;
 

@@ -3,7 +3,7 @@
 use core::fmt;
 
 use super::cpu::Hw;
-use super::{Heap, KMEM, KMEM_NUMA, NumaHeap, serial};
+use super::{Heap, KMEM, KMEM_NUMA, NumaHeap, serial, time};
 
 /// The x86_64 kernel.
 pub struct X86_64;
@@ -21,5 +21,13 @@ impl kernel_common::Arch for X86_64 {
 
     fn numa_heap() -> &'static NumaHeap {
         &KMEM_NUMA
+    }
+
+    fn ticks() -> u64 {
+        time::rdtsc()
+    }
+
+    fn ticks_per_second() -> u64 {
+        time::tsc_hz()
     }
 }

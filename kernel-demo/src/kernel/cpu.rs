@@ -8,14 +8,13 @@
 //! the GS selector afterwards, which would reset the base.
 
 use core::arch::asm;
-use core::cell::UnsafeCell;
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use kmemcg::Cpu as _;
 
 /// CPUs this kernel can run (stacks and blocks are static).
-pub const MAX_SMP: usize = 8;
+pub const MAX_SMP: usize = kernel_common::MAX_CPUS;
 
 /// `IA32_GS_BASE`.
 const MSR_GS_BASE: u32 = 0xC000_0101;
@@ -179,37 +178,8 @@ unsafe impl kmemcg::Cpu for Hw {
     }
 }
 
-/// A spin lock over a `T` that masks interrupts while held, so interrupt
-/// handlers and other CPUs can share it. Not reentrant.
-pub struct IrqLock<T> {
-    locked: AtomicBool,
-    value: UnsafeCell<T>,
-}
-
-// SAFETY: the value is only reached through `with`, by one holder at a
-// time, and may be handed between CPUs (`T: Send`).
-unsafe impl<T: Send> Sync for IrqLock<T> {}
-
-impl<T> IrqLock<T> {
-    /// An unlocked lock over `value`.
-    pub const fn new(value: T) -> Self {
-        IrqLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
-    }
-
-    /// Runs `f` on the value with the lock held and interrupts masked.
-    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        let saved = Hw::irq_save();
-        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            core::hint::spin_loop();
-        }
-        // SAFETY: the lock is held: nobody else reaches the value.
-        let r = f(unsafe { &mut *self.value.get() });
-        self.locked.store(false, Ordering::Release);
-        // SAFETY: saved above on this CPU.
-        unsafe { Hw::irq_restore(saved) };
-        r
-    }
-}
+/// A spin lock over a `T` that masks interrupts while held.
+pub type IrqLock<T> = kernel_common::lock::IrqLock<Hw, T>;
 
 /// Waits, halted, until `done()` holds; interrupts (the wake IPI, the
 /// timer) end each halt. Returns with the interrupt flag as it was.

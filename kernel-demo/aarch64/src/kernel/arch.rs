@@ -2,7 +2,7 @@
 
 use core::fmt::{self, Write as _};
 
-use super::cpu::Hw;
+use super::cpu::{self, Hw};
 use super::serial::Serial;
 use super::{Heap, KMEM, KMEM_NUMA, NumaHeap};
 
@@ -25,5 +25,13 @@ impl kernel_common::Arch for Aarch64 {
 
     fn numa_heap() -> &'static NumaHeap {
         &KMEM_NUMA
+    }
+
+    fn ticks() -> u64 {
+        cpu::ticks()
+    }
+
+    fn ticks_per_second() -> u64 {
+        cpu::ticks_per_second()
     }
 }

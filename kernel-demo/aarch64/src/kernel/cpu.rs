@@ -21,6 +21,10 @@ pub struct PerCpuBlock {
     pub irq_allocs: AtomicUsize,
     /// Timer interrupts taken.
     pub ticks: AtomicUsize,
+    /// Whether the timer handler allocates: set and cleared by the CPU
+    /// itself around the workload (`irq::start_allocating`,
+    /// `stop_allocating`), read by that handler on the same CPU.
+    pub allocating: AtomicBool,
     /// Set once the CPU runs Rust code with its interrupts set up.
     pub online: AtomicBool,
 }
@@ -32,6 +36,7 @@ impl PerCpuBlock {
             irq_depth: AtomicUsize::new(0),
             irq_allocs: AtomicUsize::new(0),
             ticks: AtomicUsize::new(0),
+            allocating: AtomicBool::new(false),
             online: AtomicBool::new(false),
         }
     }
