@@ -10,6 +10,7 @@
 //! - [`arch`]: the [`Arch`] trait, the heap types, [`kprintln!`];
 //! - [`tutorial_heap`]: a tutorial kernel's heap tests and the `heap=KIB`
 //!   parser;
+//! - [`icount`]: the `icount` mode's arithmetic and report lines;
 //! - [`small_heap`]: the `heap=KIB` mode, those tests in a small heap;
 //! - [`node_map`]: the CPU → node map of the NUMA boots and
 //!   [`NumaCpu`](node_map::NumaCpu), their heap's platform;
@@ -34,6 +35,7 @@
 extern crate alloc;
 
 pub mod arch;
+pub mod icount;
 pub mod lock;
 pub mod node_map;
 #[cfg(target_has_atomic = "64")]

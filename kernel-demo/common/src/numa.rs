@@ -35,7 +35,6 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::alloc::{GlobalAlloc, Layout};
-use core::any::TypeId;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use kmemcg::{Cgroup, PAGE_SIZE, PageSource};
@@ -43,6 +42,7 @@ use kmemcg::{Cgroup, PAGE_SIZE, PageSource};
 use crate::arch::{Arch, NumaHeap};
 use crate::kprintln;
 pub use crate::node_map::{MAX_CPUS, NODES, NumaCpu, cpu_node, nodes, set_cpu_node};
+use crate::publish::Published;
 
 /// Memory spans (a node's ranges after the kernel and boot data are cut
 /// out) the address → node check keeps.
@@ -120,11 +120,7 @@ impl Barrier {
 
 /// What every CPU of the test shares (leaked by the boot CPU), for the
 /// kernel whose `kmemcg::Cpu` is `C`.
-#[repr(C)]
 struct Shared<C: kmemcg::Cpu> {
-    /// `TypeId::of::<A>` of the kernel `A` that made it: first, so
-    /// [`shared`] can read it whatever `C` it was made with.
-    arch: fn() -> TypeId,
     /// CPUs taking part.
     n: usize,
     barrier: Barrier,
@@ -149,8 +145,8 @@ struct Shared<C: kmemcg::Cpu> {
     remote_objects: Vec<AtomicUsize>,
 }
 
-/// The `Shared<A::Cpu>` [`start`] published (null before).
-static SHARED: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+/// The `Shared<A::Cpu>` [`start`] published.
+static SHARED: Published = Published::new();
 
 impl<C: kmemcg::Cpu> Shared<C> {
     fn fail(&self, e: &'static str) {
@@ -198,8 +194,7 @@ pub fn start<A: Arch>(ncpus: usize, measuring: bool) -> Test {
         Some(A::numa_heap().root().create_child("numa").map_err(|_| "create_child(numa)")?)
     };
     let remote_objects = if measuring { 3 * OPS } else { 0 };
-    let sh = Box::leak(Box::new(Shared::<A::Cpu> {
-        arch: TypeId::of::<A>,
+    SHARED.publish(Shared::<A::Cpu> {
         n: ncpus,
         barrier: Barrier { n: ncpus, arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0) },
         group,
@@ -210,28 +205,13 @@ pub fn start<A: Arch>(ncpus: usize, measuring: bool) -> Test {
         failure: AtomicPtr::new(core::ptr::null_mut()),
         ready: AtomicBool::new(false),
         remote_objects: (0..remote_objects).map(|_| AtomicUsize::new(0)).collect(),
-    }));
-    SHARED.store((sh as *mut Shared<A::Cpu>).cast(), Ordering::Release);
+    });
     Ok(())
 }
 
 /// The shared state, once the boot CPU published it.
 fn shared<A: Arch>() -> &'static Shared<A::Cpu> {
-    let p = loop {
-        let p = SHARED.load(Ordering::Acquire);
-        if !p.is_null() {
-            break p;
-        }
-        core::hint::spin_loop();
-    };
-    // SAFETY: `start` published a leaked `Shared<B::Cpu>` for some kernel
-    // `B`, never freed; its first field (`repr(C)`) is a `fn() -> TypeId`
-    // whatever `B::Cpu` is.
-    let arch = unsafe { *p.cast::<fn() -> TypeId>() };
-    assert!(arch() == TypeId::of::<A>(), "numa: the test was started by another kernel type");
-    // SAFETY: as above, and `B` is `A` (checked), so it is a
-    // `Shared<A::Cpu>`.
-    unsafe { &*p.cast::<Shared<A::Cpu>>() }
+    SHARED.wait()
 }
 
 /// Allocates CPU `me`'s objects into `objects[slot]`; each must be on `node`.

@@ -5,7 +5,7 @@ use core::arch::asm;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// CPUs this kernel can run (each gets a block and a stack).
-pub const MAX_CPUS: usize = 8;
+pub const MAX_CPUS: usize = kernel_common::MAX_CPUS;
 
 /// Bytes of stack per CPU (interrupt handlers run on it too).
 pub const STACK_SIZE: usize = 64 * 1024;
