@@ -22,9 +22,8 @@ use core::sync::atomic::Ordering;
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
 use arch::X86_64;
-use cpu::{Hw, IrqLock, MAX_SMP};
-use kernel_common::report::IrqCounts;
-use kernel_common::{numa, report, selftest, workload};
+use cpu::{Hw, MAX_SMP};
+use kernel_common::{numa, selftest};
 use memory::BootInfo;
 use serial::{Serial, kprintln};
 use smp::phase;
@@ -52,17 +51,6 @@ static KMEM_NUMA: NumaHeap = Kmem::with_platform(Region::new(), PerCpu::new());
 
 /// What a multiboot v1 loader leaves in `eax`.
 const MULTIBOOT_MAGIC: u32 = 0x2BAD_B002;
-
-/// The local APIC timer's period, µs.
-const TIMER_US: u32 = 500;
-/// Interrupt-context allocations each CPU waits for before it stops its
-/// timer (so every CPU shows some).
-const MIN_IRQ_ALLOCS: usize = 20;
-/// How long a CPU waits for them, µs.
-const IRQ_WAIT_US: u64 = 5_000_000;
-
-/// The first failure of each CPU's workload.
-static RESULTS: IrqLock<[Option<&'static str>; MAX_SMP]> = IrqLock::new([None; MAX_SMP]);
 
 /// Called by the boot stub in 64-bit mode with the multiboot registers.
 extern "C" fn kmain(magic: u32, info: u32) -> ! {
@@ -134,32 +122,7 @@ fn smp_run() -> Result<(), &'static str> {
     let n = smp::start_aps(&cpus, bsp, ap_main)?;
     kprintln!("smp: {n} CPUs online");
 
-    let sh = workload::setup::<X86_64>(n)?;
-    KMEM.shrink();
-    let root_before = KMEM.root().usage();
-    let pages_before = KMEM.stats().source.pages_in_use;
-    kprintln!("workload: starting on {n} CPUs, timer every {TIMER_US} us");
-    smp::set_phase(phase::WORK);
-    let mine = work_on_this_cpu(sh, 0);
-    RESULTS.with(|r| r[0] = mine.err());
-    smp::arrive(phase::WORK);
-    smp::wait_arrivals(phase::WORK, n);
-    let results = RESULTS.with(|r| *r);
-    for (i, e) in results.iter().enumerate().take(n).filter_map(|(i, r)| r.map(|e| (i, e))) {
-        kprintln!("workload: index {i} failed: {e}");
-    }
-    if results.iter().any(Option::is_some) {
-        return Err("the workload failed on a CPU");
-    }
-    workload::check_accounting::<X86_64>(sh, root_before, pages_before)?;
-
-    report::cpu_lines::<X86_64>(n, |i| {
-        cpu::get(i).map_or_else(IrqCounts::default, |block| IrqCounts {
-            allocations: block.irq_allocs.load(Ordering::Relaxed),
-            failures: block.irq_failures.load(Ordering::Relaxed),
-        })
-    })?;
-    workload::remove_groups::<X86_64>(sh)?;
+    kernel_common::smp::boot_cpu::<X86_64>(n)?;
     bench::run(n)?;
     smp::set_phase(phase::END);
     Ok(())
@@ -217,32 +180,12 @@ extern "C" fn ap_numa_icount(index: usize) -> ! {
     halt()
 }
 
-/// CPU `me`'s workload, with its timer on and interrupts enabled; then
-/// it waits for a few interrupt-context allocations and stops its timer.
-fn work_on_this_cpu(sh: &'static workload::Shared<Hw>, me: usize) -> Result<(), &'static str> {
-    apic::start_timer(TIMER_US);
-    cpu::enable_interrupts();
-    let r = workload::run::<X86_64>(sh, me);
-    let deadline = time::rdtsc() + time::us_to_tsc(IRQ_WAIT_US);
-    let block = cpu::this();
-    cpu::wait_until(|| block.irq_allocs.load(Ordering::Relaxed) >= MIN_IRQ_ALLOCS || time::rdtsc() > deadline);
-    apic::stop_timer();
-    cpu::disable_interrupts();
-    r
-}
-
 /// An application processor, from the trampoline on its own stack.
 extern "C" fn ap_main(index: usize) -> ! {
     if let Err(e) = smp::ap_init(index) {
         fail(e);
     }
-    smp::wait_phase(phase::WORK);
-    let r = match workload::shared::<X86_64>() {
-        Some(sh) => work_on_this_cpu(sh, index),
-        None => Err("no shared state at the start of the workload"),
-    };
-    RESULTS.with(|res| res[index % MAX_SMP] = r.err());
-    smp::arrive(phase::WORK);
+    kernel_common::smp::other_cpu::<X86_64>(index);
     smp::wait_phase(phase::BENCH);
     if let Err(e) = bench::all_cpus_part(index) {
         fail(e);

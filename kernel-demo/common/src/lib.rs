@@ -20,6 +20,9 @@
 //!   limited groups);
 //! - [`workload`]: the SMP workload every CPU runs at once, and the
 //!   accounting checks after it;
+//! - [`smp`]: the driver of that run on every CPU ([`Smp`](smp::Smp): how
+//!   a kernel keeps its CPUs in step and runs its timer), with
+//!   [`failure`] for each CPU's first failure;
 //! - [`report`]: the per-CPU lines after it (magazines, interrupt-context
 //!   allocations);
 //! - [`lock`] ([`IrqLock`](lock::IrqLock)) and [`publish`]
@@ -35,6 +38,7 @@
 extern crate alloc;
 
 pub mod arch;
+pub mod failure;
 pub mod icount;
 pub mod lock;
 pub mod node_map;
@@ -44,6 +48,7 @@ pub mod publish;
 pub mod report;
 pub mod selftest;
 pub mod small_heap;
+pub mod smp;
 pub mod tutorial_heap;
 pub mod workload;
 

@@ -34,6 +34,10 @@ pub struct CpuLocal {
     pub irq_failures: AtomicUsize,
     /// Timer interrupts taken.
     pub ticks: AtomicUsize,
+    /// Whether the timer handler allocates: set and cleared by the CPU
+    /// itself around the workload (`kernel_common::smp::Smp` in
+    /// `arch.rs`), read by that handler on the same CPU.
+    pub allocating: AtomicBool,
     /// The local APIC ID.
     pub apic_id: AtomicU32,
     /// Set by the CPU once its IDT and local APIC are ready.
@@ -48,6 +52,7 @@ impl CpuLocal {
             irq_allocs: AtomicUsize::new(0),
             irq_failures: AtomicUsize::new(0),
             ticks: AtomicUsize::new(0),
+            allocating: AtomicBool::new(false),
             apic_id: AtomicU32::new(0),
             online: AtomicBool::new(false),
         }
@@ -177,9 +182,6 @@ unsafe impl kmemcg::Cpu for Hw {
         depth != 0
     }
 }
-
-/// A spin lock over a `T` that masks interrupts while held.
-pub type IrqLock<T> = kernel_common::lock::IrqLock<Hw, T>;
 
 /// Waits, halted, until `done()` holds; interrupts (the wake IPI, the
 /// timer) end each halt. Returns with the interrupt flag as it was.
