@@ -21,13 +21,18 @@ REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "src"
 # The kernel demos: no layer table, but no two sibling modules may import
 # each other (directly or round a cycle) there either.
-KERNEL_ROOTS = [REPO / "kernel-demo/src", REPO / "kernel-demo/aarch64/src", REPO / "kernel-demo/cortex-m/src"]
+KERNEL_ROOTS = [
+    REPO / "kernel-demo/src",
+    REPO / "kernel-demo/common/src",
+    REPO / "kernel-demo/aarch64/src",
+    REPO / "kernel-demo/cortex-m/src",
+]
 
 
 def module_path(f: Path) -> list[str]:
     """`src/cgroup/tree/registry.rs` -> ["cgroup", "tree", "registry"]."""
     parts = list(f.relative_to(ROOT).with_suffix("").parts)
-    if parts[0] == "main" and len(parts) == 1:
+    if parts[0] in ("main", "lib") and len(parts) == 1:
         return ["lib"]
     if parts[-1] == "mod":
         parts.pop()

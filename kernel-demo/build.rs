@@ -1,18 +1,10 @@
 //! Links the bare-metal build with `linker.ld`, at a fixed address.
 
-use std::env;
+include!("common/build_link.rs");
 
 fn main() {
-    println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=linker.ld");
-    // The host build is a plain program that prints how to build the kernel.
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("none") {
-        return;
-    }
-    let dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-    println!("cargo:rustc-link-arg-bins=-T{dir}/linker.ld");
     // x86_64-unknown-none links static PIEs by default; the boot stub uses
     // absolute 32-bit addresses and the image is loaded where it is linked,
     // so link a plain (non-PIE) executable: no dynamic relocations to apply.
-    println!("cargo:rustc-link-arg-bins=--no-pie");
+    link_with_script(&["--no-pie"]);
 }

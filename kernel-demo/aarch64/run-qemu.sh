@@ -17,14 +17,14 @@
 # heap=KIB (e.g. heap=100, heap=64): instead of the self-test, boots on
 # one CPU with `heap=KIB` in the kernel command line: the kernel heap gets
 # only KIB KiB of RAM and runs a tutorial kernel's heap tests over it
-# (kernel-demo/common/tutorial_heap.rs), ending with `kmemcg heap suite in
+# (kernel-demo/common/src/tutorial_heap.rs), ending with `kmemcg heap suite in
 # KIB KiB: PASS`, which stands in for the PASS line.
 #
 # numa: instead of the self-test, boots on four CPUs and two NUMA nodes
 # (`-numa`: CPUs 0-1 and the first 128 MiB on node 0, CPUs 2-3 and the
 # other 128 MiB on node 1; QEMU writes `numa-node-id` into the device
 # tree's CPU and memory nodes) with `numa` in the kernel command line,
-# and runs the two-node test of kernel-demo/common/numa.rs, ending with
+# and runs the two-node test of kernel-demo/common/src/numa.rs, ending with
 # one `node N: ...` line per node and `kmemcg numa self-test: PASS`,
 # which stands in for the PASS line. numa-icount: the same machine under
 # `-icount shift=0,sleep=off` with `numa icount`: CPU 0 prints its guest

@@ -3,38 +3,34 @@
 
 mod acpi;
 mod apic;
+mod arch;
 mod bench;
 mod boot;
 mod cpu;
 mod icount;
 mod idt;
 mod memory;
-#[path = "../common/numa.rs"]
-mod numa;
 mod port;
-mod selftest;
 pub(crate) mod serial;
-mod small_heap;
 mod smp;
 mod time;
-#[path = "../common/tutorial_heap.rs"]
-mod tutorial_heap;
 mod vectors;
-mod workload;
 
 use core::panic::PanicInfo;
 use core::sync::atomic::Ordering;
 
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
-use cpu::{Hw, IrqLock, MAX_SMP, NumaHw};
+use arch::X86_64;
+use cpu::{Hw, MAX_SMP};
+use kernel_common::{numa, selftest};
 use memory::BootInfo;
 use serial::{Serial, kprintln};
 use smp::phase;
 
 /// The kernel heap's type: kmemcg over the RAM of the memory map, with
 /// interrupt-masking locks and one magazine slot per CPU.
-pub type Heap = Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, PerCpu<Hw>>;
+pub type Heap = kernel_common::Heap<Hw>;
 
 /// The kernel heap.
 #[global_allocator]
@@ -47,7 +43,7 @@ static KMEM_NOCPUS: Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, NoCpus> =
 
 /// The NUMA boot's heap (`numa` on the command line): each node's RAM as
 /// that node's regions, and a platform that knows each CPU's node.
-pub type NumaHeap = Kmem<Region<IrqSpinLock<Hw>>, IrqSpinLock<Hw>, PerCpu<NumaHw>>;
+pub type NumaHeap = kernel_common::NumaHeap<Hw>;
 
 /// The NUMA boot's heap (see `numa.rs`); the global heap gets a slice of
 /// node 0 for the kernel's own allocations.
@@ -55,17 +51,6 @@ static KMEM_NUMA: NumaHeap = Kmem::with_platform(Region::new(), PerCpu::new());
 
 /// What a multiboot v1 loader leaves in `eax`.
 const MULTIBOOT_MAGIC: u32 = 0x2BAD_B002;
-
-/// The local APIC timer's period, µs.
-const TIMER_US: u32 = 500;
-/// Interrupt-context allocations each CPU waits for before it stops its
-/// timer (so every CPU shows some).
-const MIN_IRQ_ALLOCS: usize = 20;
-/// How long a CPU waits for them, µs.
-const IRQ_WAIT_US: u64 = 5_000_000;
-
-/// The first failure of each CPU's workload.
-static RESULTS: IrqLock<[Option<&'static str>; MAX_SMP]> = IrqLock::new([None; MAX_SMP]);
 
 /// Called by the boot stub in 64-bit mode with the multiboot registers.
 extern "C" fn kmain(magic: u32, info: u32) -> ! {
@@ -95,7 +80,7 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
     }
     if let Some(bytes) = boot.heap {
         // `run-qemu.sh ARCH heap=KIB`: the tutorial heap suite only.
-        match small_heap::run(bytes) {
+        match kernel_common::small_heap::run::<arch::X86_64>(bytes) {
             Ok(()) => exit_qemu(QemuExit::Success),
             Err(e) => fail(e),
         }
@@ -107,7 +92,7 @@ extern "C" fn kmain(magic: u32, info: u32) -> ! {
             Err(e) => fail(e),
         }
     }
-    if let Err(e) = selftest::run(&KMEM) {
+    if let Err(e) = selftest::run::<X86_64>() {
         fail(e);
     }
     match smp_run() {
@@ -137,43 +122,7 @@ fn smp_run() -> Result<(), &'static str> {
     let n = smp::start_aps(&cpus, bsp, ap_main)?;
     kprintln!("smp: {n} CPUs online");
 
-    let sh = workload::setup(n)?;
-    KMEM.shrink();
-    let root_before = KMEM.root().usage();
-    let pages_before = KMEM.stats().source.pages_in_use;
-    kprintln!("workload: starting on {n} CPUs, timer every {TIMER_US} us");
-    smp::set_phase(phase::WORK);
-    let mine = work_on_this_cpu(sh, 0);
-    RESULTS.with(|r| r[0] = mine.err());
-    smp::arrive(phase::WORK);
-    smp::wait_arrivals(phase::WORK, n);
-    let results = RESULTS.with(|r| *r);
-    for (i, e) in results.iter().enumerate().take(n).filter_map(|(i, r)| r.map(|e| (i, e))) {
-        kprintln!("workload: index {i} failed: {e}");
-    }
-    if results.iter().any(Option::is_some) {
-        return Err("the workload failed on a CPU");
-    }
-    workload::check_accounting(sh, root_before, pages_before)?;
-
-    let mut ok = true;
-    for i in 0..n {
-        let stats = KMEM.slot_stats(i);
-        let block = cpu::get(i).ok_or("CPU index out of range")?;
-        let irq = block.irq_allocs.load(Ordering::Relaxed);
-        // Magazine hits take the fast path, which counts nothing: a CPU's
-        // refills and spills show its magazines at work.
-        kprintln!(
-            "cpu {i}: magazine refills and spills {}, slow-path hits {}, irq allocations {irq}",
-            stats.misses,
-            stats.hits
-        );
-        ok &= stats.misses > 0 && irq > 0 && block.irq_failures.load(Ordering::Relaxed) == 0;
-    }
-    if !ok {
-        return Err("a CPU never used its magazines, had no interrupt-context allocations, or a failed one");
-    }
-    workload::remove_groups(sh)?;
+    kernel_common::smp::boot_cpu::<X86_64>(n)?;
     bench::run(n)?;
     smp::set_phase(phase::END);
     Ok(())
@@ -199,22 +148,22 @@ fn numa_run(boot: &BootInfo) -> Result<(), &'static str> {
         n += 1;
     }
     boot.give_ram_numa(&srat)?;
-    numa::start(n, boot.icount)?;
+    numa::start::<arch::X86_64>(n, boot.icount)?;
     let online = smp::start_aps(&cpus, bsp, if boot.icount { ap_numa_icount } else { ap_numa })?;
     if online != n {
         return Err("not every CPU came up");
     }
     if boot.icount {
-        return numa::measure(time::rdtsc, icount::ticks_per_insn()?);
+        return numa::measure::<arch::X86_64>(time::rdtsc, icount::ticks_per_insn()?);
     }
-    numa::cpu_part(0)?;
+    numa::cpu_part::<arch::X86_64>(0)?;
     kprintln!("kmemcg numa self-test: PASS");
     Ok(())
 }
 
 /// An application processor in the NUMA test.
 extern "C" fn ap_numa(index: usize) -> ! {
-    if let Err(e) = smp::ap_init(index).and_then(|()| numa::cpu_part(index)) {
+    if let Err(e) = smp::ap_init(index).and_then(|()| numa::cpu_part::<arch::X86_64>(index)) {
         fail(e);
     }
     halt()
@@ -227,22 +176,8 @@ extern "C" fn ap_numa_icount(index: usize) -> ! {
     if let Err(e) = smp::ap_init(index) {
         fail(e);
     }
-    numa::remote_part(index);
+    numa::remote_part::<arch::X86_64>(index);
     halt()
-}
-
-/// CPU `me`'s workload, with its timer on and interrupts enabled; then
-/// it waits for a few interrupt-context allocations and stops its timer.
-fn work_on_this_cpu(sh: &'static workload::Shared, me: usize) -> Result<(), &'static str> {
-    apic::start_timer(TIMER_US);
-    cpu::enable_interrupts();
-    let r = workload::run(sh, me);
-    let deadline = time::rdtsc() + time::us_to_tsc(IRQ_WAIT_US);
-    let block = cpu::this();
-    cpu::wait_until(|| block.irq_allocs.load(Ordering::Relaxed) >= MIN_IRQ_ALLOCS || time::rdtsc() > deadline);
-    apic::stop_timer();
-    cpu::disable_interrupts();
-    r
 }
 
 /// An application processor, from the trampoline on its own stack.
@@ -250,13 +185,7 @@ extern "C" fn ap_main(index: usize) -> ! {
     if let Err(e) = smp::ap_init(index) {
         fail(e);
     }
-    smp::wait_phase(phase::WORK);
-    let r = match workload::shared() {
-        Some(sh) => work_on_this_cpu(sh, index),
-        None => Err("no shared state at the start of the workload"),
-    };
-    RESULTS.with(|res| res[index % MAX_SMP] = r.err());
-    smp::arrive(phase::WORK);
+    kernel_common::smp::other_cpu::<X86_64>(index);
     smp::wait_phase(phase::BENCH);
     if let Err(e) = bench::all_cpus_part(index) {
         fail(e);

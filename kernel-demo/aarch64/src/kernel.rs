@@ -1,6 +1,7 @@
 //! The kernel: entry points, the global allocator, the panic and fault
 //! handlers, QEMU exit.
 
+mod arch;
 mod bench;
 mod boot;
 mod cpu;
@@ -8,28 +9,24 @@ mod dtb;
 mod icount;
 mod irq;
 mod memory;
-#[path = "../../common/numa.rs"]
-mod numa;
 mod selftest;
 pub(crate) mod serial;
-mod small_heap;
 mod sync;
-#[path = "../../common/tutorial_heap.rs"]
-mod tutorial_heap;
 
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use kmemcg::{IrqSpinLock, Kmem, NoCpus, PerCpu, Region};
 
-use cpu::{Conduit, Hw, NumaHw};
+use cpu::{Conduit, Hw};
 use dtb::DeviceTree;
+use kernel_common::numa;
 use serial::kprintln;
 
 /// The lock type of every allocator lock: masks IRQs while held.
 pub type Lock = IrqSpinLock<Hw>;
 /// The kernel heap's type.
-pub type Heap = Kmem<Region<Lock>, Lock, PerCpu<Hw>>;
+pub type Heap = kernel_common::Heap<Hw>;
 /// A one-CPU heap (no per-CPU slots: every operation takes the shared,
 /// locked path), for comparison.
 pub type SoloHeap = Kmem<Region<Lock>, Lock, NoCpus>;
@@ -43,7 +40,7 @@ pub static SOLO: SoloHeap = Kmem::with_platform(Region::new(), NoCpus::new());
 
 /// The NUMA boot's heap (`numa` in `bootargs`): each node's RAM as that
 /// node's regions, and a platform that knows each CPU's node.
-pub type NumaHeap = Kmem<Region<Lock>, Lock, PerCpu<NumaHw>>;
+pub type NumaHeap = kernel_common::NumaHeap<Hw>;
 
 /// The NUMA boot's heap (see `numa.rs`); the global heap gets a slice of
 /// node 0 for the kernel's own allocations.
@@ -88,7 +85,7 @@ extern "C" fn kmain(dtb_addr: usize, entry_el: u64) -> ! {
     memory::give_ram(&dt).unwrap_or_else(|e| fail(e));
     if let Some(bytes) = dt.heap {
         // `run-qemu.sh aarch64 heap=KIB`: the tutorial heap suite only.
-        match small_heap::run(bytes) {
+        match kernel_common::small_heap::run::<arch::Aarch64>(bytes) {
             Ok(()) => exit_qemu(true),
             Err(e) => fail(e),
         }
@@ -163,16 +160,16 @@ fn numa_run(dt: &DeviceTree) -> Result<(), &'static str> {
         }
     }
     memory::give_ram_numa(dt)?;
-    numa::start(n, dt.icount)?;
+    numa::start::<arch::Aarch64>(n, dt.icount)?;
     MODE.store(if dt.icount { MODE_NUMA_ICOUNT } else { MODE_NUMA }, Ordering::Release);
     if start_secondaries(dt) != n {
         return Err("not every CPU came up");
     }
     kprintln!("smp: {n} CPUs online, no timer");
     if dt.icount {
-        return numa::measure(cpu::ticks, icount::ticks_per_insn()?);
+        return numa::measure::<arch::Aarch64>(cpu::ticks, icount::ticks_per_insn()?);
     }
-    numa::cpu_part(0)?;
+    numa::cpu_part::<arch::Aarch64>(0)?;
     kprintln!("kmemcg numa self-test: PASS");
     Ok(())
 }
@@ -190,7 +187,7 @@ extern "C" fn secondary_main(index: usize) -> ! {
     match MODE.load(Ordering::Acquire) {
         MODE_NUMA => {
             cpu::CPUS[index].online.store(true, Ordering::Release);
-            if let Err(e) = numa::cpu_part(index) {
+            if let Err(e) = numa::cpu_part::<arch::Aarch64>(index) {
                 fail(e);
             }
         }
@@ -199,7 +196,7 @@ extern "C" fn secondary_main(index: usize) -> ! {
             // frees remotely; every secondary then sleeps for good (no
             // interrupt is enabled), so only CPU 0 runs while it counts.
             cpu::CPUS[index].online.store(true, Ordering::Release);
-            numa::remote_part(index);
+            numa::remote_part::<arch::Aarch64>(index);
         }
         _ => {
             irq::init_this_cpu();

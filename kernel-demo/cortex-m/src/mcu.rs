@@ -4,8 +4,6 @@ mod boot;
 mod cpu;
 mod demo;
 pub(crate) mod semihosting;
-#[path = "../../common/tutorial_heap.rs"]
-mod tutorial_heap;
 
 use core::mem::MaybeUninit;
 use core::panic::PanicInfo;

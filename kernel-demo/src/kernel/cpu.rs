@@ -8,14 +8,13 @@
 //! the GS selector afterwards, which would reset the base.
 
 use core::arch::asm;
-use core::cell::UnsafeCell;
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use kmemcg::Cpu as _;
 
 /// CPUs this kernel can run (stacks and blocks are static).
-pub const MAX_SMP: usize = 8;
+pub const MAX_SMP: usize = kernel_common::MAX_CPUS;
 
 /// `IA32_GS_BASE`.
 const MSR_GS_BASE: u32 = 0xC000_0101;
@@ -35,6 +34,10 @@ pub struct CpuLocal {
     pub irq_failures: AtomicUsize,
     /// Timer interrupts taken.
     pub ticks: AtomicUsize,
+    /// Whether the timer handler allocates: set and cleared by the CPU
+    /// itself around the workload (`kernel_common::smp::Smp` in
+    /// `arch.rs`), read by that handler on the same CPU.
+    pub allocating: AtomicBool,
     /// The local APIC ID.
     pub apic_id: AtomicU32,
     /// Set by the CPU once its IDT and local APIC are ready.
@@ -49,6 +52,7 @@ impl CpuLocal {
             irq_allocs: AtomicUsize::new(0),
             irq_failures: AtomicUsize::new(0),
             ticks: AtomicUsize::new(0),
+            allocating: AtomicBool::new(false),
             apic_id: AtomicU32::new(0),
             online: AtomicBool::new(false),
         }
@@ -176,79 +180,6 @@ unsafe impl kmemcg::Cpu for Hw {
                  options(nostack, preserves_flags, readonly))
         };
         depth != 0
-    }
-}
-
-/// [`Hw`] with nodes, for the NUMA boot's heap: the node of each CPU from
-/// the map the boot CPU read from the SRAT (`numa.rs`).
-pub struct NumaHw;
-
-// SAFETY: (1), (2), (3), (5) and (6) as for `Hw`, whose functions these
-// are. (4) `numa::cpu_node` returns a node below `numa::NODES` (2, below
-// `kmemcg::MAX_NODES`), set by the boot CPU before any CPU allocates from
-// the heap that uses `NumaHw` and never changed; `nodes` is 2 from then on.
-unsafe impl kmemcg::Cpu for NumaHw {
-    #[inline(always)]
-    fn id() -> usize {
-        index()
-    }
-
-    #[inline(always)]
-    fn irq_save() -> usize {
-        Hw::irq_save()
-    }
-
-    #[inline(always)]
-    unsafe fn irq_restore(saved: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { Hw::irq_restore(saved) }
-    }
-
-    #[inline(always)]
-    fn in_interrupt() -> bool {
-        Hw::in_interrupt()
-    }
-
-    #[inline(always)]
-    fn node_of(cpu: usize) -> usize {
-        super::numa::cpu_node(cpu)
-    }
-
-    #[inline(always)]
-    fn nodes() -> usize {
-        super::numa::nodes()
-    }
-}
-
-/// A spin lock over a `T` that masks interrupts while held, so interrupt
-/// handlers and other CPUs can share it. Not reentrant.
-pub struct IrqLock<T> {
-    locked: AtomicBool,
-    value: UnsafeCell<T>,
-}
-
-// SAFETY: the value is only reached through `with`, by one holder at a
-// time, and may be handed between CPUs (`T: Send`).
-unsafe impl<T: Send> Sync for IrqLock<T> {}
-
-impl<T> IrqLock<T> {
-    /// An unlocked lock over `value`.
-    pub const fn new(value: T) -> Self {
-        IrqLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
-    }
-
-    /// Runs `f` on the value with the lock held and interrupts masked.
-    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        let saved = Hw::irq_save();
-        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            core::hint::spin_loop();
-        }
-        // SAFETY: the lock is held: nobody else reaches the value.
-        let r = f(unsafe { &mut *self.value.get() });
-        self.locked.store(false, Ordering::Release);
-        // SAFETY: saved above on this CPU.
-        unsafe { Hw::irq_restore(saved) };
-        r
     }
 }
 

@@ -20,7 +20,9 @@
 
 use core::arch::asm;
 
-use super::serial::kprintln;
+use kernel_common::icount;
+
+use super::arch::X86_64;
 use super::{KMEM, KMEM_NOCPUS, apic, bench, cpu, time};
 
 /// Pairs in the shorter measured run (the longer one has twice as many).
@@ -39,28 +41,18 @@ fn spin(rounds: u64) -> u64 {
     time::rdtsc() - t0
 }
 
-/// Instructions per pair on `a`, given `ticks_per_insn`.
-fn per_pair<A: core::alloc::GlobalAlloc>(a: &A, ticks_per_insn: f64) -> Result<f64, &'static str> {
-    bench::pairs(a, WARMUP)?;
-    let one = bench::pairs(a, PAIRS)?;
-    let two = bench::pairs(a, 2 * PAIRS)?;
-    Ok(two.saturating_sub(one) as f64 / ticks_per_insn / PAIRS as f64)
-}
-
 /// TSC ticks per instruction, from a loop of known length.
 pub fn ticks_per_insn() -> Result<f64, &'static str> {
-    let ticks_per_insn = spin(2 * ROUNDS).saturating_sub(spin(ROUNDS)) as f64 / (2 * ROUNDS) as f64;
-    if ticks_per_insn <= 0.0 {
-        return Err("icount: the TSC did not advance");
-    }
-    Ok(ticks_per_insn)
+    icount::ticks_per_insn(spin, ROUNDS)
 }
 
 /// TSC ticks per instruction, then instructions per pair with `PerCpu`
 /// and with `NoCpus`.
 fn measure() -> Result<(f64, f64, f64), &'static str> {
-    let ticks_per_insn = ticks_per_insn()?;
-    Ok((ticks_per_insn, per_pair(&KMEM, ticks_per_insn)?, per_pair(&&KMEM_NOCPUS, ticks_per_insn)?))
+    let tpi = ticks_per_insn()?;
+    let percpu = icount::per_pair(|n| bench::pairs(&KMEM, n), WARMUP, PAIRS, tpi)?;
+    let nocpus = icount::per_pair(|n| bench::pairs(&&KMEM_NOCPUS, n), WARMUP, PAIRS, tpi)?;
+    Ok((tpi, percpu, nocpus))
 }
 
 /// Measures and prints the counts: one line per platform, then `done`.
@@ -70,9 +62,6 @@ pub fn run() -> Result<(), &'static str> {
     let r = measure();
     cpu::disable_interrupts();
     let (ticks_per_insn, percpu, nocpus) = r?;
-    kprintln!("icount: {ticks_per_insn:.4} TSC ticks per instruction");
-    kprintln!("icount: percpu {percpu:.2} instructions per 64-byte alloc+free pair");
-    kprintln!("icount: nocpus {nocpus:.2} instructions per 64-byte alloc+free pair");
-    kprintln!("icount: done");
+    icount::report::<X86_64>("TSC", ticks_per_insn, percpu, nocpus);
     Ok(())
 }

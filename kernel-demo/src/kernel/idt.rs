@@ -179,16 +179,19 @@ extern "C" fn exception(frame: &ExceptionFrame) -> ! {
     super::fail("CPU exception")
 }
 
-/// The local APIC timer: a `Box<[u8; 64]>` and a small `Vec`, allocated,
-/// checked and freed in interrupt context, counted per CPU.
+/// The local APIC timer: while its CPU runs the workload (`allocating`), a
+/// `Box<[u8; 64]>` and a small `Vec`, allocated, checked and freed in
+/// interrupt context, counted per CPU.
 extern "C" fn timer_interrupt() {
     let me = cpu::this();
     me.irq_enter();
     me.ticks.fetch_add(1, Ordering::Relaxed);
-    match irq_allocations() {
-        Ok(n) => me.irq_allocs.fetch_add(n, Ordering::Relaxed),
-        Err(()) => me.irq_failures.fetch_add(1, Ordering::Relaxed),
-    };
+    if me.allocating.load(Ordering::Relaxed) {
+        match irq_allocations() {
+            Ok(n) => me.irq_allocs.fetch_add(n, Ordering::Relaxed),
+            Err(()) => me.irq_failures.fetch_add(1, Ordering::Relaxed),
+        };
+    }
     me.irq_exit();
     apic::eoi();
 }

@@ -6,7 +6,10 @@ use kmemcg::PAGE_SIZE;
 
 use super::acpi::Srat;
 use super::serial::kprintln;
-use super::{KMEM, KMEM_NOCPUS, numa};
+use kernel_common::numa;
+
+use super::arch::X86_64;
+use super::{KMEM, KMEM_NOCPUS};
 
 /// The boot stub identity-maps `[0, IDENTITY_LIMIT)`; memory above it is
 /// not addressable.
@@ -52,7 +55,7 @@ pub struct BootInfo {
     /// counts only (`icount.rs`), no self-test.
     pub icount: bool,
     /// `heap=KIB` on the command line, in bytes: the heap gets only that
-    /// much RAM and runs the tutorial heap suite only (`small_heap.rs`).
+    /// much RAM and runs the tutorial heap suite only (`kernel_common::small_heap`).
     pub heap: Option<usize>,
     /// Whether the command line has the word `numa`: the two-node test
     /// (`numa.rs`) instead of the self-test; with `icount` too, its
@@ -99,7 +102,7 @@ impl BootInfo {
             // QEMU passes the kernel's file name, a space, then `-append`.
             icount = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"icount");
             numa = cmdline.to_bytes().split(|&c| c == b' ').any(|w| w == b"numa");
-            heap = super::tutorial_heap::heap_arg(cmdline.to_bytes());
+            heap = kernel_common::tutorial_heap::heap_arg(cmdline.to_bytes());
         }
         if flags & (1 << 3) != 0 {
             let (count, addr) = (word(20), word(24));
@@ -180,7 +183,7 @@ impl BootInfo {
                 }
                 // SAFETY: as above, for the rest of the piece, which only
                 // `KMEM_NUMA` gets.
-                unsafe { numa::give(s, t, node) }?;
+                unsafe { numa::give::<X86_64>(s, t, node) }?;
             }
         }
         if global { Ok(()) } else { Err("no room on node 0 for the global heap") }

@@ -5,7 +5,7 @@ use core::arch::asm;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// CPUs this kernel can run (each gets a block and a stack).
-pub const MAX_CPUS: usize = 8;
+pub const MAX_CPUS: usize = kernel_common::MAX_CPUS;
 
 /// Bytes of stack per CPU (interrupt handlers run on it too).
 pub const STACK_SIZE: usize = 64 * 1024;
@@ -21,6 +21,10 @@ pub struct PerCpuBlock {
     pub irq_allocs: AtomicUsize,
     /// Timer interrupts taken.
     pub ticks: AtomicUsize,
+    /// Whether the timer handler allocates: set and cleared by the CPU
+    /// itself around the workload (`irq::start_allocating`,
+    /// `stop_allocating`), read by that handler on the same CPU.
+    pub allocating: AtomicBool,
     /// Set once the CPU runs Rust code with its interrupts set up.
     pub online: AtomicBool,
 }
@@ -32,6 +36,7 @@ impl PerCpuBlock {
             irq_depth: AtomicUsize::new(0),
             irq_allocs: AtomicUsize::new(0),
             ticks: AtomicUsize::new(0),
+            allocating: AtomicBool::new(false),
             online: AtomicBool::new(false),
         }
     }
@@ -99,47 +104,6 @@ unsafe impl kmemcg::Cpu for Hw {
     #[inline(always)]
     fn in_interrupt() -> bool {
         this().irq_depth.load(Ordering::Relaxed) > 0
-    }
-}
-
-/// [`Hw`] with nodes, for the NUMA boot's heap: the node of each CPU from
-/// the map the boot CPU read from the device tree (`numa.rs`).
-pub struct NumaHw;
-
-// SAFETY: (1), (2), (3), (5) and (6) as for `Hw`, whose functions these
-// are. (4) `numa::cpu_node` returns a node below `numa::NODES` (2, below
-// `kmemcg::MAX_NODES`), set by the boot CPU before any CPU allocates from
-// the heap that uses `NumaHw` and never changed; `nodes` is 2 from then on.
-unsafe impl kmemcg::Cpu for NumaHw {
-    #[inline(always)]
-    fn id() -> usize {
-        id()
-    }
-
-    #[inline(always)]
-    fn irq_save() -> usize {
-        <Hw as kmemcg::Cpu>::irq_save()
-    }
-
-    #[inline(always)]
-    unsafe fn irq_restore(saved: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { <Hw as kmemcg::Cpu>::irq_restore(saved) }
-    }
-
-    #[inline(always)]
-    fn in_interrupt() -> bool {
-        <Hw as kmemcg::Cpu>::in_interrupt()
-    }
-
-    #[inline(always)]
-    fn node_of(cpu: usize) -> usize {
-        super::numa::cpu_node(cpu)
-    }
-
-    #[inline(always)]
-    fn nodes() -> usize {
-        super::numa::nodes()
     }
 }
 

@@ -60,7 +60,7 @@ pub struct DeviceTree {
     /// instruction counts only (`icount.rs`), no self-test.
     pub icount: bool,
     /// `heap=KIB` in `bootargs`, in bytes: the heap gets only that much
-    /// RAM and runs the tutorial heap suite only (`small_heap.rs`).
+    /// RAM and runs the tutorial heap suite only (`kernel_common::small_heap`).
     pub heap: Option<usize>,
     /// Whether `bootargs` has the word `numa`: the two-node test
     /// (`numa.rs`) instead of the self-test; with `icount` too, its
@@ -239,7 +239,7 @@ impl DeviceTree {
                         b"bootargs" if node.kind == Kind::Chosen => {
                             let args = cstr(value, 0)?;
                             dt.icount = args.split(|&c| c == b' ').any(|w| w == b"icount");
-                            dt.heap = super::tutorial_heap::heap_arg(args);
+                            dt.heap = kernel_common::tutorial_heap::heap_arg(args);
                             dt.numa = args.split(|&c| c == b' ').any(|w| w == b"numa");
                         }
                         b"device_type" if depth == 1 && has_string(value, b"memory") => node.kind = Kind::Memory,

@@ -21,13 +21,15 @@
 
 use core::arch::asm;
 
-use super::serial::kprintln;
+use kernel_common::icount;
+
+use super::arch::Aarch64;
 use super::{KMEM, SOLO, bench, cpu};
 
 /// Pairs in the shorter measured run (the longer one has twice as many).
-const PAIRS: usize = 100_000;
+const PAIRS: u64 = 100_000;
 /// Pairs run first, so the magazines are loaded.
-const WARMUP: usize = 1_000;
+const WARMUP: u64 = 1_000;
 /// Rounds of the calibration loop (the longer run has twice as many).
 const ROUNDS: u64 = 1_000_000;
 
@@ -39,37 +41,25 @@ fn spin(rounds: u64) -> u64 {
     cpu::ticks() - t0
 }
 
-/// Counter ticks for `n` pairs on `heap`.
-fn ticks<A: core::alloc::GlobalAlloc>(heap: &A, n: usize) -> u64 {
-    let (start, end) = bench::pairs(heap, n);
-    end - start
+/// Counter ticks per instruction, from a loop of known length.
+pub fn ticks_per_insn() -> Result<f64, &'static str> {
+    icount::ticks_per_insn(spin, ROUNDS)
 }
 
 /// Instructions per pair on `heap`, given `ticks_per_insn`.
-fn per_pair<A: core::alloc::GlobalAlloc>(heap: &A, ticks_per_insn: f64) -> f64 {
-    ticks(heap, WARMUP);
-    let one = ticks(heap, PAIRS);
-    let two = ticks(heap, 2 * PAIRS);
-    two.saturating_sub(one) as f64 / ticks_per_insn / PAIRS as f64
-}
-
-/// Counter ticks per instruction, from a loop of known length.
-pub fn ticks_per_insn() -> Result<f64, &'static str> {
-    let ticks_per_insn = spin(2 * ROUNDS).saturating_sub(spin(ROUNDS)) as f64 / (2 * ROUNDS) as f64;
-    if ticks_per_insn <= 0.0 {
-        return Err("icount: the counter did not advance");
-    }
-    Ok(ticks_per_insn)
+fn per_pair<A: core::alloc::GlobalAlloc>(heap: &A, ticks_per_insn: f64) -> Result<f64, &'static str> {
+    let ticks = |n: u64| {
+        let (start, end) = bench::pairs(heap, n as usize);
+        Ok(end - start)
+    };
+    icount::per_pair(ticks, WARMUP, PAIRS, ticks_per_insn)
 }
 
 /// Measures and prints the counts: one line per platform, then `done`.
 pub fn run() -> Result<(), &'static str> {
     let ticks_per_insn = ticks_per_insn()?;
-    let percpu = per_pair(&KMEM, ticks_per_insn);
-    let nocpus = per_pair(&SOLO, ticks_per_insn);
-    kprintln!("icount: {ticks_per_insn:.4} counter ticks per instruction");
-    kprintln!("icount: percpu {percpu:.2} instructions per 64-byte alloc+free pair");
-    kprintln!("icount: nocpus {nocpus:.2} instructions per 64-byte alloc+free pair");
-    kprintln!("icount: done");
+    let percpu = per_pair(&KMEM, ticks_per_insn)?;
+    let nocpus = per_pair(&SOLO, ticks_per_insn)?;
+    icount::report::<Aarch64>("counter", ticks_per_insn, percpu, nocpus);
     Ok(())
 }

@@ -92,6 +92,19 @@ fn timer_arm() {
     };
 }
 
+/// From now on this CPU's timer handler allocates (and frees) on every
+/// tick.
+pub fn start_allocating() {
+    cpu::this().allocating.store(true, Ordering::Relaxed);
+}
+
+/// From now on this CPU's timer handler allocates nothing (the timer
+/// keeps ticking, so `wfi` waits still wake). Called on the CPU itself: no
+/// handler of its own is running then, so none holds an allocation.
+pub fn stop_allocating() {
+    cpu::this().allocating.store(false, Ordering::Relaxed);
+}
+
 /// Called by `irq_entry` (boot.rs) with IRQs masked, on the interrupted
 /// code's stack.
 pub extern "C" fn irq_handler() {
@@ -112,10 +125,14 @@ pub extern "C" fn irq_handler() {
     me.irq_depth.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// The timer's work: a `Box` and a small `Vec`, allocated and freed in
-/// interrupt context (charged to the root, never reclaiming).
+/// The timer's work while the workload runs ([`start_allocating`]): a
+/// `Box` and a small `Vec`, allocated and freed in interrupt context
+/// (charged to the root, never reclaiming).
 fn tick(me: &PerCpuBlock) {
     let n = me.ticks.fetch_add(1, Ordering::Relaxed);
+    if !me.allocating.load(Ordering::Relaxed) {
+        return;
+    }
     let b = Box::new([n as u64; 4]);
     let mut v: Vec<u32> = Vec::with_capacity(8);
     v.extend((0..8).map(|i| i + n as u32));

@@ -6,7 +6,10 @@ use kmemcg::PAGE_SIZE;
 
 use super::dtb::{DeviceTree, MAX_RANGES, Range};
 use super::serial::kprintln;
-use super::{KMEM, SOLO, numa};
+use kernel_common::numa;
+
+use super::arch::Aarch64;
+use super::{KMEM, SOLO};
 
 /// The boot code maps `[0, MAPPED_LIMIT)`; RAM above it is left alone.
 const MAPPED_LIMIT: u64 = 4 << 30;
@@ -110,7 +113,7 @@ pub fn give_ram_numa(dt: &DeviceTree) -> Result<(), &'static str> {
             }
             // SAFETY: as above, for the rest of the piece, which only
             // `KMEM_NUMA` gets.
-            unsafe { numa::give(start, end, node as usize) }?;
+            unsafe { numa::give::<Aarch64>(start, end, node as usize) }?;
         }
     }
     if global { Ok(()) } else { Err("no room on node 0 for the global heap") }

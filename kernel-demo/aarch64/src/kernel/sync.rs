@@ -1,7 +1,9 @@
-//! A reusable barrier for the CPUs of the self-test, and a cell for one
-//! CPU's failure message.
+//! A reusable barrier for the CPUs of the self-test, and the team of
+//! CPUs it keeps in step.
 
-use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use kernel_common::publish::Published;
 
 use super::cpu;
 
@@ -44,35 +46,25 @@ impl Barrier {
     }
 }
 
-/// The first failure message of one CPU (written by that CPU only).
-pub struct Failure {
-    msg: AtomicPtr<u8>,
-    len: AtomicUsize,
+/// The CPUs of the self-test: how many, and the barrier that keeps them
+/// in step (the workload's phases, the bench).
+pub struct Team {
+    /// CPUs taking part.
+    pub n: usize,
+    /// Their barrier.
+    pub barrier: Barrier,
 }
 
-impl Failure {
-    /// No failure.
-    pub const fn new() -> Self {
-        Failure { msg: AtomicPtr::new(core::ptr::null_mut()), len: AtomicUsize::new(0) }
-    }
+/// The [`Team`] of this boot.
+static TEAM: Published = Published::new();
 
-    /// Records `msg` unless a failure is already recorded.
-    pub fn set(&self, msg: &'static str) {
-        if self.msg.load(Ordering::Relaxed).is_null() {
-            self.len.store(msg.len(), Ordering::Relaxed);
-            self.msg.store(msg.as_ptr().cast_mut(), Ordering::Release);
-        }
-    }
+/// Makes and publishes the team of `n` CPUs (boot CPU, before the
+/// self-test's baseline: it stays allocated).
+pub fn make_team(n: usize) -> &'static Team {
+    TEAM.publish(Team { n, barrier: Barrier::new(n) })
+}
 
-    /// The recorded failure.
-    pub fn get(&self) -> Option<&'static str> {
-        let p = self.msg.load(Ordering::Acquire);
-        if p.is_null() {
-            return None;
-        }
-        let len = self.len.load(Ordering::Relaxed);
-        // SAFETY: `set` stored the pointer and length of a `&'static str`
-        // (the length before the pointer's Release store).
-        Some(unsafe { core::str::from_utf8_unchecked(core::slice::from_raw_parts(p, len)) })
-    }
+/// The team, once the boot CPU made it.
+pub fn team() -> &'static Team {
+    TEAM.wait()
 }

@@ -13,7 +13,9 @@ use kmemcg::{CacheFlags, Error};
 
 use super::cpu::{self, IRQ_ALLOCS, IRQ_FAILURES, TICKS};
 use super::semihosting::{self, println};
-use super::{Heap, tutorial_heap};
+use kernel_common::tutorial_heap;
+
+use super::Heap;
 
 type Test = Result<(), &'static str>;
 

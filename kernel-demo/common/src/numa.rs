@@ -1,14 +1,13 @@
 //! Two NUMA nodes, shared by the demo kernels (`kernel-demo`,
-//! `kernel-demo/aarch64`), each of which includes this file with
-//! `#[path]` as its `numa` module, next to its `serial` module and its
-//! `KMEM` (the global heap) and `KMEM_NUMA` statics.
+//! `kernel-demo/aarch64`), which give it their global heap and their
+//! two-node heap (`KMEM_NUMA`) through [`Arch`].
 //!
 //! With `numa` on its command line, a kernel learns its nodes from the
 //! firmware (x86_64: the ACPI SRAT; aarch64: the device tree's
 //! `numa-node-id` properties), hands each node's RAM to `KMEM_NUMA` as that
-//! node's regions ([`give`]), tells it the CPU → node map ([`set_cpu_node`],
-//! read back by the kernel's `kmemcg::Cpu::node_of` through [`cpu_node`]),
-//! and runs [`cpu_part`] on every CPU at once:
+//! node's regions ([`give`]), tells it the CPU → node map
+//! ([`set_cpu_node`], read back by [`NumaCpu`]'s `node_of`), and runs
+//! [`cpu_part`] on every CPU at once:
 //!
 //! 1. every CPU allocates [`OBJECTS`] 64-byte objects inside the group
 //!    `numa`, and each must lie in its node's memory (by address range);
@@ -27,7 +26,7 @@
 //! remote frees R` (P: the group's pages on the node after step 1).
 //!
 //! `KMEM_NUMA` is a heap of its own, beside the global one, whose
-//! `kmemcg::Cpu` answers `node_of`/`nodes` from the map here: the global
+//! `kmemcg::Cpu` ([`NumaCpu`]) answers `node_of`/`nodes` from the map: the global
 //! heap keeps its one-node platform, so the other boots and their
 //! instruction counts do not change. With `numa icount`, [`measure`] counts
 //! guest instructions per local allocation, local free and remote free
@@ -40,16 +39,14 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering
 
 use kmemcg::{Cgroup, PAGE_SIZE, PageSource};
 
-use super::serial::kprintln;
-use super::{KMEM, KMEM_NUMA, NumaHeap};
+use crate::arch::{Arch, NumaHeap};
+use crate::kprintln;
+pub use crate::node_map::{MAX_CPUS, NODES, NumaCpu, cpu_node, nodes, set_cpu_node};
+use crate::publish::Published;
 
-/// CPUs the map holds (both kernels run at most 8).
-pub const MAX_CPUS: usize = 8;
 /// Memory spans (a node's ranges after the kernel and boot data are cut
 /// out) the address → node check keeps.
 const MAX_SPANS: usize = 16;
-/// Nodes the test runs on.
-pub const NODES: usize = 2;
 /// Objects each CPU allocates in each step.
 pub const OBJECTS: usize = 1024;
 /// Their size.
@@ -64,41 +61,12 @@ fn check(ok: bool, what: &'static str) -> Test {
     if ok { Ok(()) } else { Err(what) }
 }
 
-/// `node_of` for each CPU index (`kmemcg::Cpu` contract 4: fixed before
-/// the CPU first allocates from `KMEM_NUMA`).
-static CPU_NODE: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
-/// Nodes in use, for `kmemcg::Cpu::nodes`; 1 until the map is set.
-static NODES_IN_USE: AtomicUsize = AtomicUsize::new(1);
-
 /// Node `i` of each span: `[start, end)`.
 static SPAN_START: [AtomicU64; MAX_SPANS] = [const { AtomicU64::new(0) }; MAX_SPANS];
 static SPAN_END: [AtomicU64; MAX_SPANS] = [const { AtomicU64::new(0) }; MAX_SPANS];
 static SPAN_NODE: [AtomicUsize; MAX_SPANS] = [const { AtomicUsize::new(0) }; MAX_SPANS];
 /// Spans published (`Release` after writing one).
 static SPANS: AtomicUsize = AtomicUsize::new(0);
-
-/// The node of CPU `cpu` (for the kernel's `kmemcg::Cpu::node_of`).
-#[inline(always)]
-pub fn cpu_node(cpu: usize) -> usize {
-    // Relaxed: written once by the boot CPU before any CPU allocates from
-    // `KMEM_NUMA` (and before the others start, which orders the write).
-    CPU_NODE.get(cpu).map_or(0, |n| n.load(Ordering::Relaxed))
-}
-
-/// Nodes in use (for the kernel's `kmemcg::Cpu::nodes`).
-#[inline(always)]
-pub fn nodes() -> usize {
-    // Relaxed: as for `cpu_node`.
-    NODES_IN_USE.load(Ordering::Relaxed)
-}
-
-/// Records that CPU index `cpu` is on `node` (boot CPU, before the CPU
-/// starts and before [`start`]).
-pub fn set_cpu_node(cpu: usize, node: usize) -> Test {
-    check(cpu < MAX_CPUS && node < NODES, "a CPU or node number out of range")?;
-    CPU_NODE[cpu].store(node, Ordering::Relaxed);
-    Ok(())
-}
 
 /// Hands `[start, end)` (page aligned) to `KMEM_NUMA` as memory of `node`
 /// and records it for the address checks.
@@ -107,17 +75,17 @@ pub fn set_cpu_node(cpu: usize, node: usize) -> Test {
 ///
 /// The range must be RAM, mapped, used by nothing else, for the rest of
 /// the program.
-pub unsafe fn give(start: u64, end: u64, node: usize) -> Test {
+pub unsafe fn give<A: Arch>(start: u64, end: u64, node: usize) -> Test {
     let n = SPANS.load(Ordering::Relaxed);
     check(n < MAX_SPANS && node < NODES, "too many NUMA memory spans, or a node out of range")?;
     // SAFETY: forwarded from the caller.
-    unsafe { KMEM_NUMA.source().add_raw(start as *mut u8, (end - start) as usize, node) }
+    unsafe { A::numa_heap().source().add_raw(start as *mut u8, (end - start) as usize, node) }
         .map_err(|_| "kmemcg refused a node's memory range")?;
     SPAN_START[n].store(start, Ordering::Relaxed);
     SPAN_END[n].store(end, Ordering::Relaxed);
     SPAN_NODE[n].store(node, Ordering::Relaxed);
     SPANS.store(n + 1, Ordering::Release);
-    kprintln!("numa: node {node}: {start:#x}..{end:#x} ({} KiB) -> kmemcg", (end - start) >> 10);
+    kprintln!(A; "numa: node {node}: {start:#x}..{end:#x} ({} KiB) -> kmemcg", (end - start) >> 10);
     Ok(())
 }
 
@@ -150,15 +118,16 @@ impl Barrier {
     }
 }
 
-/// What every CPU of the test shares (leaked by the boot CPU).
-struct Shared {
+/// What every CPU of the test shares (leaked by the boot CPU), for the
+/// kernel whose `kmemcg::Cpu` is `C`.
+struct Shared<C: kmemcg::Cpu> {
     /// CPUs taking part.
     n: usize,
     barrier: Barrier,
     /// The test's group (none when the boot measures: an allocator with a
     /// group besides the root takes a longer path on every refill, which
     /// would make the comparison with the global heap unfair).
-    group: Option<Cgroup<'static, NumaHeap>>,
+    group: Option<Cgroup<'static, NumaHeap<C>>>,
     /// `partner[i]`: the CPU on the other node whose objects CPU `i` frees.
     partner: [usize; MAX_CPUS],
     /// `objects[i * OBJECTS..][..OBJECTS]`: CPU `i`'s objects of the
@@ -176,9 +145,10 @@ struct Shared {
     remote_objects: Vec<AtomicUsize>,
 }
 
-static SHARED: AtomicPtr<Shared> = AtomicPtr::new(core::ptr::null_mut());
+/// The `Shared<A::Cpu>` [`start`] published.
+static SHARED: Published = Published::new();
 
-impl Shared {
+impl<C: kmemcg::Cpu> Shared<C> {
     fn fail(&self, e: &'static str) {
         // A leaked copy, so the pointer outlives this call.
         let p = Box::into_raw(Box::new(e));
@@ -203,10 +173,10 @@ fn layout() -> Layout {
 /// Sets up the test on `ncpus` CPUs (or the measurement, if `measuring`)
 /// and returns once other CPUs may call [`cpu_part`] (or [`remote_part`])
 /// (boot CPU, after [`give`] and [`set_cpu_node`]).
-pub fn start(ncpus: usize, measuring: bool) -> Test {
+pub fn start<A: Arch>(ncpus: usize, measuring: bool) -> Test {
     check(SPANS.load(Ordering::Relaxed) > 0, "no memory given to the NUMA heap")?;
     check((1..=MAX_CPUS).contains(&ncpus), "CPU count out of range")?;
-    NODES_IN_USE.store(NODES, Ordering::Relaxed);
+    crate::node_map::set_nodes_in_use();
     let node_cpus = |n: usize| (0..ncpus).filter(move |&c| cpu_node(c) == n);
     check(node_cpus(0).count() == node_cpus(1).count(), "the nodes do not have as many CPUs each")?;
     let mut partner = [0; MAX_CPUS];
@@ -216,12 +186,15 @@ pub fn start(ncpus: usize, measuring: bool) -> Test {
         }
     }
     for (c, p) in partner[..ncpus].iter().enumerate() {
-        kprintln!("numa: cpu {c} on node {}, frees the objects of cpu {p}", cpu_node(c));
+        kprintln!(A; "numa: cpu {c} on node {}, frees the objects of cpu {p}", cpu_node(c));
     }
-    let group =
-        if measuring { None } else { Some(KMEM_NUMA.root().create_child("numa").map_err(|_| "create_child(numa)")?) };
+    let group = if measuring {
+        None
+    } else {
+        Some(A::numa_heap().root().create_child("numa").map_err(|_| "create_child(numa)")?)
+    };
     let remote_objects = if measuring { 3 * OPS } else { 0 };
-    let sh = Box::leak(Box::new(Shared {
+    SHARED.publish(Shared::<A::Cpu> {
         n: ncpus,
         barrier: Barrier { n: ncpus, arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0) },
         group,
@@ -232,29 +205,21 @@ pub fn start(ncpus: usize, measuring: bool) -> Test {
         failure: AtomicPtr::new(core::ptr::null_mut()),
         ready: AtomicBool::new(false),
         remote_objects: (0..remote_objects).map(|_| AtomicUsize::new(0)).collect(),
-    }));
-    SHARED.store(sh, Ordering::Release);
+    });
     Ok(())
 }
 
 /// The shared state, once the boot CPU published it.
-fn shared() -> &'static Shared {
-    loop {
-        let p = SHARED.load(Ordering::Acquire);
-        if !p.is_null() {
-            // SAFETY: `start` published a leaked `Shared`, never freed.
-            break unsafe { &*p };
-        }
-        core::hint::spin_loop();
-    }
+fn shared<A: Arch>() -> &'static Shared<A::Cpu> {
+    SHARED.wait()
 }
 
 /// Allocates CPU `me`'s objects into `objects[slot]`; each must be on `node`.
-fn alloc_local(sh: &Shared, me: usize, slot: usize) -> Test {
+fn alloc_local<A: Arch>(sh: &Shared<A::Cpu>, me: usize, slot: usize) -> Test {
     let node = cpu_node(me);
     for o in &sh.objects[slot * OBJECTS..][..OBJECTS] {
         // SAFETY: a valid layout of non-zero size.
-        let p = unsafe { KMEM_NUMA.alloc(layout()) };
+        let p = unsafe { A::numa_heap().alloc(layout()) };
         check(!p.is_null(), "a NUMA allocation failed")?;
         o.store(p as usize, Ordering::Relaxed);
         check(node_of_addr(p as usize) == Some(node), "an object allocated on a CPU is not in its node's memory")?;
@@ -264,7 +229,7 @@ fn alloc_local(sh: &Shared, me: usize, slot: usize) -> Test {
 }
 
 /// Frees `objects[slot]` on CPU `me`, counting the remote ones.
-fn free_all(sh: &Shared, me: usize, slot: usize, expect_remote: bool) -> Test {
+fn free_all<A: Arch>(sh: &Shared<A::Cpu>, me: usize, slot: usize, expect_remote: bool) -> Test {
     let node = cpu_node(me);
     for o in &sh.objects[slot * OBJECTS..][..OBJECTS] {
         let p = o.swap(0, Ordering::Relaxed);
@@ -275,21 +240,21 @@ fn free_all(sh: &Shared, me: usize, slot: usize, expect_remote: bool) -> Test {
         }
         // SAFETY: a live object of `KMEM_NUMA` with this layout, freed once
         // (swapped out of its cell).
-        unsafe { KMEM_NUMA.dealloc(p as *mut u8, layout()) };
+        unsafe { A::numa_heap().dealloc(p as *mut u8, layout()) };
     }
     Ok(())
 }
 
 /// Pages each node's regions have free.
-fn free_pages() -> [usize; NODES] {
-    core::array::from_fn(|n| KMEM_NUMA.source().free_pages_on(n))
+fn free_pages<A: Arch>() -> [usize; NODES] {
+    core::array::from_fn(|n| A::numa_heap().source().free_pages_on(n))
 }
 
 /// CPU `me`'s part of the test, on every CPU at once (the boot CPU is
 /// index 0 and checks between the steps). Returns the first failure of
 /// any CPU (on the boot CPU; the others return `Ok`).
-pub fn cpu_part(me: usize) -> Test {
-    let sh = shared();
+pub fn cpu_part<A: Arch>(me: usize) -> Test {
+    let sh = shared::<A>();
     let group = sh.group.as_ref().ok_or("the NUMA test runs in a measuring boot")?;
     let step = |r: Test| {
         if let Err(e) = r {
@@ -302,13 +267,13 @@ pub fn cpu_part(me: usize) -> Test {
         // free page counts are taken.
         let _in = group.enter();
         // SAFETY: a valid layout of non-zero size.
-        let p = unsafe { KMEM_NUMA.alloc(layout()) };
+        let p = unsafe { A::numa_heap().alloc(layout()) };
         if !p.is_null() {
             // SAFETY: just allocated with this layout, freed once.
-            unsafe { KMEM_NUMA.dealloc(p, layout()) };
+            unsafe { A::numa_heap().dealloc(p, layout()) };
         }
-        KMEM_NUMA.shrink();
-        free_pages()
+        A::numa_heap().shrink();
+        free_pages::<A>()
     } else {
         [0; NODES]
     };
@@ -317,11 +282,11 @@ pub fn cpu_part(me: usize) -> Test {
     // 1. Local allocations, charged to the group.
     {
         let _in = group.enter();
-        step(alloc_local(sh, me, me));
+        step(alloc_local::<A>(sh, me, me));
     }
     sh.barrier.wait();
     if me == 0 {
-        let r = check_usage(sh, group, baseline);
+        let r = check_usage::<A>(sh, group, baseline);
         peak = r.unwrap_or_default();
         step(r.map(drop));
     }
@@ -330,13 +295,13 @@ pub fn cpu_part(me: usize) -> Test {
     {
         let _in = group.enter();
         let partner = sh.partner[me];
-        step(free_all(sh, me, partner, true));
+        step(free_all::<A>(sh, me, partner, true));
         sh.barrier.wait(); // every partner's objects are free before reuse
-        step(alloc_local(sh, me, me));
+        step(alloc_local::<A>(sh, me, me));
     }
     sh.barrier.wait();
     // 3. Local frees.
-    step(free_all(sh, me, me, false));
+    step(free_all::<A>(sh, me, me, false));
     sh.barrier.wait();
     if me != 0 {
         return Ok(());
@@ -344,9 +309,9 @@ pub fn cpu_part(me: usize) -> Test {
     if let Some(e) = sh.failure() {
         return Err(e);
     }
-    check_end(group, baseline)?;
+    check_end::<A>(group, baseline)?;
     for (n, pages) in peak.iter().enumerate() {
-        kprintln!(
+        kprintln!(A;
             "node {n}: pages {pages}, local allocations {}, remote frees {}",
             sh.local[n].load(Ordering::Relaxed),
             sh.remote[n].load(Ordering::Relaxed)
@@ -367,17 +332,17 @@ pub fn cpu_part(me: usize) -> Test {
 /// CPUs hold, is no more than the pages that node's regions handed out,
 /// and the nodes add up to the usage less the stocks. Returns the group's
 /// pages on each node.
-fn check_usage(
-    sh: &Shared,
-    group: &Cgroup<'static, NumaHeap>,
+fn check_usage<A: Arch>(
+    sh: &Shared<A::Cpu>,
+    group: &Cgroup<'static, NumaHeap<A::Cpu>>,
     baseline: [usize; NODES],
 ) -> Result<[usize; NODES], &'static str> {
     let st = group.stat();
-    let now = free_pages();
+    let now = free_pages::<A>();
     let per_node = OBJECTS * SIZE * (sh.n / NODES);
     for n in 0..NODES {
         let taken = baseline[n].saturating_sub(now[n]);
-        kprintln!(
+        kprintln!(A;
             "numa: after the local allocations: group usage on node {n} {} KiB, node {n} handed out {taken} pages",
             st.nodes[n] >> 10
         );
@@ -391,11 +356,11 @@ fn check_usage(
 
 /// After step 3 and a shrink: no usage left on any node, and every page
 /// back on its own node.
-fn check_end(group: &Cgroup<'static, NumaHeap>, baseline: [usize; NODES]) -> Test {
-    KMEM_NUMA.shrink();
+fn check_end<A: Arch>(group: &Cgroup<'static, NumaHeap<A::Cpu>>, baseline: [usize; NODES]) -> Test {
+    A::numa_heap().shrink();
     let st = group.stat();
-    let now = free_pages();
-    kprintln!(
+    let now = free_pages::<A>();
+    kprintln!(A;
         "numa: after the frees and a shrink: group usage {} B ({:?} per node); free pages per node {:?}, {:?} before",
         st.usage,
         &st.nodes[..NODES],
@@ -408,12 +373,12 @@ fn check_end(group: &Cgroup<'static, NumaHeap>, baseline: [usize; NODES]) -> Tes
 
 /// The node-1 CPU's part of [`measure`]: allocates the objects the boot
 /// CPU will free remotely, then returns (the caller parks the CPU).
-pub fn remote_part(me: usize) {
-    let sh = shared();
+pub fn remote_part<A: Arch>(me: usize) {
+    let sh = shared::<A>();
     if cpu_node(me) == 1 && sh.partner[0] == me {
         for o in &sh.remote_objects {
             // SAFETY: a valid layout of non-zero size.
-            let p = unsafe { KMEM_NUMA.alloc(layout()) };
+            let p = unsafe { A::numa_heap().alloc(layout()) };
             if p.is_null() || node_of_addr(p as usize) != Some(1) {
                 sh.fail("a node-1 allocation failed or is not on node 1");
             }
@@ -429,7 +394,7 @@ fn per_op(one: u64, two: u64, ticks_per_insn: f64) -> f64 {
 }
 
 /// Ticks for allocating `cells.len()` objects from `heap` into `cells`.
-fn time_allocs<A: GlobalAlloc>(heap: &A, cells: &[AtomicUsize], ticks: fn() -> u64) -> Result<u64, &'static str> {
+fn time_allocs<H: GlobalAlloc>(heap: &H, cells: &[AtomicUsize], ticks: fn() -> u64) -> Result<u64, &'static str> {
     let t0 = ticks();
     for c in cells {
         // SAFETY: a valid layout of non-zero size.
@@ -448,7 +413,7 @@ fn time_allocs<A: GlobalAlloc>(heap: &A, cells: &[AtomicUsize], ticks: fn() -> u
 ///
 /// `cells` hold live objects of `heap` with the test's layout, not freed
 /// elsewhere.
-unsafe fn time_frees<A: GlobalAlloc>(heap: &A, cells: &[AtomicUsize], ticks: fn() -> u64) -> u64 {
+unsafe fn time_frees<H: GlobalAlloc>(heap: &H, cells: &[AtomicUsize], ticks: fn() -> u64) -> u64 {
     let t0 = ticks();
     for c in cells {
         // SAFETY: forwarded from the caller.
@@ -459,8 +424,8 @@ unsafe fn time_frees<A: GlobalAlloc>(heap: &A, cells: &[AtomicUsize], ticks: fn(
 
 /// Instructions per allocation and per free of `heap` on this CPU (the
 /// objects local).
-fn local_costs<A: GlobalAlloc>(
-    heap: &A,
+fn local_costs<H: GlobalAlloc>(
+    heap: &H,
     cells: &[AtomicUsize],
     ticks: fn() -> u64,
     tpi: f64,
@@ -480,7 +445,7 @@ fn local_costs<A: GlobalAlloc>(
 
 /// Instructions per alloc+free pair of `heap` on this CPU, the objects
 /// local and the magazines loaded (the kernels' `icount` loop).
-fn pair_cost<A: GlobalAlloc>(heap: &A, ticks: fn() -> u64, tpi: f64) -> Result<f64, &'static str> {
+fn pair_cost<H: GlobalAlloc>(heap: &H, ticks: fn() -> u64, tpi: f64) -> Result<f64, &'static str> {
     let run = |n: usize| {
         let t0 = ticks();
         for _ in 0..n {
@@ -502,9 +467,9 @@ fn pair_cost<A: GlobalAlloc>(heap: &A, ticks: fn() -> u64, tpi: f64) -> Result<f
 /// Takes every free page of node 0 from `KMEM_NUMA`'s region (after a
 /// shrink, so no node-0 slab has room left), largest runs first, and keeps
 /// them for the rest of the boot; returns how many.
-fn exhaust_node0() -> usize {
-    KMEM_NUMA.shrink();
-    let src = KMEM_NUMA.source();
+fn exhaust_node0<A: Arch>() -> usize {
+    A::numa_heap().shrink();
+    let src = A::numa_heap().source();
     let mut held = 0;
     for order in (0..16).rev() {
         while src.free_pages_on(0) >= 1 << order {
@@ -528,8 +493,8 @@ fn exhaust_node0() -> usize {
 /// and free on the one-node global heap for comparison. `ticks` reads the
 /// clock that counts instructions under `-icount`, `tpi` its ticks per
 /// instruction.
-pub fn measure(ticks: fn() -> u64, tpi: f64) -> Test {
-    let sh = shared();
+pub fn measure<A: Arch>(ticks: fn() -> u64, tpi: f64) -> Test {
+    let sh = shared::<A>();
     while !sh.ready.load(Ordering::Acquire) {
         core::hint::spin_loop();
     }
@@ -537,33 +502,34 @@ pub fn measure(ticks: fn() -> u64, tpi: f64) -> Test {
         return Err(e);
     }
     let cells: Vec<AtomicUsize> = (0..2 * OPS).map(|_| AtomicUsize::new(0)).collect();
-    let (local_alloc, local_free) = local_costs(&KMEM_NUMA, &cells, ticks, tpi)?;
+    let (local_alloc, local_free) = local_costs(A::numa_heap(), &cells, ticks, tpi)?;
     let r = &sh.remote_objects;
     // SAFETY: live node-1 objects of `KMEM_NUMA`, each freed once here.
-    let (r1, r2) = unsafe { (time_frees(&KMEM_NUMA, &r[..OPS], ticks), time_frees(&KMEM_NUMA, &r[OPS..], ticks)) };
+    let (r1, r2) =
+        unsafe { (time_frees(A::numa_heap(), &r[..OPS], ticks), time_frees(A::numa_heap(), &r[OPS..], ticks)) };
     let remote_free = per_op(r1, r2, tpi);
-    let pair = pair_cost(&KMEM_NUMA, ticks, tpi)?;
-    let (one_alloc, one_free) = local_costs(&KMEM, &cells, ticks, tpi)?;
-    let one_pair = pair_cost(&KMEM, ticks, tpi)?;
+    let pair = pair_cost(A::numa_heap(), ticks, tpi)?;
+    let (one_alloc, one_free) = local_costs(A::heap(), &cells, ticks, tpi)?;
+    let one_pair = pair_cost(A::heap(), ticks, tpi)?;
     // Remote allocations: node 0 out of pages, CPU 0's slabs come from
     // node 1 (the region's fallback), and their frees are remote too.
-    let held = exhaust_node0();
-    let (remote_alloc, remote_alloc_free) = local_costs(&KMEM_NUMA, &cells, ticks, tpi)?;
-    time_allocs(&KMEM_NUMA, &cells[..OPS], ticks)?;
+    let held = exhaust_node0::<A>();
+    let (remote_alloc, remote_alloc_free) = local_costs(A::numa_heap(), &cells, ticks, tpi)?;
+    time_allocs(A::numa_heap(), &cells[..OPS], ticks)?;
     let all_remote = cells[..OPS].iter().all(|c| node_of_addr(c.load(Ordering::Relaxed)) == Some(1));
     // SAFETY: just allocated from `KMEM_NUMA`, freed once.
-    unsafe { time_frees(&KMEM_NUMA, &cells[..OPS], ticks) };
+    unsafe { time_frees(A::numa_heap(), &cells[..OPS], ticks) };
     check(all_remote, "with node 0 out of pages, CPU 0 got an object that is not on node 1")?;
-    kprintln!(
+    kprintln!(A;
         "numa-icount: two-node heap, cpu 0 (node 0), {OPS}-object batches: local alloc {local_alloc:.2}, local free {local_free:.2}, remote free {remote_free:.2}; alloc+free pair {pair:.2}"
     );
-    kprintln!(
+    kprintln!(A;
         "numa-icount: one-node heap, cpu 0, {OPS}-object batches: alloc {one_alloc:.2}, free {one_free:.2}; alloc+free pair {one_pair:.2}"
     );
-    kprintln!(
+    kprintln!(A;
         "numa-icount: two-node heap, cpu 0, node 0 out of pages ({held} held): remote alloc {remote_alloc:.2}, free of those {remote_alloc_free:.2}"
     );
-    kprintln!(
+    kprintln!(A;
         "numa-icount: ratios: remote/local alloc {:.2}, free {:.2}; two-node/one-node: alloc {:.2}, free {:.2}, pair {:.2}",
         remote_alloc / local_alloc,
         remote_free / local_free,
@@ -571,6 +537,6 @@ pub fn measure(ticks: fn() -> u64, tpi: f64) -> Test {
         local_free / one_free,
         pair / one_pair
     );
-    kprintln!("numa-icount: done");
+    kprintln!(A; "numa-icount: done");
     Ok(())
 }

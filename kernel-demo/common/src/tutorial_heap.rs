@@ -1,9 +1,9 @@
 //! A tutorial kernel's heap tests, our own code, shared by the demo
 //! kernels (`kernel-demo`, `kernel-demo/aarch64`) and the Cortex-M
-//! program (`kernel-demo/cortex-m`), each of which includes this file with
-//! `#[path]`: one `Box`, a `Vec<u64>` pushed to 1,000 elements, as many
-//! short-lived boxes as a 100 KiB heap has bytes, and a long-lived box
-//! held across that churn, all through the global allocator.
+//! program (`kernel-demo/cortex-m`) through this crate: one `Box`, a
+//! `Vec<u64>` pushed to 1,000 elements, as many short-lived boxes as a
+//! 100 KiB heap has bytes, and a long-lived box held across that churn,
+//! all through the global allocator.
 //!
 //! The kernels run it with `heap=KIB` on their command line (QEMU's
 //! `-append`): their heap then gets only that many KiB of RAM (issue 29:

@@ -1,5 +1,5 @@
-//! The boot-time self-test: collections over the global allocator, a typed
-//! cache, and two limited groups.
+//! The boot-time self-test, on the boot CPU alone: collections over the
+//! global allocator, a typed cache, and two limited groups.
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
@@ -10,8 +10,9 @@ use core::fmt::Write as _;
 
 use kmemcg::{CacheFlags, Error};
 
-use super::Heap;
-use super::serial::kprintln;
+use crate::arch::{Arch, Heap};
+use crate::kprintln;
+
 type Test = Result<(), &'static str>;
 
 /// Tenant A's hard limit; tenant B's is four times as much.
@@ -22,15 +23,16 @@ fn check(ok: bool, what: &'static str) -> Test {
 }
 
 /// Runs every test, printing as it goes.
-pub fn run(kmem: &'static Heap) -> Test {
-    collections()?;
-    typed_cache(kmem)?;
-    groups(kmem)?;
-    report(kmem);
+pub fn run<A: Arch>() -> Test {
+    let kmem = A::heap();
+    collections::<A>()?;
+    typed_cache::<A>(kmem)?;
+    groups::<A>(kmem)?;
+    report::<A>(kmem);
     check(kmem.stats().bad_frees == 0, "kmemcg saw frees of pointers it does not own")
 }
 
-fn collections() -> Test {
+fn collections<A: Arch>() -> Test {
     let v: Vec<u64> = (0..100_000).collect(); // 800 KB: the large-object path
     check(v.iter().sum::<u64>() == 100_000 * 99_999 / 2, "Vec<u64> sum")?;
 
@@ -53,7 +55,7 @@ fn collections() -> Test {
 
     let big = alloc::vec![0xA5u8; 3 << 20];
     check(big.iter().all(|&b| b == 0xA5), "3 MiB Vec<u8> contents")?;
-    kprintln!("collections: Vec, BTreeMap, String, Box ok");
+    kprintln!(A; "collections: Vec, BTreeMap, String, Box ok");
     Ok(())
 }
 
@@ -64,7 +66,7 @@ struct Inode {
     name: [u8; 20],
 }
 
-fn typed_cache(kmem: &'static Heap) -> Test {
+fn typed_cache<A: Arch>(kmem: &'static Heap<A::Cpu>) -> Test {
     let inodes = kmem.create_cache::<Inode>("inode", CacheFlags::ACCOUNT).map_err(|_| "create_cache(inode)")?;
     let mut live = Vec::with_capacity(5000);
     for i in 0..5000u64 {
@@ -77,12 +79,12 @@ fn typed_cache(kmem: &'static Heap) -> Test {
     });
     check(ok, "inode contents")?;
     let st = inodes.stats();
-    kprintln!("typed cache 'inode': {} objects in {} slabs ({} pages)", st.active_objects, st.slabs, st.pages);
+    kprintln!(A; "typed cache 'inode': {} objects in {} slabs ({} pages)", st.active_objects, st.slabs, st.pages);
     check(st.active_objects >= 5000, "inode cache statistics")?;
     live.truncate(1000); // frees 4000
     check(inodes.stats().active_objects >= 1000, "inode cache after frees")?;
     drop(live);
-    kprintln!("typed cache 'inode': 5000 allocated, verified, freed");
+    kprintln!(A; "typed cache 'inode': 5000 allocated, verified, freed");
     Ok(())
 }
 
@@ -92,7 +94,7 @@ struct Packet {
     data: [u8; 504],
 }
 
-fn groups(kmem: &'static Heap) -> Test {
+fn groups<A: Arch>(kmem: &'static Heap<A::Cpu>) -> Test {
     let root = kmem.root();
     let a = root.create_child("tenant-a").map_err(|_| "create_child(tenant-a)")?;
     let b = root.create_child("tenant-b").map_err(|_| "create_child(tenant-b)")?;
@@ -122,13 +124,13 @@ fn groups(kmem: &'static Heap) -> Test {
     };
     match err {
         Error::LimitExceeded { group, max } => {
-            kprintln!("tenant-a: {} packets of 512 bytes, then {err:?}", held_a.len());
+            kprintln!(A; "tenant-a: {} packets of 512 bytes, then {err:?}", held_a.len());
             check(group.as_str() == "tenant-a" && max == LIMIT_A, "tenant-a's error names another limit")?;
         }
         _ => return Err("tenant-a failed with something other than LimitExceeded"),
     }
     check(big.is_err(), "tenant-a reserved 2 MiB past its 1 MiB limit")?;
-    kprintln!("tenant-a: Vec::try_reserve_exact(2 MiB) -> Err (clean failure)");
+    kprintln!(A; "tenant-a: Vec::try_reserve_exact(2 MiB) -> Err (clean failure)");
     check(!held_a.is_empty() && held_a.len() * 512 <= LIMIT_A, "tenant-a packet count")?;
     check(held_a.iter().enumerate().all(|(i, p)| p.seq == i as u64 && p.data[503] == i as u8), "tenant-a packets")?;
     check(a.failcnt() > 0 && a.usage() <= LIMIT_A, "tenant-a usage and failcnt")?;
@@ -144,11 +146,11 @@ fn groups(kmem: &'static Heap) -> Test {
         v
     };
     check(v.iter().sum::<u64>() == 128 * 1024 * (128 * 1024 - 1) / 2, "tenant-b Vec contents")?;
-    kprintln!("tenant-b: 2000 packets and a 1 MiB Vec while tenant-a is full");
+    kprintln!(A; "tenant-b: 2000 packets and a 1 MiB Vec while tenant-a is full");
     check(b.usage() >= 2 * LIMIT_A && b.failcnt() == 0, "tenant-b usage")?;
 
     for g in [&a, &b] {
-        kprintln!(
+        kprintln!(A;
             "group {}: usage {} KiB, peak {} KiB, max {} KiB, failcnt {}",
             g.name(),
             g.usage() >> 10,
@@ -157,36 +159,36 @@ fn groups(kmem: &'static Heap) -> Test {
             g.failcnt()
         );
     }
-    print_slabinfo(kmem, &["packet", "inode"]);
+    print_slabinfo::<A>(kmem, &["packet", "inode"]);
 
     drop((held_a, held_b, v));
     kmem.reap();
-    kprintln!("after freeing: tenant-a usage {} KiB, tenant-b usage {} KiB", a.usage() >> 10, b.usage() >> 10);
+    kprintln!(A; "after freeing: tenant-a usage {} KiB, tenant-b usage {} KiB", a.usage() >> 10, b.usage() >> 10);
     drop(packets);
     a.remove().map_err(|_| "remove(tenant-a)")?;
     b.remove().map_err(|_| "remove(tenant-b)")?;
     check(a.is_removed() && b.is_removed(), "groups removed")?;
-    kprintln!("groups: tenant-a and tenant-b removed");
+    kprintln!(A; "groups: tenant-a and tenant-b removed");
     Ok(())
 }
 
 /// Prints the two header lines of `slabinfo()` and its rows for `names`.
-fn print_slabinfo(kmem: &'static Heap, names: &[&str]) {
+fn print_slabinfo<A: Arch>(kmem: &'static Heap<A::Cpu>, names: &[&str]) {
     let mut table = String::new();
     if write!(table, "{}", kmem.slabinfo()).is_err() {
-        kprintln!("slabinfo: formatting failed");
+        kprintln!(A; "slabinfo: formatting failed");
         return;
     }
     for (i, line) in table.lines().enumerate() {
         if i < 2 || names.iter().any(|n| line.split_whitespace().next() == Some(n)) {
-            kprintln!("slabinfo: {line}");
+            kprintln!(A; "slabinfo: {line}");
         }
     }
 }
 
-fn report(kmem: &'static Heap) {
+fn report<A: Arch>(kmem: &'static Heap<A::Cpu>) {
     let st = kmem.stats();
-    kprintln!(
+    kprintln!(A;
         "kmem: {:?}, large objects {} ({} pages), bad frees {}",
         st.source,
         st.large_objects,

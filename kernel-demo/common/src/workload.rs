@@ -1,7 +1,8 @@
 //! The SMP workload, run by every CPU at once with its timer on:
 //! collections inside the CPU's own group, a shared typed cache, objects
 //! handed to the next CPU and freed there, and a shared group driven to
-//! its limit; then the BSP's accounting checks.
+//! its limit; then the boot CPU's accounting checks. The kernel starts the
+//! CPUs, runs their timers and keeps them in step around [`run`].
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
@@ -10,14 +11,16 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::alloc::Layout;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use kmemcg::allocator_api2::alloc::Allocator;
 use kmemcg::{CacheBox, CacheFlags, Cgroup, Error, KmemCache};
 
-use super::cpu::{IrqLock, MAX_SMP};
-use super::serial::kprintln;
-use super::{Heap, KMEM, time};
+use crate::MAX_CPUS;
+use crate::arch::{Arch, Heap, ticks_to_us, us_to_ticks};
+use crate::kprintln;
+use crate::lock::IrqLock;
+use crate::publish::Published;
 
 type Test = Result<(), &'static str>;
 
@@ -68,12 +71,12 @@ struct Token {
 
 /// What one CPU hands to the next: a global-allocator box or an object
 /// of the typed cache, both charged to the sender's group.
-enum Msg {
+enum Msg<C: kmemcg::Cpu> {
     Boxed(Box<Token>),
-    Inode(CacheBox<'static, Inode, Heap>),
+    Inode(CacheBox<'static, Inode, Heap<C>>),
 }
 
-impl Msg {
+impl<C: kmemcg::Cpu> Msg<C> {
     fn is(&self, from: usize, seq: usize) -> bool {
         match self {
             Msg::Boxed(t) => t.from == from && t.seq == seq && t.words == [(from * 1000 + seq) as u64; 6],
@@ -83,18 +86,18 @@ impl Msg {
 }
 
 /// A bounded FIFO of messages; it allocates nothing.
-struct Ring {
-    slots: [Option<Msg>; RING],
+struct Ring<C: kmemcg::Cpu> {
+    slots: [Option<Msg<C>>; RING],
     head: usize,
     len: usize,
 }
 
-impl Ring {
+impl<C: kmemcg::Cpu> Ring<C> {
     const fn new() -> Self {
         Ring { slots: [const { None }; RING], head: 0, len: 0 }
     }
 
-    fn push(&mut self, m: Msg) -> Result<(), Msg> {
+    fn push(&mut self, m: Msg<C>) -> Result<(), Msg<C>> {
         if self.len == RING {
             return Err(m);
         }
@@ -103,7 +106,7 @@ impl Ring {
         Ok(())
     }
 
-    fn pop(&mut self) -> Option<Msg> {
+    fn pop(&mut self) -> Option<Msg<C>> {
         let m = self.slots[self.head].take()?;
         self.head = (self.head + 1) % RING;
         self.len -= 1;
@@ -126,20 +129,26 @@ pub struct CpuResult {
 
 /// The state every CPU shares, made by the BSP before the workload and
 /// never freed.
-pub struct Shared {
+pub struct Shared<C: kmemcg::Cpu> {
+    /// CPUs taking part.
     pub ncpus: usize,
-    pub inodes: KmemCache<'static, Inode, Heap>,
-    pub limited: Cgroup<'static, Heap>,
-    pub groups: Vec<Cgroup<'static, Heap>>,
-    mail: Vec<IrqLock<Ring>>,
-    pub results: [CpuResult; MAX_SMP],
+    /// The typed cache every CPU allocates from.
+    pub inodes: KmemCache<'static, Inode, Heap<C>>,
+    /// The group every CPU drives to its limit.
+    pub limited: Cgroup<'static, Heap<C>>,
+    /// `groups[i]`: CPU `i`'s own group, `cpuI`.
+    pub groups: Vec<Cgroup<'static, Heap<C>>>,
+    mail: Vec<IrqLock<C, Ring<C>>>,
+    /// What each CPU did.
+    pub results: [CpuResult; MAX_CPUS],
 }
 
-static SHARED: AtomicPtr<Shared> = AtomicPtr::new(core::ptr::null_mut());
+/// The [`Shared`] of this boot.
+static SHARED: Published = Published::new();
 
 /// Makes the shared state for `ncpus` CPUs (BSP, before the workload).
-pub fn setup(ncpus: usize) -> Result<&'static Shared, &'static str> {
-    let root = KMEM.root();
+pub fn setup<A: Arch>(ncpus: usize) -> Result<&'static Shared<A::Cpu>, &'static str> {
+    let root = A::heap().root();
     let limited = root.create_child("limited").map_err(|_| "create_child(limited)")?;
     limited.set_max(LIMIT).map_err(|_| "set_max(limited)")?;
     let mut groups = Vec::with_capacity(ncpus);
@@ -148,34 +157,32 @@ pub fn setup(ncpus: usize) -> Result<&'static Shared, &'static str> {
         g.set_max(CPU_GROUP_MAX).map_err(|_| "set_max(cpuN)")?;
         groups.push(g);
     }
-    let inodes = KMEM.create_cache::<Inode>("inode-smp", CacheFlags::ACCOUNT).map_err(|_| "create_cache(inode-smp)")?;
+    let inodes =
+        A::heap().create_cache::<Inode>("inode-smp", CacheFlags::ACCOUNT).map_err(|_| "create_cache(inode-smp)")?;
     let mail = (0..ncpus).map(|_| IrqLock::new(Ring::new())).collect();
     let results = Default::default();
-    let shared = Box::leak(Box::new(Shared { ncpus, inodes, limited, groups, mail, results }));
-    SHARED.store(shared, Ordering::Release);
-    Ok(shared)
+    Ok(SHARED.publish(Shared { ncpus, inodes, limited, groups, mail, results }))
 }
 
 /// The shared state, once [`setup`] ran.
-pub fn shared() -> Option<&'static Shared> {
-    // SAFETY: null, or a leaked box that is never freed or mutated.
-    unsafe { SHARED.load(Ordering::Acquire).as_ref() }
+pub fn shared<A: Arch>() -> Option<&'static Shared<A::Cpu>> {
+    SHARED.get()
 }
 
 /// CPU `me`'s part of the workload.
-pub fn run(sh: &'static Shared, me: usize) -> Test {
+pub fn run<A: Arch>(sh: &'static Shared<A::Cpu>, me: usize) -> Test {
     let group = sh.groups.get(me).ok_or("no group for this CPU")?;
-    let start = time::rdtsc();
+    let start = A::ticks();
     {
         let _in = group.enter();
         for _ in 0..ROUNDS {
             collections(me)?;
-            own_inodes(sh, me, group)?;
-            handoff(sh, me)?;
+            own_inodes::<A>(sh, me, group)?;
+            handoff::<A>(sh, me)?;
         }
     }
-    limited(sh, me)?;
-    let us = (time::rdtsc() - start) / time::us_to_tsc(1).max(1);
+    limited::<A>(sh, me)?;
+    let us = ticks_to_us::<A>(A::ticks() - start);
     sh.results[me].elapsed_us.store(us as usize, Ordering::Relaxed);
     Ok(())
 }
@@ -199,7 +206,7 @@ fn collections(me: usize) -> Test {
 }
 
 /// Typed-cache objects charged to this CPU's group (entered).
-fn own_inodes(sh: &'static Shared, me: usize, group: &Cgroup<'static, Heap>) -> Test {
+fn own_inodes<A: Arch>(sh: &'static Shared<A::Cpu>, me: usize, group: &Cgroup<'static, Heap<A::Cpu>>) -> Test {
     let mut live = Vec::with_capacity(400);
     for i in 0..400u64 {
         live.push(sh.inodes.alloc(Inode::new(i, me)).map_err(|_| "inode-smp allocation")?);
@@ -212,12 +219,12 @@ fn own_inodes(sh: &'static Shared, me: usize, group: &Cgroup<'static, Heap>) -> 
 
 /// Sends `MESSAGES` to the next CPU's mailbox and frees as many from the
 /// previous CPU's, interleaved.
-fn handoff(sh: &'static Shared, me: usize) -> Test {
+fn handoff<A: Arch>(sh: &'static Shared<A::Cpu>, me: usize) -> Test {
     let n = sh.ncpus;
     let (to, from) = ((me + 1) % n, (me + n - 1) % n);
     let (mut sent, mut got) = (0, 0);
-    let mut pending: Option<Msg> = None;
-    let deadline = time::rdtsc() + time::us_to_tsc(HANDOFF_TIMEOUT_US);
+    let mut pending: Option<Msg<A::Cpu>> = None;
+    let deadline = A::ticks() + us_to_ticks::<A>(HANDOFF_TIMEOUT_US);
     while sent < MESSAGES || got < MESSAGES {
         if pending.is_none() && sent < MESSAGES {
             pending = Some(if sent % 2 == 0 {
@@ -236,14 +243,14 @@ fn handoff(sh: &'static Shared, me: usize) -> Test {
         if let Some(m) = (got < MESSAGES).then(|| sh.mail[me].with(Ring::pop)).flatten() {
             if !m.is(from, got) {
                 match &m {
-                    Msg::Boxed(t) => kprintln!(
+                    Msg::Boxed(t) => kprintln!(A;
                         "handoff: index {me} expected seq {got} from {from}, got box at {:p}: from {} seq {} words {:x?}",
                         &**t,
                         t.from,
                         t.seq,
                         t.words
                     ),
-                    Msg::Inode(i) => kprintln!(
+                    Msg::Inode(i) => kprintln!(A;
                         "handoff: index {me} expected seq {got} from {from}, got inode at {:p}: ino {} owner {} nlink {} name {:?}",
                         &**i,
                         i.ino,
@@ -257,9 +264,9 @@ fn handoff(sh: &'static Shared, me: usize) -> Test {
             drop(m); // freed here, allocated on `from`
             got += 1;
         }
-        if time::rdtsc() > deadline {
+        if A::ticks() > deadline {
             let ring = sh.mail[me].with(|r| r.len);
-            kprintln!(
+            kprintln!(A;
                 "handoff: index {me} timed out: sent {sent}, got {got}, pending {}, own mailbox {ring}",
                 pending.is_some()
             );
@@ -272,7 +279,7 @@ fn handoff(sh: &'static Shared, me: usize) -> Test {
 
 /// Allocates in the shared limited group until its limit holds: typed
 /// objects (`alloc_in`), then 1 KiB blocks through its `Allocator`.
-fn limited(sh: &'static Shared, me: usize) -> Test {
+fn limited<A: Arch>(sh: &'static Shared<A::Cpu>, me: usize) -> Test {
     let cap = LIMIT / size_of::<Inode>() + 1;
     let mut held = Vec::with_capacity(cap);
     let err = loop {
@@ -317,9 +324,9 @@ fn limited(sh: &'static Shared, me: usize) -> Test {
 /// After every CPU finished (timers stopped): empties every magazine and
 /// stock, then checks that every group is back to zero, that only the
 /// limited group failed, and that the root is back where it was.
-pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: usize) -> Test {
+pub fn check_accounting<A: Arch>(sh: &'static Shared<A::Cpu>, root_before: usize, pages_before: usize) -> Test {
     for (i, r) in sh.results.iter().enumerate().take(sh.ncpus) {
-        kprintln!(
+        kprintln!(A;
             "workload: index {i}: {} ms, {} messages freed from index {}, limited group held {} objects, then {} blocks",
             r.elapsed_us.load(Ordering::Relaxed) / 1000,
             r.received.load(Ordering::Relaxed),
@@ -328,11 +335,11 @@ pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: u
             r.limit_blocks.load(Ordering::Relaxed)
         );
     }
-    let pages = KMEM.shrink();
-    kprintln!("shrink: {pages} pages given back");
+    let pages = A::heap().shrink();
+    kprintln!(A; "shrink: {pages} pages given back");
     for g in &sh.groups {
         let st = g.stat();
-        kprintln!(
+        kprintln!(A;
             "group {}: usage {} KiB, peak {} KiB, failcnt {}, max events {}",
             g.name(),
             st.usage >> 10,
@@ -345,7 +352,7 @@ pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: u
         check(st.failcnt == 0 && st.events.max == 0 && st.events.oom == 0, "a CPU group saw failures")?;
     }
     let st = sh.limited.stat();
-    kprintln!(
+    kprintln!(A;
         "group limited: usage {} KiB, peak {} KiB, max {} KiB, failcnt {}, max events {}, oom events {}",
         st.usage >> 10,
         st.peak >> 10,
@@ -357,32 +364,32 @@ pub fn check_accounting(sh: &'static Shared, root_before: usize, pages_before: u
     check(st.usage == 0, "the limited group's usage is not back to zero")?;
     check(st.peak <= LIMIT, "the limited group went past its max")?;
     check(st.failcnt > 0 && st.events.max > 0, "the limited group never failed")?;
-    let root = KMEM.root();
+    let root = A::heap().root();
     let after = root.usage();
-    kprintln!(
+    kprintln!(A;
         "group /: usage {} KiB before the workload, {} KiB after, failcnt {}; source pages in use {} before, {} after",
         root_before >> 10,
         after >> 10,
         root.failcnt(),
         pages_before,
-        KMEM.stats().source.pages_in_use
+        A::heap().stats().source.pages_in_use
     );
     check(root.failcnt() == 0, "the root saw failures")?;
     check(after == root_before, "the root's usage changed across the workload")?;
-    check(KMEM.stats().bad_frees == 0, "kmemcg saw frees of pointers it does not own")
+    check(A::heap().stats().bad_frees == 0, "kmemcg saw frees of pointers it does not own")
 }
 
 /// Removes the workload's groups.
-pub fn remove_groups(sh: &'static Shared) -> Test {
+pub fn remove_groups<A: Arch>(sh: &'static Shared<A::Cpu>) -> Test {
     for g in sh.groups.iter().chain([&sh.limited]) {
         g.remove().map_err(|_| "removing a workload group")?;
         check(g.is_removed(), "a workload group is not removed")?;
     }
-    KMEM.shrink();
-    kprintln!(
+    A::heap().shrink();
+    kprintln!(A;
         "groups: limited and cpu0..cpu{} removed (their handles stay); source pages in use {}",
         sh.ncpus - 1,
-        KMEM.stats().source.pages_in_use
+        A::heap().stats().source.pages_in_use
     );
     Ok(())
 }
