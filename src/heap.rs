@@ -119,7 +119,7 @@ impl<S: PageSource + core::panic::UnwindSafe, R: RawMutex, P: Platform + core::p
 
 /// How a `Kmem` holds its tree: inline, so that it can be a `static`;
 /// under loom, on the heap, so that a `Kmem` (then not `const`) can be
-/// built inside `loom::model` on a model thread's default 32 KiB stack,
+/// built inside a loom model on a model thread's default 32 KiB stack,
 /// as loom's docs write models.
 #[cfg(not(loom))]
 type TreeBox<R> = InlineTree<R>;

@@ -141,7 +141,7 @@ pub(crate) type Classes<R> = CellArray<MagCache<R>, NCLASSES>;
 
 /// Under loom, on the heap: a model thread's stack is 32 KiB unless the
 /// test asks for more, and the 43 caches are about 52 KB of loom objects,
-/// so a `Kmem` built inline could not be built inside `loom::model` as
+/// so a `Kmem` built inline could not be built inside a loom model as
 /// users write it. Built in place, element by element.
 #[cfg(loom)]
 pub(crate) type Classes<R> = std::boxed::Box<CellArray<MagCache<R>, NCLASSES>>;
