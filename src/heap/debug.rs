@@ -70,7 +70,7 @@ use lock_api::{Mutex, RawMutex};
 
 use super::Kmem;
 use crate::cgroup::mode;
-use crate::platform::{MAX_CPUS, PageSource, Platform};
+use crate::platform::{MAX_CPUS, PAGE_SIZE, PageSource, Platform};
 use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize, loom_const_fn, repeat};
 
 pub use guard::GUARDED_MAX;
@@ -104,6 +104,14 @@ const CLEAN: usize = 0x6b6d_636c_6561_6e21_u64 as usize;
 const fn front(align: usize) -> usize {
     if align > HEAD + W { align } else { HEAD + W }
 }
+
+/// The largest alignment whose objects get a header and red zones: one
+/// aligned more is served as without detection (not checked, not
+/// poisoned). Its front red zone would be the whole alignment (a request
+/// aligned to 1 GiB filled a gigabyte of red zone, which the fuzzer
+/// found as memory running out), and such alignments are for page tables
+/// and DMA buffers, not for the objects red zones guard.
+const CHECKED_ALIGN_MAX: usize = PAGE_SIZE;
 
 /// The slot bytes an object of `size` bytes aligned to `align` needs with
 /// red zones or poison on: `front(align)`, the object and a word of rear

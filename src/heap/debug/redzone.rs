@@ -8,7 +8,7 @@ use lock_api::RawMutex;
 
 use super::header::{birth_in, freed_front, tag, words};
 use super::report::{abort_at, expect_bytes, slot_name};
-use super::{ALIVE, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
+use super::{ALIVE, CHECKED_ALIGN_MAX, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
 use crate::cgroup::{Group, class_name, mode};
 use crate::error::Name;
 use crate::heap::{Kmem, hardened_on_free};
@@ -38,7 +38,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         {
             return Some(p);
         }
-        if !self.checks_objects() {
+        if !self.checks_objects() || align > CHECKED_ALIGN_MAX {
             return self.alloc_pow2::<false>(g, size, align);
         }
         let padded = padded(size, align)?;
@@ -173,9 +173,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if self.guarded_live() && self.free_guarded(p, size, align) {
             return;
         }
-        if !self.checks_objects() {
-            // A plain object (sampling alone): freed as the plain path
-            // frees it.
+        if !self.checks_objects() || align > CHECKED_ALIGN_MAX {
+            // A plain object (sampling alone, or aligned past what gets
+            // red zones): freed as the plain path frees it.
             let class = class_of(size, align);
             if self.tree.mode() & mode::GROUPS == 0
                 && let Some(c) = class
@@ -260,7 +260,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// adds to each with detection on (see [`Kmem::create_cache`]): the
     /// header and red zones, or nothing with sampling alone.
     pub(crate) fn typed_padding(&self, size: usize, align: usize) -> usize {
-        if self.checks_objects() { padded(size, align).map_or(usize::MAX, |p| p - size) } else { 0 }
+        if self.checks_objects() && align <= CHECKED_ALIGN_MAX {
+            padded(size, align).map_or(usize::MAX, |p| p - size)
+        } else {
+            0
+        }
     }
 
     /// A typed cache's slot handed out from `cache` with detection on:
@@ -281,7 +285,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         size: usize,
         align: usize,
     ) -> NonNull<u8> {
-        if !self.checks_objects() {
+        if !self.checks_objects() || align > CHECKED_ALIGN_MAX {
             return s;
         }
         let slot = cache.cache.geometry().size;
@@ -299,7 +303,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cold]
     #[inline(never)]
     pub(crate) unsafe fn free_typed_checked(&self, owner: &MagCache<R>, p: NonNull<u8>, size: usize, align: usize) {
-        if !self.checks_objects() {
+        if !self.checks_objects() || align > CHECKED_ALIGN_MAX {
             // SAFETY: forwarded (no header: the object is its slot).
             return unsafe { self.free_into(owner, p) };
         }
@@ -319,6 +323,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// As for `resize_in_place`.
     pub(crate) unsafe fn resize_checked(&self, ptr: NonNull<u8>, old: usize, align: usize, new: usize) -> bool {
+        if align > CHECKED_ALIGN_MAX {
+            // Not checked (see `CHECKED_ALIGN_MAX`): moved by realloc, as
+            // plain and as unchecked as it was made.
+            return false;
+        }
         // A sampled object has neither slab header nor red zones: it stays
         // only if it still ends at its guard page, else it moves (and its
         // free finds it in the table).
