@@ -105,7 +105,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             self.check_at_exit();
         }
         if d.quarantine == 0 {
-            // Straight back to its cache: its hand-out checks the poison.
+            if owner.is_none() {
+                // A page run goes back to the page source, which may trim
+                // or hand out its pages in other runs: nothing can check
+                // its poison at a later hand-out (which read a run half
+                // of fresh zero pages as a write after free). Marked
+                // checked, so a run made here again is not read.
+                // SAFETY: the run's first word, ours until given back.
+                unsafe { t.write_unaligned(tag(CLEAN, s, slot, birth_in(owner, s))) };
+            }
+            // Straight back to its cache: a slot's hand-out checks the
+            // poison.
             // SAFETY: a freed slot of `owner` (or a run), written above.
             return unsafe { self.give_back(owner, s) };
         }
