@@ -157,17 +157,21 @@ impl<R: RawMutex> Tree<R> {
                 // SAFETY: just linked; lives as long as the group.
                 Ok(Some(NonNull::from(unsafe { &n.as_ref().counter })))
             })();
-            if let Ok(None) = found {
-                drop(_tree);
-                node = Some(self.alloc_meta(env, &self.pressure_nodes).ok_or(Error::OutOfMemory)?);
-                continue;
-            }
+            let r = match found {
+                Ok(None) => {
+                    drop(_tree);
+                    node = Some(self.alloc_meta(env, &self.pressure_nodes).ok_or(Error::OutOfMemory)?);
+                    continue;
+                }
+                Ok(Some(c)) => Ok(c),
+                Err(e) => Err(e),
+            };
             if let Some(mem) = node {
                 // SAFETY: ours and not linked (a node written and refused
                 // was dropped again): unused.
                 unsafe { self.pressure_nodes.free(&Pages::plain(env.src()), mem) };
             }
-            return found.map(|c| c.expect("`None` is handled above"));
+            return r;
         }
     }
 }

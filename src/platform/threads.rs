@@ -312,10 +312,11 @@ fn init() -> Option<libc::pthread_key_t> {
                 let asym = !cfg!(miri) && register();
                 ASYM.store(if asym { 1 } else { 2 }, Ordering::Release);
                 if asym {
-                    // SAFETY: registers a handler that runs in the child of
-                    // a fork, an `extern "C"` fn that never unwinds and
-                    // only stores to atomics (async-signal-safe). Failure
-                    // (out of memory) leaves the gap `after_fork` closes.
+                    // Failure (out of memory) leaves the gap `after_fork`
+                    // closes.
+                    // SAFETY: registers a handler for a fork's child: an
+                    // `extern "C"` fn that never unwinds and only stores to
+                    // atomics (async-signal-safe).
                     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
                 }
                 let mut key: libc::pthread_key_t = 0;

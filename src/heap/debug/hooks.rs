@@ -103,11 +103,12 @@ pub(super) fn register<S: PageSource, R: RawMutex, P: Platform>(k: &Kmem<S, R, P
 /// Installs the `atexit` handler and the `SIGSEGV` handler.
 #[cold]
 fn install() {
-    // SAFETY: (1) `at_exit` is an `extern "C" fn()` that lives as long as
-    // the program (glibc's `atexit` takes its own lock and uses a static
-    // table for the first 32 handlers: it does not allocate through us).
-    // (2) `OLD` is written here, once, before the handler that reads it is
+    // (1) `at_exit` is an `extern "C" fn()` that lives as long as the
+    // program (glibc's `atexit` takes its own lock and uses a static table
+    // for the first 32 handlers: it does not allocate through us). (2)
+    // `OLD` is written here, once, before the handler that reads it is
     // installed; the action is fully initialised (zeroed, then set).
+    // SAFETY: (1) and (2) above.
     unsafe {
         libc::atexit(at_exit);
         let mut sa: libc::sigaction = core::mem::zeroed();

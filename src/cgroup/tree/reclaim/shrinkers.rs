@@ -185,10 +185,11 @@ impl ShrinkControl {
             if core::ptr::eq(cur.cast(), self.target.0) {
                 return true;
             }
-            // SAFETY: `g` is linked in the tree (checked above), so live
-            // while this shrinker call's read guard lasts, and a live
-            // group's ancestors are live; every group's head names its
-            // parent's head, whatever the lock type.
+            // `g` is linked in the tree (checked above), so live while
+            // this shrinker call's read guard lasts, and a live group's
+            // ancestors are live; every group's head names its parent's
+            // head, whatever the lock type.
+            // SAFETY: `cur` is the head of a live group (see above).
             cur = unsafe { (*cur).parent };
         }
         false
@@ -199,10 +200,11 @@ impl ShrinkControl {
     fn owns(&self, g: GroupId) -> bool {
         let mut cur = g.0.cast::<TokenHead>();
         loop {
-            // SAFETY: `g` is live (found linked by `contains`, kept by the
-            // call's read guard), and so are its ancestors; every group's
-            // head names its parent's head and holds its state, whatever
-            // the lock type.
+            // `g` is live (found linked by `contains`, kept by the call's
+            // read guard), and so are its ancestors; every group's head
+            // names its parent's head and holds its state, whatever the
+            // lock type.
+            // SAFETY: a non-null `cur` is the head of a live group.
             if cur.is_null() || !unsafe { (*cur).is_offline() } {
                 break;
             }
