@@ -917,3 +917,30 @@ fn typed_caches_created_and_dropped_from_two_threads() {
     });
     assert_uncharged_after_shrink(k, &[&g]);
 }
+
+/// The same new name created under one parent from two threads at once:
+/// exactly one creation succeeds, the other is `NameTaken`, and once the
+/// winner is removed the name is free again.
+#[test]
+fn the_same_name_created_from_two_threads_is_one_group() {
+    let k = kmem();
+    for round in 0..scaled(50, 5) {
+        let name = std::format!("race{round}");
+        let barrier = Arc::new(Barrier::new(2));
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (barrier, name) = (barrier.clone(), name.clone());
+                thread::spawn(move || {
+                    barrier.wait();
+                    k.root().create_child(&name)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (won, lost): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+        assert_eq!((won.len(), lost.len()), (1, 1), "round {round}");
+        assert_eq!(lost[0].as_ref().err(), Some(&Error::NameTaken));
+        won.into_iter().next().unwrap().unwrap().remove().unwrap();
+        k.root().create_child(&name).unwrap().remove().unwrap();
+    }
+}

@@ -181,3 +181,33 @@ fn pressure_extreme_amounts() {
     u.uncharge(usize::MAX).unwrap();
     assert_eq!(u.uncharge(1).err(), Some(Error::UnchargeAboveUsage { usage: 0 }));
 }
+
+/// Two threads opening the same new resource at once get one resource:
+/// the loser of the race frees the node it made, and both handles charge
+/// the same counter.
+#[test]
+fn the_same_new_resource_opened_from_two_threads_is_one() {
+    for round in 0..scaled_rounds() {
+        let (g, _p) = tcp_of_fresh_group(t(0, 1000, 2000));
+        let g = std::sync::Arc::new(g);
+        let name = std::format!("race{round}");
+        let handles: std::vec::Vec<_> = (0..2)
+            .map(|_| {
+                let (g, name) = (g.clone(), name.clone());
+                std::thread::spawn(move || {
+                    let r = g.pressure(&name, t(0, 100, 200)).unwrap();
+                    assert_ne!(r.charge(10), PressureState::Refused);
+                    r
+                })
+            })
+            .collect();
+        let rs: std::vec::Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!((rs[0].usage(), rs[1].usage()), (20, 20), "one counter for both");
+        let stat = g.stat().to_string();
+        assert_eq!(stat.matches(&std::format!("pressure {name} ")).count(), 1, "{stat}");
+    }
+}
+
+fn scaled_rounds() -> usize {
+    crate::testutil::scaled(50, 10)
+}

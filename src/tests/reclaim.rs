@@ -549,3 +549,55 @@ fn hundreds_of_shrinkers_are_all_asked() {
     }
     g.remove().unwrap();
 }
+
+/// A shrinker that unregisters itself and registers another from inside
+/// its own call: the reclaim in progress goes on with the entries it
+/// copied, nothing deadlocks on the list's lock, and the next reclaim sees
+/// the new list.
+#[test]
+fn a_shrinker_may_change_the_list_from_inside_its_call() {
+    use std::sync::atomic::{AtomicUsize as StdUsize, Ordering as StdOrdering};
+    struct Plain(StdUsize);
+    impl Shrinker for Plain {
+        fn count(&self, _sc: &ShrinkControl) -> usize {
+            self.0.fetch_add(1, StdOrdering::Relaxed);
+            0
+        }
+        fn scan(&self, _sc: &ShrinkControl, _nr: usize) -> usize {
+            0
+        }
+    }
+    struct Swapper {
+        k: &'static K,
+        next: &'static Plain,
+        calls: StdUsize,
+        /// Itself, as registered (`'static`).
+        me: std::sync::OnceLock<&'static Swapper>,
+    }
+    impl Shrinker for Swapper {
+        fn count(&self, _sc: &ShrinkControl) -> usize {
+            self.calls.fetch_add(1, StdOrdering::Relaxed);
+            self.k.unregister_shrinker(*self.me.get().unwrap());
+            self.k.register_shrinker(self.next).unwrap();
+            0
+        }
+        fn scan(&self, _sc: &ShrinkControl, _nr: usize) -> usize {
+            0
+        }
+    }
+    let k = kmem(1 << 20);
+    let g = k.root().create_child("swapping").unwrap();
+    let next: &'static Plain = Box::leak(Box::new(Plain(StdUsize::new(0))));
+    let s: &'static Swapper =
+        Box::leak(Box::new(Swapper { k, next, calls: StdUsize::new(0), me: std::sync::OnceLock::new() }));
+    s.me.set(s).ok().unwrap();
+    k.register_shrinker(s).unwrap();
+    g.reclaim(crate::PAGE_SIZE);
+    assert!(s.calls.load(StdOrdering::Relaxed) >= 1);
+    let (swapper_calls, next_calls) = (s.calls.load(StdOrdering::Relaxed), next.0.load(StdOrdering::Relaxed));
+    g.reclaim(crate::PAGE_SIZE);
+    assert_eq!(s.calls.load(StdOrdering::Relaxed), swapper_calls, "unregistered: not called again");
+    assert!(next.0.load(StdOrdering::Relaxed) > next_calls, "registered from the callback: called");
+    k.unregister_shrinker(next);
+    g.remove().unwrap();
+}
