@@ -42,11 +42,9 @@ use lock_api::RawMutex;
 
 use crate::counter::PageCounter;
 use crate::error::Name;
-use crate::magazine::MagCache;
-use crate::slab::classes::NCLASSES;
 use crate::sync::{
-    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, CellArray, Ordering, Stat, atomic_null, atomic_u8, atomic_u32,
-    atomic_usize, fence, loom_const_fn, repeat,
+    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_u32, atomic_usize,
+    fence, loom_const_fn, repeat,
 };
 
 mod inject;
@@ -62,7 +60,7 @@ pub(crate) use marks::{Marks, RECLAIMING, callback_marks, in_callback, release_t
 pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 #[cfg(all(test, not(loom)))]
 pub(crate) use tree::delay;
-pub(crate) use tree::{CacheDesc, NOT_ACCOUNTED, Tree, class_name, mode};
+pub(crate) use tree::{CacheDesc, Tree, class_name, mode};
 pub use tree::{
     EventHook, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, ShrinkControl, Shrinker,
 };
@@ -74,17 +72,6 @@ const OFFLINE: u8 = 1;
 /// `Group::state` written just before the group's memory is freed: a
 /// poison that loom models (and a debugger) see through a stale pointer.
 const FREED: u8 = 2;
-
-/// Accounted typed caches (`CacheFlags::ACCOUNT`) that can be live at once
-/// in one allocator; one more gives [`crate::Error::TooManyAccountedCaches`].
-/// A dropped cache gives its index back.
-pub const MAX_ACCOUNTED_CACHES: usize = 21;
-
-/// Accounting indices: the size classes, then [`MAX_ACCOUNTED_CACHES`]
-/// accounted typed caches.
-pub(crate) const MAX_ACCOUNTED: usize = NCLASSES + MAX_ACCOUNTED_CACHES;
-// `child_cache` reduces indices modulo it: a mask only for a power of two.
-static_assertions::const_assert!(MAX_ACCOUNTED.is_power_of_two());
 
 /// What a platform's current-group token points to: a field of every
 /// group at the same offset whatever its lock type ([`HEAD_OFFSET`]).
@@ -286,8 +273,16 @@ pub(crate) struct Group<R: RawMutex> {
     /// publishes it) and then in the tree lock's limbo list. An atomic, so
     /// it is written through shared references like every other field.
     next_zombie: AtomicPtr<Group<R>>,
-    /// Child caches by accounting index; null until first use.
-    caches: CellArray<AtomicPtr<MagCache<R>>, MAX_ACCOUNTED>,
+    /// Bytes charged to this group for objects (in whole pages of its
+    /// counter, below the root) that neither its objects nor a slot's
+    /// stock hold: what is left of a page when a stock is flushed (see
+    /// `tree::objects`). Under a page but transiently.
+    spare: AtomicUsize,
+    /// Pages charged to the counter for objects. While not zero, the
+    /// group holds one reference for them (taken when it leaves zero,
+    /// dropped when it returns there): a removed group lives until its
+    /// last object is freed.
+    obj_pages: AtomicUsize,
     /// The group's fault-injection rule (off until armed).
     pub(crate) inject: inject::Inject,
     /// Pages of large (page-run) objects charged to this group itself.
@@ -344,7 +339,8 @@ impl<R: RawMutex> Group<R> {
                 next_all: atomic_null(),
                 prev_all: atomic_null(),
                 next_zombie: atomic_null(),
-                caches: CellArray::new(repeat!(atomic_null(); MAX_ACCOUNTED)),
+                spare: atomic_usize(0),
+                obj_pages: atomic_usize(0),
                 inject: inject::Inject::new(),
                 large_pages: Stat::new(),
                 high_mark: atomic_usize(0),
@@ -378,6 +374,13 @@ impl<R: RawMutex> Group<R> {
         let head = TokenHead { owner, release, parent: parent_head, state: atomic_u8(ONLINE) };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
+    }
+
+    /// What an object's owner word and a stock hold for this group: its
+    /// address.
+    #[inline(always)]
+    pub(crate) fn key(&self) -> usize {
+        self as *const Self as usize
     }
 
     /// The group's index in its tree's id table (`u32::MAX`: a root).
@@ -535,7 +538,7 @@ impl<R: RawMutex> Group<R> {
     /// recursion or allocation. The caller holds the tree lock, or a read
     /// guard taken while this group was referenced (see
     /// [`Group::walk_pruned`]).
-    fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
+    pub(crate) fn walk_subtree(&self, mut f: impl FnMut(&Group<R>)) {
         self.walk_pruned(|g| {
             f(g);
             true
@@ -577,36 +580,6 @@ impl<R: RawMutex> Group<R> {
                     Some(p) => cur = p,
                     None => return,
                 }
-            }
-        }
-    }
-
-    /// The child cache at accounting index `idx`, once published.
-    #[inline(always)]
-    pub(crate) fn child_cache(&self, idx: usize) -> Option<&MagCache<R>> {
-        debug_assert!(idx < MAX_ACCOUNTED, "accounting index out of range");
-        // Every caller passes an accounting index (a size class, or a
-        // registered typed cache's); the mask, a no-op for those, leaves
-        // the allocation paths without a bounds check and its panic path.
-        let c = NonNull::new(self.caches[idx % MAX_ACCOUNTED].load(Ordering::Acquire))?;
-        // A published child cache lives as long as its group, or until its
-        // typed cache is destroyed, which needs the `KmemCache` the caller
-        // allocates or frees through (or an iteration's read guard, which
-        // holds its freeing off).
-        // SAFETY: published, so live for the caller (above).
-        Some(unsafe { c.as_ref() })
-    }
-
-    /// Calls `f` on every child cache of this group, with its accounting
-    /// index.
-    pub(crate) fn for_each_cache(&self, mut f: impl FnMut(usize, &MagCache<R>)) {
-        for i in 0..MAX_ACCOUNTED {
-            if let Some(c) = self.child_cache(i) {
-                // Published child caches live as long as the group, or
-                // until their typed cache is destroyed and no iteration
-                // (read guard) or tree-lock holder runs: callers hold one
-                // of those, or the typed cache's handle.
-                f(i, c);
             }
         }
     }

@@ -322,7 +322,27 @@ impl PageCounter {
     /// level is returned (its `failcnt` counts the refusal).
     #[inline]
     pub fn try_charge(&self, n: usize) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, 0, true)
+        self.try_charge_with(n, 0, true, core::ptr::null())
+    }
+
+    /// [`PageCounter::try_charge_over`] that stops below `stop`, an
+    /// ancestor (null: charges every level): `stop` and its ancestors are
+    /// left as they are. Objects charged to groups one by one are charged
+    /// so, below the root, whose counter counts their slabs instead.
+    #[inline]
+    pub fn try_charge_below(&self, n: usize, extra: usize, stop: *const PageCounter) -> Result<(), &PageCounter> {
+        self.try_charge_with(n, extra, true, stop)
+    }
+
+    /// Takes `n` pages off this counter and every ancestor below `stop`
+    /// (see [`PageCounter::try_charge_below`]).
+    pub fn uncharge_below(&self, n: usize, stop: *const PageCounter) {
+        let mut c = Some(self);
+        while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
+            let old = k.usage.fetch_sub(n, Ordering::Relaxed);
+            debug_assert!(old >= n, "page counter underflow: {old} - {n}");
+            c = k.parent();
+        }
     }
 
     /// [`PageCounter::try_charge`] whose refusal is not a failure, so
@@ -330,7 +350,7 @@ impl PageCounter {
     /// another way to get its memory (a guard-page sample that falls back
     /// to a slab).
     pub fn try_charge_quiet(&self, n: usize) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, 0, false)
+        self.try_charge_with(n, 0, false, core::ptr::null())
     }
 
     /// [`PageCounter::try_charge`] letting each level go up to `extra`
@@ -338,15 +358,21 @@ impl PageCounter {
     /// charge this way when a `max` refuses them, Linux's `PF_MEMALLOC`).
     #[inline]
     pub fn try_charge_over(&self, n: usize, extra: usize) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, extra, true)
+        self.try_charge_with(n, extra, true, core::ptr::null())
     }
 
     /// `try_charge` with `extra` pages allowed past each level's `max`,
     /// counting a refusal in `failcnt` if `count`.
     #[inline(always)]
-    fn try_charge_with(&self, n: usize, extra: usize, count: bool) -> Result<(), &PageCounter> {
+    fn try_charge_with(
+        &self,
+        n: usize,
+        extra: usize,
+        count: bool,
+        stop: *const PageCounter,
+    ) -> Result<(), &PageCounter> {
         let mut c = Some(self);
-        while let Some(k) = c {
+        while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
             let new = k.usage.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
             // Pairs with the fence in `set_max`: either we see its new max,
             // or it sees our add and retries.

@@ -34,9 +34,6 @@ pub enum Error {
         /// The usage that stays above the limit, in bytes.
         usage: usize,
     },
-    /// [`crate::MAX_ACCOUNTED_CACHES`] accounted typed caches are live; a
-    /// dropped one gives its index back.
-    TooManyAccountedCaches,
     /// The group still has children.
     Busy,
     /// The group has been removed.
@@ -108,7 +105,6 @@ impl fmt::Display for Error {
             Error::LimitBelowUsage { usage } => {
                 write!(f, "limit below the group's usage of {usage} bytes, which reclaim could not lower")
             }
-            Error::TooManyAccountedCaches => f.write_str("no accounting index left for another accounted cache"),
             Error::Busy => f.write_str("the group still has children"),
             Error::Removed => f.write_str("the group has been removed"),
             Error::RootGroup => f.write_str("the root group cannot be removed or protected"),

@@ -353,7 +353,7 @@ pub use allocator_api2;
 pub use allocator_api2_04;
 pub use cgroup::{
     Event, EventHook, FailRule, FaultInjection, GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS,
-    HIGH_DELAY_NS, MAX_ACCOUNTED_CACHES, RECLAIM_OVERDRAFT, ShrinkControl, Shrinker,
+    HIGH_DELAY_NS, RECLAIM_OVERDRAFT, ShrinkControl, Shrinker,
 };
 pub use counter::{PageCounter, PressureCounter, PressureState, STOCK_BATCH, STOCK_MAX, Thresholds};
 pub use error::{Error, GroupName, NAME_MAX};

@@ -111,12 +111,14 @@ mod depot;
 mod drain;
 mod refill;
 mod slots;
+mod stock;
 
 use cpu_mags::{CpuMags, cpu_index};
 use depot::Depot;
 pub(crate) use drain::drain_many;
 pub use slots::SlotStats;
 pub(crate) use slots::Slots;
+pub(crate) use stock::{Stock, Stocks};
 
 static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
 

@@ -319,6 +319,65 @@ impl<R: RawMutex> Cache<R> {
         unsafe { (*s).cache }
     }
 
+    /// The owner word of the object at `ptr`, in a cache whose slabs carry
+    /// them ([`Geometry::with_owners`]): what the layers above keep there
+    /// (whom the object is charged to) is theirs; this layer neither
+    /// reads nor writes it. Written by whoever holds the object (its
+    /// allocation, then its free), so plain accesses suffice: handing the
+    /// object from thread to thread orders them.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live object of this cache, whose geometry has
+    /// owner words.
+    #[inline(always)]
+    pub(crate) unsafe fn owner_word(&self, ptr: *mut u8) -> *mut usize {
+        let geo = self.geo();
+        debug_assert!(geo.has_owners());
+        let base = slab_base(ptr, geo.order);
+        let idx = match geo.index_of(ptr as usize - base as usize - geo.first) {
+            Some(i) => i,
+            // SAFETY: a live object sits at a multiple of the stride.
+            None => unsafe { core::hint::unreachable_unchecked() },
+        };
+        // SAFETY: the owner words are inside the slab, one per object, and
+        // `idx` is below `capacity`; `base` carries the slab's provenance
+        // (it was derived from a live object's pointer).
+        unsafe { base.add(geo.owners).cast::<usize>().add(idx) }
+    }
+
+    /// Calls `f` with the owner word of every object handed out from this
+    /// cache's slabs (objects in magazines included: their owners cleared
+    /// them). Takes each node's lock in turn: for reports, not allocation
+    /// paths. The cache's geometry must have owner words.
+    pub(crate) fn for_each_owner(&self, mut f: impl FnMut(usize)) {
+        let geo = *self.geo();
+        if !geo.has_owners() {
+            return;
+        }
+        for node in &self.nodes {
+            let lists = node.lock();
+            for list in [&lists.partial, &lists.full] {
+                let mut s = list.head;
+                while !s.is_null() {
+                    let map = free_map(s);
+                    for i in 0..geo.capacity {
+                        // SAFETY: the free bitmap of a live slab, under its
+                        // node's lock.
+                        let free = unsafe { map.add(i / 64).read() } & (1 << (i % 64)) != 0;
+                        if !free {
+                            // SAFETY: the owner word of slot `i` of a live
+                            // slab, written only through `word_store`.
+                            f(unsafe { crate::sync::word_load(s.cast::<u8>().add(geo.owners).cast::<usize>().add(i)) });
+                        }
+                    }
+                    // SAFETY: a listed slab, under the lock.
+                    s = unsafe { (*s).next };
+                }
+            }
+        }
+    }
+
     /// The birth number of the slab holding `ptr` (see `Slab::birth`).
     ///
     /// # Safety
@@ -375,6 +434,13 @@ impl<R: RawMutex> Cache<R> {
             if cfg!(feature = "hardened") {
                 map.add(words).write_bytes(0, words);
             }
+        }
+        let geo = self.geo();
+        if geo.has_owners() {
+            // SAFETY: the owner words lie after the bitmaps and before the
+            // first object (`Geometry::with_owners`), inside the fresh run:
+            // no object has an owner yet.
+            unsafe { s.cast::<u8>().add(geo.owners).write_bytes(0, geo.capacity * size_of::<usize>()) };
         }
         s
     }

@@ -550,3 +550,28 @@ impl Stat {
         self.0.load(Ordering::Relaxed)
     }
 }
+
+/// Stores `v` in the word at `p` as a `Relaxed` atomic: a word in memory
+/// the allocator owns that a report may read while its holder writes it
+/// (a slab's owner words). Always `core`'s atomic, also under loom: its
+/// order comes from handing the object over, which the models check.
+///
+/// # Safety
+///
+/// `p` is valid, aligned, and only ever accessed through these functions.
+#[inline(always)]
+pub(crate) unsafe fn word_store(p: *mut usize, v: usize) {
+    // SAFETY: per the contract.
+    unsafe { core::sync::atomic::AtomicUsize::from_ptr(p) }.store(v, core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Loads the word at `p` stored by [`word_store`].
+///
+/// # Safety
+///
+/// As for [`word_store`].
+#[inline(always)]
+pub(crate) unsafe fn word_load(p: *mut usize) -> usize {
+    // SAFETY: per the contract.
+    unsafe { core::sync::atomic::AtomicUsize::from_ptr(p) }.load(core::sync::atomic::Ordering::Relaxed)
+}

@@ -23,21 +23,22 @@ use lock_api::{Mutex, RawMutex};
 use super::Group;
 use crate::counter::PageCounter;
 use crate::error::{Error, Name};
-use crate::magazine::{Acct, MagCache};
+use crate::magazine::{Acct, MagCache, Stocks};
 use crate::platform::MAX_NODES;
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, Ordering, atomic_null, atomic_u32, atomic_usize,
-    loom_const_fn,
+    loom_const_fn, repeat,
 };
 
-mod child_caches;
+mod charged;
 mod events;
 mod ids;
 mod lifecycle;
 mod lists;
 mod names;
+mod objects;
 mod protection;
 mod reclaim;
 mod registry;
@@ -50,8 +51,7 @@ pub(crate) use reclaim::delay;
 pub use reclaim::{
     GroupId, HIGH_DELAY_BATCH, HIGH_DELAY_MAX_NS, HIGH_DELAY_MIN_NS, HIGH_DELAY_NS, ShrinkControl, Shrinker,
 };
-use registry::AcctIndices;
-pub(crate) use registry::{CacheDesc, NOT_ACCOUNTED, class_name};
+pub(crate) use registry::{CacheDesc, class_name};
 
 /// The group tree of one allocator: the root group with its base caches,
 /// every other group until it is reclaimed, the typed-cache registry, the
@@ -86,8 +86,13 @@ pub(crate) struct Tree<R: RawMutex> {
     zombies: AtomicPtr<Group<R>>,
     /// Self-hosted metadata: groups.
     pub(crate) groups: OneCell<Cache<R>>,
-    /// Self-hosted metadata: the child caches of groups.
-    pub(crate) child_caches: OneCell<Cache<R>>,
+    /// Self-hosted metadata: the charged caches (see `charged`).
+    pub(crate) charged_caches: OneCell<Cache<R>>,
+    /// The charged cache of each size class; null until first use (see
+    /// `charged`).
+    charged: CellArray<AtomicPtr<MagCache<R>>, NCLASSES>,
+    /// Each slot's byte stock of object charges (see `objects`).
+    pub(super) stocks: Stocks,
     /// Self-hosted metadata: descriptors of typed caches.
     pub(crate) descriptors: OneCell<Cache<R>>,
     /// Self-hosted metadata: groups' named pressure resources.
@@ -98,9 +103,8 @@ pub(crate) struct Tree<R: RawMutex> {
     /// iteration is in progress (see [`Limbo`]), like a group.
     pub(super) registry: AtomicPtr<CacheDesc<R>>,
     /// Serialises cache creation and destruction (never taken on an
-    /// allocation path); holds the free accounting indices. Taken before
-    /// `lock`.
-    pub(super) registry_lock: Mutex<R, AcctIndices>,
+    /// allocation path). Taken before `lock`.
+    pub(super) registry_lock: Mutex<R, ()>,
     /// Registered shrinkers (copied out before they are called).
     pub(super) shrinkers: Mutex<R, reclaim::Shrinkers>,
     /// Root usage (pages) above which allocations trigger contention
@@ -199,11 +203,13 @@ impl<R: RawMutex> Tree<R> {
                 readers: atomic_usize(0),
                 zombies: atomic_null(),
                 groups: OneCell::new(Cache::new(Group::<R>::GEOMETRY)),
-                child_caches: OneCell::new(Cache::new(MagCache::<R>::GEOMETRY)),
+                charged_caches: OneCell::new(Cache::new(MagCache::<R>::GEOMETRY)),
+                charged: CellArray::new(repeat!(atomic_null(); NCLASSES)),
+                stocks: Stocks::new(),
                 descriptors: OneCell::new(Cache::new(CacheDesc::<R>::GEOMETRY)),
                 pressure_nodes: OneCell::new(Cache::new(super::pressure::PressureNode::GEOMETRY)),
                 registry: atomic_null(),
-                registry_lock: Mutex::const_new(R::INIT, AcctIndices::ALL),
+                registry_lock: Mutex::const_new(R::INIT, ()),
                 shrinkers: Mutex::const_new(R::INIT, reclaim::Shrinkers::new()),
                 contention_mark: atomic_usize(usize::MAX),
                 episodes: atomic_u32(0),
@@ -239,7 +245,7 @@ impl<R: RawMutex> Tree<R> {
     ///
     /// As for `Cache::refit`, for each of those caches.
     pub(crate) unsafe fn refit(&self, cap: u32) {
-        let metadata = [&*self.groups, &*self.child_caches, &*self.descriptors, &*self.pressure_nodes];
+        let metadata = [&*self.groups, &*self.charged_caches, &*self.descriptors, &*self.pressure_nodes];
         for c in self.classes.iter().map(|c| &c.cache).chain(metadata) {
             // SAFETY: forwarded; the geometry is copied out before the write.
             unsafe { c.refit(c.geometry().within(cap)) };

@@ -4,7 +4,7 @@
 use core::fmt;
 
 use super::cgroup::{Cgroup, to_bytes};
-use crate::cgroup::{Event, MAX_ACCOUNTED, PressureRow, STAT_PRESSURES, class_name};
+use crate::cgroup::{Event, PressureRow, STAT_PRESSURES, class_name};
 use crate::error::{GroupName, Name};
 use crate::heap::Heap;
 use crate::magazine::MagCache;
@@ -39,25 +39,31 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             nodes: t.node_pages(g).map(to_bytes),
             large: to_bytes(g.large_pages().get()),
             injected: t.injected(g),
-            caches: [CacheRow::EMPTY; MAX_ACCOUNTED],
+            caches: [CacheRow::EMPTY; STAT_CACHES],
             ncaches: 0,
             pressures: g.pressure_rows(),
         };
-        let mut add = |name: Name, cache: &MagCache<K::Lock>| {
-            let s = cache.cache.stats();
-            if st.ncaches < MAX_ACCOUNTED && s.pages > 0 {
-                st.caches[st.ncaches] = CacheRow { name, objects: s.active_objects, pages: s.pages };
+        let mut add = |name: Name, objects: usize, pages: usize| {
+            if st.ncaches < STAT_CACHES && pages > 0 {
+                st.caches[st.ncaches] = CacheRow { name, objects, pages };
                 st.ncaches += 1;
             }
         };
         if t.is_root(g) {
-            t.classes().iter().enumerate().for_each(|(c, cache)| add(class_name(c), cache));
+            t.classes().iter().enumerate().for_each(|(c, cache): (usize, &MagCache<K::Lock>)| {
+                let s = cache.cache.stats();
+                add(class_name(c), s.active_objects, s.pages)
+            });
             st.large = to_bytes(self.kmem().stats().large_pages);
         } else {
-            // Child caches of a destroyed typed cache are freed once no
-            // iteration runs: hold one off while reading them.
-            let _read = t.read_guard();
-            g.for_each_cache(|i, cache| add(t.acct_name(i), cache));
+            // The group's objects of each charged cache, found by their
+            // owner words; pages are what their bytes round up to.
+            let key = g.key();
+            t.for_each_charged(|name, cache| {
+                let mut objects = 0;
+                cache.cache.for_each_owner(|o| objects += (o == key) as usize);
+                add(name, objects, (objects * cache.cache.geometry().size).div_ceil(PAGE_SIZE));
+            });
         }
         st
     }
@@ -178,19 +184,25 @@ pub struct GroupStat {
     pub large: usize,
     /// Allocations fault injection failed ([`Cgroup::inject_faults`]).
     pub injected: usize,
-    caches: [CacheRow; MAX_ACCOUNTED],
+    caches: [CacheRow; STAT_CACHES],
     ncaches: usize,
     /// The first [`STAT_PRESSURES`] resources, and how many there are.
     pressures: ([PressureRow; STAT_PRESSURES], usize),
 }
 
 impl GroupStat {
-    /// `(cache name, objects out of the slabs, pages)` of each of the
-    /// group's own caches that holds pages.
+    /// `(cache name, objects, pages)` of each cache the group has objects
+    /// of (the first 64): for the root, its own caches'
+    /// objects out of the slabs and their slabs' pages; for another group,
+    /// its live objects of each accounted cache and the pages their bytes
+    /// round up to (they share slabs with other groups').
     pub fn caches(&self) -> impl Iterator<Item = (&str, usize, usize)> {
         self.caches[..self.ncaches].iter().map(|r| (r.name.as_str(), r.objects, r.pages))
     }
 }
+
+/// Cache rows a [`GroupStat`] keeps.
+pub(crate) const STAT_CACHES: usize = 64;
 
 fn limit(f: &mut fmt::Formatter<'_>, key: &str, v: usize) -> fmt::Result {
     if v >= usize::MAX / PAGE_SIZE * PAGE_SIZE { writeln!(f, "{key} max") } else { writeln!(f, "{key} {v}") }

@@ -9,7 +9,7 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Cgroup;
-use crate::cgroup::{CacheDesc, Group, NOT_ACCOUNTED};
+use crate::cgroup::{CacheDesc, Group};
 use crate::error::{Error, Name};
 use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc};
 use crate::magazine::MagCache;
@@ -165,14 +165,26 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     fn alloc_object_plain(&self, g: *const Group<K::Lock>) -> Result<NonNull<u8>, Error> {
         let k = self.kmem;
         let base = &self.desc.cache;
-        let cache = if self.desc.acct_idx == NOT_ACCOUNTED {
-            base
-        } else {
-            k.tree().cache_for(k, g, self.desc.acct_idx, base).ok_or(Error::OutOfMemory)?
+        // SAFETY: callers pass null or a live group of this allocator.
+        let g = if self.desc.accounted { unsafe { g.as_ref() } } else { None };
+        let Some(g) = g else {
+            let p = k.alloc_from(base)?;
+            hardened_on_alloc(base, p);
+            return Ok(p);
         };
-        let p = k.alloc_from(cache)?;
-        hardened_on_alloc(cache, p);
-        Ok(p)
+        let charged = k.tree().charged_in(k, &self.desc.charged, base).ok_or(Error::OutOfMemory)?;
+        if !k.tree().stock_take(k, g, charged.cache.geometry().size) {
+            return k.alloc_charged_slow(g, charged);
+        }
+        match charged.alloc_fast(k) {
+            Some(p) => {
+                // SAFETY: a fresh object of a charged cache.
+                unsafe { KmemOf::<K>::set_owner(charged, p, g) };
+                hardened_on_alloc(charged, p);
+                Ok(p)
+            }
+            None => k.charged_refill(g, charged),
+        }
     }
 
     /// The cache's name.
@@ -181,7 +193,7 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     }
 
     /// The cache's counters: its own slabs plus, for an accounted cache,
-    /// the slabs of its child caches in every group.
+    /// the slabs of the charged cache groups' objects of it come from.
     pub fn stats(&self) -> CacheStats {
         let mut sum = CacheStats::default();
         self.for_each_part(|c| {
@@ -202,8 +214,8 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         crate::cgroup::Tree::drain_and_shrink(self.kmem, |f| t.for_each_cache_part(self.desc, |c| f(c)))
     }
 
-    /// Calls `f` on the cache itself and, if it is accounted, on its child
-    /// cache in every group that has one.
+    /// Calls `f` on the cache itself and on its charged cache, if it has
+    /// one.
     fn for_each_part(&self, f: impl FnMut(&MagCache<K::Lock>)) {
         self.kmem.tree().for_each_cache_part(self.desc, f);
     }

@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::classes::class_of;
+use crate::sync::word_store;
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `size` bytes aligned to `align` for the current group, or `None`.
@@ -52,16 +53,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(super) fn no_unwind_special(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         let guard = NoUnwind;
         let r = self.alloc_special_current(size, align);
-        core::mem::forget(guard);
-        r
-    }
-
-    /// See [`Kmem::no_unwind_special`].
-    #[cold]
-    #[inline(never)]
-    pub(super) fn no_unwind_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
-        let guard = NoUnwind;
-        let r = self.alloc_in_new_child(g, c, base);
         core::mem::forget(guard);
         r
     }
@@ -217,22 +208,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Some(c) => {
                 // SAFETY: `class_of` returns indices below NCLASSES.
                 let base = unsafe { self.tree.classes().get_unchecked(c) };
-                let cache = if g.is_null() {
-                    base
-                } else {
-                    // SAFETY: callers pass a live group of this allocator.
-                    match unsafe { &*g }.child_cache(c) {
-                        Some(child) => child,
-                        None if NOUNWIND => return self.no_unwind_new_child(g, c, base),
-                        None => return self.alloc_in_new_child(g, c, base),
-                    }
-                };
-                let p = match cache.alloc_fast(self) {
+                // SAFETY: callers pass null or a live group of this
+                // allocator.
+                if let Some(g) = unsafe { g.as_ref() } {
+                    return match self.tree.class_charged(c) {
+                        Some(charged) => self.alloc_charged::<NOUNWIND>(g, charged),
+                        None if NOUNWIND => self.no_unwind_new_charged(g, c, base),
+                        None => self.alloc_in_new_charged(g, c, base),
+                    };
+                }
+                let p = match base.alloc_fast(self) {
                     Some(p) => p,
-                    None if NOUNWIND => self.no_unwind_slow(cache)?,
-                    None => self.alloc_slow_opt(cache)?,
+                    None if NOUNWIND => self.no_unwind_slow(base)?,
+                    None => self.alloc_slow_opt(base)?,
                 };
-                hardened_on_alloc(cache, p);
+                hardened_on_alloc(base, p);
                 Some(p)
             }
             None if size == 0 => None,
@@ -241,17 +231,122 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// [`Kmem::alloc_in`] for group `g`'s first object of class `c`:
-    /// creates the child cache, then allocates. Out of line and called in
-    /// tail position, so the fast path needs no stack frame.
+    /// One object of `charged`, a charged cache, charged to `g`: a stock
+    /// hit and a magazine hit inline, everything else out of line.
+    #[inline(always)]
+    pub(crate) fn alloc_charged<const NOUNWIND: bool>(
+        &self,
+        g: &Group<R>,
+        charged: &MagCache<R>,
+    ) -> Option<NonNull<u8>> {
+        let n = charged.cache.geometry().size;
+        if !self.tree.stock_take(self, g, n) {
+            return if NOUNWIND {
+                self.no_unwind_charged(g, charged)
+            } else {
+                self.alloc_charged_slow(g, charged).ok()
+            };
+        }
+        let Some(p) = charged.alloc_fast(self) else {
+            return if NOUNWIND {
+                self.no_unwind_charged_refill(g, charged)
+            } else {
+                self.charged_refill(g, charged).ok()
+            };
+        };
+        // SAFETY: a fresh object of a charged cache.
+        unsafe { Self::set_owner(charged, p, g) };
+        hardened_on_alloc(charged, p);
+        Some(p)
+    }
+
+    /// Records `g` as the owner of `p`.
+    ///
+    /// # Safety
+    ///
+    /// `p` is an object of `charged`, a charged cache, just handed out.
+    #[inline(always)]
+    pub(crate) unsafe fn set_owner(charged: &MagCache<R>, p: NonNull<u8>, g: &Group<R>) {
+        // SAFETY: per the contract, an object of a cache with owner words.
+        unsafe { word_store(charged.cache.owner_word(p.as_ptr()), g.key()) };
+    }
+
+    /// [`Kmem::alloc_charged`] past the stock: charges (reclaiming if a
+    /// limit refuses), then allocates.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_in_new_child(&self, g: *const Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+    pub(crate) fn alloc_charged_slow(&self, g: &Group<R>, charged: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        if !self.settle_alloc() {
+            return Err(Error::OutOfMemory);
+        }
+        self.tree.charge_object_slow(self, g, charged.cache.geometry().size)?;
+        self.charged_refill(g, charged)
+    }
+
+    /// An object of `charged` for `g`, whose charge is taken: from the
+    /// magazines or a refill; the charge goes back if it fails (or
+    /// unwinds).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn charged_refill(&self, g: &Group<R>, charged: &MagCache<R>) -> Result<NonNull<u8>, Error> {
+        let n = charged.cache.geometry().size;
+        let undo = Uncharge { kmem: self, key: g.key(), n };
+        let r = self.alloc_from(charged);
+        core::mem::forget(undo);
+        match r {
+            Ok(p) => {
+                // SAFETY: a fresh object of a charged cache.
+                unsafe { Self::set_owner(charged, p, g) };
+                hardened_on_alloc(charged, p);
+                Ok(p)
+            }
+            Err(e) => {
+                self.tree.uncharge_object(self, g.key(), n);
+                Err(e)
+            }
+        }
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_charged(&self, g: &Group<R>, charged: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_charged_slow(g, charged).ok();
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_charged_refill(&self, g: &Group<R>, charged: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.charged_refill(g, charged).ok();
+        core::mem::forget(guard);
+        r
+    }
+
+    /// See [`Kmem::no_unwind_special`].
+    #[cold]
+    #[inline(never)]
+    fn no_unwind_new_charged(&self, g: &Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+        let guard = NoUnwind;
+        let r = self.alloc_in_new_charged(g, c, base);
+        core::mem::forget(guard);
+        r
+    }
+
+    /// [`Kmem::alloc_in`] for the first group object of class `c`: makes
+    /// the class's charged cache, then allocates.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_in_new_charged(&self, g: &Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
         self.settle();
-        let cache = self.tree.cache_for(self, g, c, base)?;
-        let p = self.alloc_from(cache).ok()?;
-        hardened_on_alloc(cache, p);
-        Some(p)
+        // SAFETY: `class_of` gave `c` (caller), below NCLASSES.
+        let slot = unsafe { self.tree.charged_slots().get_unchecked(c) };
+        let charged = self.tree.charged_in(self, slot, base)?;
+        self.alloc_charged_slow(g, charged).ok()
     }
 
     /// One object from `cache`: a magazine hit inline, everything else
@@ -312,5 +407,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     pub(super) fn alloc_slow_opt(&self, cache: &MagCache<R>) -> Option<NonNull<u8>> {
         self.alloc_slow_from(cache).ok()
+    }
+}
+
+/// Gives an object charge back if what follows it unwinds.
+struct Uncharge<'a, S: PageSource, R: RawMutex, P: Platform> {
+    kmem: &'a Kmem<S, R, P>,
+    key: usize,
+    n: usize,
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Drop for Uncharge<'_, S, R, P> {
+    fn drop(&mut self) {
+        self.kmem.tree.uncharge_object(self.kmem, self.key, self.n);
     }
 }

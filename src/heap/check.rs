@@ -7,7 +7,7 @@ use lock_api::RawMutex;
 
 use super::Kmem;
 use crate::cgroup::Group;
-use crate::platform::{MAX_NODES, PageSource, Platform};
+use crate::platform::{MAX_NODES, PAGE_SIZE, PageSource, Platform};
 #[cfg(test)]
 use crate::slab::{Cache, classes::class_of};
 
@@ -49,34 +49,51 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(crate) fn check_accounting(&self) {
         self.shrink();
         let t = self.tree();
-        let own = |g: &Group<R>| -> usize {
-            let mut pages = 0;
-            if t.is_root(g) {
-                t.root_caches(&mut |c| pages += c.cache.stats().pages);
-            } else {
-                g.for_each_cache(|_, c| pages += c.cache.stats().pages);
-            }
-            pages + g.counter().stocked()
+        // The root's own: the slabs of its caches (charged caches included).
+        let mut root_own = 0;
+        t.root_caches(&mut |c| root_own += c.cache.stats().pages);
+        // Object pages of each group's subtree: they stop below the root.
+        let obj_subtree = |g: &Group<R>| {
+            let mut n = 0;
+            g.walk_subtree(|x| n += t.obj_pages(x));
+            n
         };
         // Large pages charged to the root itself: all minus the groups'.
         let mut in_groups = 0;
         t.for_each_group(|x| in_groups += x.large_pages().get());
         let root_large = self.stats().large_pages - in_groups;
         t.for_each_group_and_root(|g| {
+            let root = t.is_root(g);
             let mut children = 0;
             t.for_each_group(|x| {
                 if x.parent().is_some_and(|p| core::ptr::eq(p, g)) {
-                    children += x.counter().usage();
+                    children += x.counter().usage() - if root { obj_subtree(x) } else { 0 };
                 }
             });
-            let large = if t.is_root(g) { root_large } else { g.large_pages().get() };
+            let large = if root { root_large } else { g.large_pages().get() };
+            let own = if root { root_own } else { t.obj_pages(g) };
             let usage = g.counter().usage();
             let name = g.name().as_str();
             assert!(usage < usize::MAX / 2, "usage of {name} wrapped: {usage}");
-            assert_eq!(usage, own(g) + large + children, "accounting of group {name}");
-            // What the group's slabs and large objects hold, node by node.
+            let stocked = g.counter().stocked();
+            assert_eq!(usage, own + stocked + large + children, "accounting of group {name}");
+            if !root {
+                // Its object pages hold its live objects' bytes and its
+                // spare, under a page (the object stocks were drained).
+                let mut live = 0;
+                t.for_each_charged(|_, c| {
+                    let size = c.cache.geometry().size;
+                    c.cache.for_each_owner(|o| live += if o == g.key() { size } else { 0 });
+                });
+                let spare = t.obj_spare(g);
+                assert!(spare < PAGE_SIZE, "spare of group {name}: {spare}");
+                assert_eq!(live + spare, own * PAGE_SIZE, "object bytes of group {name}");
+            }
+            // What the group's slabs and large objects hold, node by node
+            // (objects charged one by one are not counted by node).
             let on_nodes: usize = (0..MAX_NODES).map(|n| g.counter().node_pages(n)).sum();
-            assert_eq!(on_nodes, own(g) - g.counter().stocked() + large, "pages on nodes of group {name}");
+            let slabs = if root { own } else { 0 };
+            assert_eq!(on_nodes, slabs + large, "pages on nodes of group {name}");
         });
     }
 }

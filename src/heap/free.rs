@@ -11,6 +11,7 @@ use crate::magazine::MagCache;
 use crate::page::pages_for;
 use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::classes::{GEOMETRIES, class_of};
+use crate::sync::{word_load, word_store};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Frees what `alloc_raw(size, align)` returned.
@@ -186,6 +187,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     pub(crate) unsafe fn free_into(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         hardened_on_free(owner, ptr);
+        let geo = owner.cache.geometry();
+        if geo.has_owners() {
+            // A charged cache's object: uncharged from its group before it
+            // goes back (from then on another thread may hand it out).
+            // SAFETY: a live object of `owner` (caller), whose slabs have
+            // owner words, written only through `word_store`.
+            unsafe {
+                let w = owner.cache.owner_word(ptr.as_ptr());
+                let key = word_load(w);
+                if key != 0 {
+                    word_store(w, 0);
+                    self.tree.uncharge_object(self, key, geo.size);
+                }
+            }
+        }
         // SAFETY: forwarded.
         if !unsafe { owner.free_fast(self, ptr) } {
             // SAFETY: forwarded.
@@ -206,7 +222,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             let _read = self.tree.read_guard();
             // SAFETY: forwarded.
             unsafe { owner.free_slow(self, ptr) };
-            self.tree.after_free(owner);
         }
         self.decay_tick();
     }

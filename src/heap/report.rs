@@ -41,8 +41,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// A `/proc/slabinfo`-style report: one row per cache, whitespace
     /// separated, columns `name active_objs num_objs objsize objperslab
     /// pagesperslab num_slabs limit depot_full depot_empty pages group`,
-    /// one row per cache and, for accounted caches, one per (cache, group)
-    /// (`group` is `/` for the root, `-` for the allocator's own caches), where
+    /// one row per cache and, for accounted caches, one for the charged
+    /// cache every group's objects of it come from (`group` is `/` for the
+    /// root, `*` for a charged cache, `-` for the allocator's own caches), where
     /// `limit` is the rounds per magazine and `active_objs` counts objects
     /// out of the slabs (live or cached in magazines), as Linux does.
     pub fn slabinfo(&self) -> SlabInfo<'_, Self> {
@@ -151,7 +152,7 @@ impl<K: Heap> fmt::Display for SlabInfo<'_, K> {
         row(f, format_args!("kmem_cache"), Row::of_plain(&t.descriptors), "-")?;
         row(f, format_args!("kmem_magazine"), Row::of_plain(&k.magazines), "-")?;
         row(f, format_args!("kmem_cgroup"), Row::of_plain(&t.groups), "-")?;
-        row(f, format_args!("kmem_child_cache"), Row::of_plain(&t.child_caches), "-")?;
+        row(f, format_args!("kmem_charged_cache"), Row::of_plain(&t.charged_caches), "-")?;
         row(f, format_args!("kmem_pressure"), Row::of_plain(&t.pressure_nodes), "-")?;
         let mut res = Ok(());
         t.for_each_desc(|desc| {
@@ -160,16 +161,12 @@ impl<K: Heap> fmt::Display for SlabInfo<'_, K> {
             }
         });
         res?;
-        // One row per (cache, group) for every group's child caches. The
-        // read guard (taken by `for_each_group`) only delays the freeing of
-        // removed groups, so writing to an allocating sink is fine.
-        t.for_each_group(|g| {
-            g.for_each_cache(|i, c| {
-                if res.is_ok() {
-                    let name = t.acct_name(i);
-                    res = row(f, format_args!("{}", name.as_str()), Row::of(c), g.name().as_str());
-                }
-            })
+        // One row per charged cache, named for the cache it charges for,
+        // its group column `*` (every group's objects share its slabs).
+        t.for_each_charged(|name, c| {
+            if res.is_ok() {
+                res = row(f, format_args!("{}", name.as_str()), Row::of(c), "*");
+            }
         });
         res
     }

@@ -81,6 +81,10 @@ pub(crate) struct Geometry {
     /// one multiplication (Lemire, Kaser & Kurz, "Faster remainder by
     /// direct computation", 2019), exact for offsets below 2^32.
     pub(crate) recip: u64,
+    /// Where the slab's owner words start (0: it has none): one word per
+    /// object, after the bitmaps, for caches that charge objects to
+    /// groups one by one ([`Geometry::with_owners`]).
+    pub(crate) owners: usize,
 }
 
 impl Geometry {
@@ -150,7 +154,56 @@ impl Geometry {
             return None;
         }
         let capacity = (bytes - first) / size;
-        Some(Geometry { size, align, order, pages: 1 << order, capacity, first, recip: u64::MAX / size as u64 + 1 })
+        Some(Geometry {
+            size,
+            align,
+            order,
+            pages: 1 << order,
+            capacity,
+            first,
+            recip: u64::MAX / size as u64 + 1,
+            owners: 0,
+        })
+    }
+
+    /// This layout with an owner word per object ahead of the first
+    /// object, in slabs of the same order (so a free finds the slab of
+    /// either layout by the same mask): what a cache of objects charged
+    /// one by one needs to know whom to uncharge. `None` if no object
+    /// would be left.
+    pub(crate) const fn with_owners(self) -> Option<Geometry> {
+        if self.owners != 0 {
+            return Some(self);
+        }
+        let bytes = PAGE_SIZE << self.order;
+        let meta = MAP_OFFSET + bitmap_bytes(bytes, self.size);
+        let meta = if meta < HEADER { HEADER } else { meta };
+        let owners = meta.next_multiple_of(8);
+        let word = core::mem::size_of::<usize>();
+        if bytes <= owners {
+            return None;
+        }
+        let mut capacity = (bytes - owners) / (self.size + word);
+        let mut first = (owners + capacity * word + self.align - 1) & !(self.align - 1);
+        while capacity > 0 && first + capacity * self.size > bytes {
+            capacity -= 1;
+            first = (owners + capacity * word + self.align - 1) & !(self.align - 1);
+        }
+        if capacity == 0 {
+            return None;
+        }
+        let mut g = self;
+        g.capacity = capacity;
+        g.first = first;
+        g.owners = owners;
+        g.pages = 1 << self.order;
+        Some(if self.is_exact() { g.exact() } else { g })
+    }
+
+    /// Whether the slabs carry owner words.
+    #[inline(always)]
+    pub(crate) const fn has_owners(&self) -> bool {
+        self.owners != 0
     }
 
     /// This layout as an exact slab: it keeps only the pages up to the end

@@ -49,10 +49,10 @@ impl<R: RawMutex> Limbo<R> {
         self.groups.is_null() && self.caches.is_null() && self.descs.is_null() && self.ids.is_none()
     }
 
-    /// Queues a child cache taken out of its group (the pointer the group
-    /// held, which it is freed through).
+    /// Queues a charged cache taken out of the tree with its typed cache
+    /// (the pointer the tree held, which it is freed through).
     pub(super) fn retire_cache(&mut self, c: NonNull<MagCache<R>>) {
-        // SAFETY: a live child cache (caller).
+        // SAFETY: a live charged cache (caller).
         unsafe { c.as_ref() }.retired_next.store(self.caches, Ordering::Relaxed);
         self.caches = c.as_ptr();
     }
@@ -187,19 +187,14 @@ impl<R: RawMutex> Tree<R> {
         // what its objects hold is reclaimed with its parent's.
         g.counter.set_min(0);
         g.counter.set_low(0);
-        // Pairs with the fence after a child cache is published (see
-        // `make_child_cache`).
+        // Pairs with the fence after a stock takes the group (see
+        // `objects`): either that holder sees the group offline, or the
+        // drain below sees its stock.
         fence(Ordering::SeqCst);
-        g.for_each_cache(|_, c| c.cache.mark_dead());
-        {
-            let _read = self.read_guard();
-            Self::drain_and_shrink(env, |f| g.for_each_cache(|_, c| f(c)));
-        }
         g.counter.drain_stock();
-        // Frees into the dead caches are buffered per slot from now on,
-        // unless few objects are left (see the magazine layer's docs).
-        g.for_each_cache(|_, c| c.dead_drained(env));
-        g.for_each_cache(|_, c| self.after_free(c));
+        // Its objects stay charged to it until freed; what stocks hold
+        // beyond them goes now, so nothing but its live objects keeps it.
+        self.drain_stocks_of(env, g);
         // Drop the online reference; handles keep the group until dropped.
         self.put_group(g);
         self.reclaim_groups(env, &mut limbo);
@@ -269,10 +264,10 @@ impl<R: RawMutex> Tree<R> {
                 return;
             }
             let caches = core::mem::replace(&mut limbo.caches, core::ptr::null_mut());
-            // SAFETY: each was taken out of its group (so unreachable now
-            // that no iteration runs), is empty, and is an object of
-            // `child_caches`.
-            unsafe { self.free_chain(env, caches, &self.child_caches, |c| &c.retired_next) };
+            // SAFETY: each was taken out of the tree with its typed cache
+            // (so unreachable now that no iteration runs), is empty, and
+            // is an object of `charged_caches`.
+            unsafe { self.free_chain(env, caches, &self.charged_caches, |c| &c.retired_next) };
             let descs = core::mem::replace(&mut limbo.descs, core::ptr::null_mut());
             // SAFETY: each was unlinked from the registry (so unreachable
             // now that no iteration runs), its cache empty, and is an
@@ -348,12 +343,7 @@ impl<R: RawMutex> Tree<R> {
         // Nothing may stay charged to the ancestors through this group.
         gr.counter.drain_stock();
         debug_assert_eq!(gr.counter.usage(), 0, "a reclaimed group still holds charges");
-        for c in gr.caches.iter() {
-            if let Some(cache) = NonNull::new(c.load(Ordering::Relaxed)) {
-                // SAFETY: a dead, empty child cache nobody can reach.
-                unsafe { Self::free_object(env, cache, &self.child_caches) };
-            }
-        }
+        debug_assert_eq!(gr.obj_pages.load(Ordering::Relaxed), 0, "a reclaimed group still holds objects");
         let nodes = gr.pressures.load(Ordering::Relaxed);
         // SAFETY: the group's resources, which nothing can reach once the
         // group cannot be (handles keep the group), objects of

@@ -76,12 +76,25 @@ impl<R: RawMutex> Tree<R> {
     /// Charges `pages` to `g`'s counter (root's for null), reclaiming and
     /// retrying once if a limit refuses. Returns the counter charged.
     pub(crate) fn charge<E: Env<R>>(&self, env: &E, g: *const Group<R>, pages: usize) -> Result<&PageCounter, Error> {
+        self.charge_below(env, g, pages, core::ptr::null())
+    }
+
+    /// [`Tree::charge`] leaving `stop` (an ancestor's counter, or null)
+    /// and the levels above it alone: what objects charged one by one take
+    /// (see `objects`), with `stop` the root's counter.
+    pub(crate) fn charge_below<E: Env<R>>(
+        &self,
+        env: &E,
+        g: *const Group<R>,
+        pages: usize,
+        stop: *const PageCounter,
+    ) -> Result<&PageCounter, Error> {
         // SAFETY: callers pass a live group of this tree or null.
         let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
-        let Err(k) = counter.try_charge(pages) else { return Ok(counter) };
+        let Err(k) = counter.try_charge_below(pages, 0, stop) else { return Ok(counter) };
         if in_callback(env.plat()) {
             // A callback's charge: overdrawn, or refused (no reclaim).
-            return match counter.try_charge_over(pages, RECLAIM_OVERDRAFT) {
+            return match counter.try_charge_below(pages, RECLAIM_OVERDRAFT, stop) {
                 Ok(()) => {
                     self.overdrawn(k, pages);
                     Ok(counter)
@@ -90,7 +103,7 @@ impl<R: RawMutex> Tree<R> {
             };
         }
         self.reclaim_refuser(env, k, pages);
-        counter.try_charge(pages).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
+        counter.try_charge_below(pages, 0, stop).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
     }
 
     /// Counts an overdraft of `pages` in the group whose counter `k`
@@ -297,11 +310,25 @@ impl<R: RawMutex> Tree<R> {
         // ours and the tree as planned.
         Self::plan(root, target, pass, |v, visit| v.plan.store(visit.take as u8, Ordering::Relaxed));
         let mut pages = Self::drain_and_shrink(env, |f| self.planned_caches(target, f));
+        let mut any = false;
         Self::planned(target, |v, take| match take {
             Take::Nothing => {}
-            Take::Own => pages += v.counter.drain_stock(),
-            Take::Subtree => v.walk_subtree(|g| pages += g.counter.drain_stock()),
+            Take::Own => {
+                any = true;
+                pages += v.counter.drain_stock()
+            }
+            Take::Subtree => {
+                any = true;
+                v.walk_subtree(|g| pages += g.counter.drain_stock())
+            }
         });
+        if any {
+            // What the slots' stocks hold beyond live objects (theirs, and
+            // other groups': a stock is cheap to refill).
+            let before = target.counter.usage();
+            self.drain_all_stocks(env);
+            pages += before.saturating_sub(target.counter.usage());
+        }
         pages
     }
 
@@ -326,23 +353,23 @@ impl<R: RawMutex> Tree<R> {
         });
     }
 
-    /// Calls `f` on every cache charging `g` itself.
+    /// Calls `f` on every cache whose slabs charge `g` itself: the root's
+    /// (a group's objects charge it in bytes, not through slabs).
     fn own_caches(&self, g: &Group<R>, f: &mut dyn FnMut(&MagCache<R>)) {
         if self.is_root(g) {
             self.root_caches(f);
-        } else {
-            g.for_each_cache(|_, c| f(c));
         }
     }
 
-    /// Calls `f` on the caches charging the root: its size classes and
-    /// its accounted typed caches.
+    /// Calls `f` on the caches charging the root: its size classes, its
+    /// accounted typed caches and the charged caches.
     pub(crate) fn root_caches(&self, f: &mut dyn FnMut(&MagCache<R>)) {
         self.base_caches(|c| {
             if c.acct == Acct::Root {
                 f(c)
             }
         });
+        self.for_each_charged(|_, c| f(c));
     }
 
     /// Calls `f` on the base caches: the size classes, then the typed
@@ -352,11 +379,11 @@ impl<R: RawMutex> Tree<R> {
         self.for_each_desc(|d| f(&d.cache));
     }
 
-    /// Calls `f` on every cache: base caches and every group's child caches.
+    /// Calls `f` on every cache: base caches and charged caches.
     pub(crate) fn for_each_cache(&self, f: &mut dyn FnMut(&MagCache<R>)) {
         let _read = self.read_guard();
         self.base_caches(&mut *f);
-        self.for_each_group(|g| g.for_each_cache(|_, c| f(c)));
+        self.for_each_charged(|_, c| f(c));
     }
 
     /// Empties every magazine and every charge stock, gives every empty
@@ -365,13 +392,14 @@ impl<R: RawMutex> Tree<R> {
     pub(crate) fn shrink<E: Env<R>>(&self, env: &E) -> usize {
         let read = self.read_guard();
         let pages = Self::drain_and_shrink(env, |f| self.for_each_cache(f));
+        self.drain_all_stocks(env);
         self.for_each_group_and_root(|g| {
             g.counter.drain_stock();
         });
         drop(read);
         self.finish_reclaim(env);
         let plain = Pages::plain(env.src());
-        for meta in [&self.child_caches, &self.groups, &self.descriptors, &self.pressure_nodes] {
+        for meta in [&self.charged_caches, &self.groups, &self.descriptors, &self.pressure_nodes] {
             meta.shrink(&plain);
         }
         pages
@@ -392,10 +420,9 @@ impl<R: RawMutex> Tree<R> {
         pages
     }
 
-    /// After caches gave back slabs: dead caches now empty let go of their
-    /// groups, and groups whose last reference went are reclaimed.
+    /// After caches gave back slabs: groups whose last reference went are
+    /// reclaimed.
     pub(crate) fn finish_reclaim<E: Env<R>>(&self, env: &E) {
-        self.release_empty_dead();
         self.reclaim_groups(env, &mut self.lock.lock());
     }
 }

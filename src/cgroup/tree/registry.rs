@@ -1,6 +1,5 @@
-//! The registry of typed caches: their descriptors, the accounting
-//! indices of accounted ones, and destroying a cache with every child
-//! cache groups made of it.
+//! The registry of typed caches: their descriptors, and destroying a
+//! cache with the charged cache groups' objects of it came from.
 
 use core::fmt;
 use core::mem::{align_of, size_of};
@@ -10,10 +9,9 @@ use lock_api::RawMutex;
 
 use super::Tree;
 use super::lists::{unlink, walk};
-use crate::cgroup::{MAX_ACCOUNTED, MAX_ACCOUNTED_CACHES};
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
-use crate::slab::classes::{CLASS_SIZES, NCLASSES};
+use crate::slab::classes::CLASS_SIZES;
 use crate::slab::{Geometry, Pages};
 use crate::sync::{AtomicBool, AtomicPtr, Ordering, atomic_bool, atomic_null, spin_hint};
 
@@ -23,16 +21,19 @@ use crate::sync::{AtomicBool, AtomicPtr, Ordering, atomic_bool, atomic_null, spi
 /// Everything but the atomics is fixed once the descriptor is published,
 /// so lock-free readers of the registry (under a read guard) may read it.
 /// When its `KmemCache` is dropped, the descriptor is unlinked and freed
-/// once no iteration is in progress, and its accounting index is given
-/// back, unless objects of it were leaked (`mem::forget` of a box): then
-/// it stays, dead, with its index, since slabs still name it.
+/// once no iteration is in progress, unless objects of it were leaked
+/// (`mem::forget` of a box): then it stays, dead, since slabs still name
+/// it.
 pub(crate) struct CacheDesc<R: RawMutex> {
     pub(crate) cache: MagCache<R>,
     pub(crate) name: Name,
     /// Set while a `KmemCache` handle owns the descriptor.
     pub(crate) live: AtomicBool,
-    /// Accounting index (groups' `caches` slot), or [`NOT_ACCOUNTED`].
-    pub(crate) acct_idx: usize,
+    /// Created with `ACCOUNT`: groups' objects come from `charged`.
+    pub(crate) accounted: bool,
+    /// The charged cache groups' objects of an accounted cache come from
+    /// (see `charged`); null until first use.
+    pub(crate) charged: AtomicPtr<MagCache<R>>,
     /// The next older descriptor; changed under the registry lock
     /// (`Release`), read by iterations (`Acquire`).
     pub(super) next: AtomicPtr<CacheDesc<R>>,
@@ -40,39 +41,9 @@ pub(crate) struct CacheDesc<R: RawMutex> {
     pub(super) retired_next: AtomicPtr<CacheDesc<R>>,
 }
 
-/// The accounting indices of typed caches (`NCLASSES..MAX_ACCOUNTED`)
-/// that no live cache holds: bit `i` stands for index `NCLASSES + i`.
-/// A destroyed accounted cache gives its index back.
-pub(crate) struct AcctIndices(u64);
-
-impl AcctIndices {
-    pub(super) const ALL: AcctIndices = AcctIndices((1u64 << MAX_ACCOUNTED_CACHES) - 1);
-
-    /// Takes the lowest free index.
-    fn take(&mut self) -> Option<usize> {
-        if self.0 == 0 {
-            return None;
-        }
-        let i = self.0.trailing_zeros() as usize;
-        self.0 &= !(1 << i);
-        Some(NCLASSES + i)
-    }
-
-    /// Gives index `idx` back.
-    fn give(&mut self, idx: usize) {
-        self.0 |= 1 << (idx - NCLASSES);
-    }
-}
-
-static_assertions::const_assert!(MAX_ACCOUNTED_CACHES <= 64);
-static_assertions::const_assert_eq!(MAX_ACCOUNTED - NCLASSES, MAX_ACCOUNTED_CACHES);
-
 /// Drain-and-look rounds before a destroyed cache that still holds slabs
 /// is taken to have leaked objects.
 const DESTROY_TRIES: usize = 64;
-
-/// `CacheDesc::acct_idx` of a cache created without `ACCOUNT`.
-pub(crate) const NOT_ACCOUNTED: usize = usize::MAX;
 
 impl<R: RawMutex> CacheDesc<R> {
     /// Slab geometry of the descriptor cache.
@@ -101,19 +72,12 @@ impl<R: RawMutex> Tree<R> {
             unsafe { self.descriptors.free(&Pages::plain(env.src()), mem) };
             Err(e)
         };
-        let mut indices = self.registry_lock.lock();
+        let _registry = self.registry_lock.lock();
         let mut taken = false;
         self.for_each_desc(|d| taken |= d.name == name && d.live.load(Ordering::Relaxed));
         if taken {
             return refuse(Error::NameTaken);
         }
-        let acct_idx = if !accounted {
-            NOT_ACCOUNTED
-        } else if let Some(i) = indices.take() {
-            i
-        } else {
-            return refuse(Error::TooManyAccountedCaches);
-        };
         let p = mem.cast::<CacheDesc<R>>();
         // SAFETY: `mem` is a fresh object of the descriptor cache, sized and
         // aligned for `CacheDesc<R>`.
@@ -122,7 +86,8 @@ impl<R: RawMutex> Tree<R> {
                 cache: MagCache::new(geo, if accounted { Acct::Root } else { Acct::None }),
                 name,
                 live: atomic_bool(true),
-                acct_idx,
+                accounted,
+                charged: atomic_null(),
                 next: AtomicPtr::new(self.registry.load(Ordering::Relaxed)),
                 retired_next: atomic_null(),
             });
@@ -152,11 +117,10 @@ impl<R: RawMutex> Tree<R> {
         // sit in its slabs: give them back before the drain below (with no
         // lock held), or the cache looks leaked and keeps its index.
         env.flush_deferred();
-        let mut indices = self.registry_lock.lock();
+        let _registry = self.registry_lock.lock();
         desc.live.store(false, Ordering::Relaxed);
-        let idx = desc.acct_idx;
         let mut limbo = self.lock.lock();
-        // Empty the cache (and its child caches) of cached objects and
+        // Empty the cache (and its charged cache) of cached objects and
         // slabs; a slab left means a leaked object still names the cache.
         // A concurrent drain (`reap`, `shrink`) may hold some of the
         // cache's magazines for a moment: look again a few times before
@@ -174,22 +138,10 @@ impl<R: RawMutex> Tree<R> {
         if leaked {
             return;
         }
-        if idx != NOT_ACCOUNTED {
-            self.for_each_group(|g| {
-                let c = g.caches[idx].swap(core::ptr::null_mut(), Ordering::AcqRel);
-                if let Some(cp) = NonNull::new(c) {
-                    // SAFETY: a published child cache; taken out of its
-                    // group here, it is freed only once no iteration runs.
-                    let c = unsafe { cp.as_ref() };
-                    c.cache.mark_dead();
-                    if c.take_empty_dead() {
-                        // The reference it held on its group.
-                        self.put_group(g);
-                    }
-                    limbo.retire_cache(cp);
-                }
-            });
-            indices.give(idx);
+        if let Some(c) = NonNull::new(desc.charged.swap(core::ptr::null_mut(), Ordering::AcqRel)) {
+            // Taken out of the descriptor here, it is freed only once no
+            // iteration runs.
+            limbo.retire_cache(c);
         }
         // SAFETY: linked descriptors are live, and links change only under
         // the registry lock, which we hold.
@@ -198,16 +150,14 @@ impl<R: RawMutex> Tree<R> {
         self.reclaim_groups(env, &mut limbo);
     }
 
-    /// Calls `f` on the cache of `desc` and, if it is accounted, on its
-    /// child cache in every group that has one.
+    /// Calls `f` on the cache of `desc` and on its charged cache, if it has
+    /// one.
     pub(crate) fn for_each_cache_part(&self, desc: &CacheDesc<R>, mut f: impl FnMut(&MagCache<R>)) {
         f(&desc.cache);
-        if desc.acct_idx != NOT_ACCOUNTED {
-            self.for_each_group(|g| {
-                if let Some(c) = g.child_cache(desc.acct_idx) {
-                    f(c)
-                }
-            });
+        // SAFETY: published; freed only with the descriptor, which the
+        // caller's handle (or iteration) keeps.
+        if let Some(c) = unsafe { desc.charged.load(Ordering::Acquire).as_ref() } {
+            f(c);
         }
     }
 
@@ -218,20 +168,6 @@ impl<R: RawMutex> Tree<R> {
         // SAFETY: the read guard keeps every descriptor reachable from the
         // registry alive, unlinked or not.
         unsafe { walk(&self.registry, |d| &d.next, f) }
-    }
-
-    /// The name of the accounted cache at accounting index `i`.
-    pub(crate) fn acct_name(&self, i: usize) -> Name {
-        if i < NCLASSES {
-            return class_name(i);
-        }
-        let mut found = Name::UNKNOWN;
-        self.for_each_desc(|d| {
-            if d.acct_idx == i {
-                found = d.name;
-            }
-        });
-        found
     }
 }
 

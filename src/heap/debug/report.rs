@@ -118,7 +118,7 @@ pub(super) fn slot_name(padded: usize, align: usize) -> Name {
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// The name of `cache`, found by identity (a typed cache may have a
     /// size class's geometry): its size class's, its typed cache's, or
-    /// for a group's child cache, that of the cache it was made from.
+    /// for a charged cache, that of the cache it charges for.
     pub(super) fn cache_name(&self, cache: &MagCache<R>) -> Name {
         let is = |c: &MagCache<R>| core::ptr::eq(c, cache);
         if let Some(c) = self.tree.classes().iter().position(is) {
@@ -133,15 +133,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if let Some(name) = found {
             return name;
         }
-        let mut idx = None;
-        self.tree.for_each_group(|g| {
-            g.for_each_cache(|i, c| {
-                if is(c) {
-                    idx = Some(i);
-                }
-            })
+        let mut charged = None;
+        self.tree.for_each_charged(|name, c| {
+            if is(c) {
+                charged = Some(name);
+            }
         });
-        idx.map_or(Name::UNKNOWN, |i| self.tree.acct_name(i))
+        charged.unwrap_or(Name::UNKNOWN)
     }
 }
 

@@ -48,7 +48,7 @@ fn capped_everywhere<S: PageSource, P: Platform>(k: &Kmem<S, DefaultRawMutex, P>
     for (c, base) in GEOMETRIES.iter().enumerate().take(NCLASSES) {
         assert_eq!(*k.tree.classes()[c].cache.geometry(), base.within(cap), "class {c}");
     }
-    for m in [&*k.magazines, &*k.tree.groups, &*k.tree.child_caches, &*k.tree.descriptors, &*k.tree.pressure_nodes] {
+    for m in [&*k.magazines, &*k.tree.groups, &*k.tree.charged_caches, &*k.tree.descriptors, &*k.tree.pressure_nodes] {
         assert!(m.geometry().order <= cap.max(1), "{:?}", m.geometry());
     }
 }
@@ -121,10 +121,10 @@ fn racing_first_uses_agree() {
     }
 }
 
-/// Typed caches and groups' child caches made after the first use get
+/// Typed caches and the charged caches made after the first use get
 /// capped layouts too; the cap can be fixed instead.
 #[test]
-fn typed_and_child_caches_are_capped() {
+fn typed_and_charged_caches_are_capped() {
     let k: &'static TK = Box::leak(Box::new(Kmem::new(Region::new())));
     k.source().add(arena(64 << 10), 0).unwrap();
     let cache = k.create_cache::<[u64; 1024]>("eight-kib", CacheFlags::ACCOUNT).unwrap();
@@ -147,12 +147,12 @@ fn typed_and_child_caches_are_capped() {
             k.dealloc(p, l);
         }
     }
-    let child = tenant.g().child_cache(crate::slab::classes::class_of(4096, 4096).unwrap()).unwrap();
-    assert_eq!(
-        child.cache.geometry(),
-        k.tree.classes()[crate::slab::classes::class_of(4096, 4096).unwrap()].cache.geometry()
-    );
-    assert_eq!(child.cache.geometry().order, 1);
+    let c = crate::slab::classes::class_of(4096, 4096).unwrap();
+    let charged = k.tree.class_charged(c).unwrap();
+    // The class's layout with owner words, in slabs of the same order.
+    assert_eq!(charged.cache.geometry().order, k.tree.classes()[c].cache.geometry().order);
+    assert_eq!(Some(*charged.cache.geometry()), k.tree.classes()[c].cache.geometry().with_owners());
+    assert_eq!(charged.cache.geometry().order, 1);
     drop(b);
     drop(cache);
     tenant.remove().unwrap();

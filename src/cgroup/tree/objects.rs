@@ -1,0 +1,266 @@
+//! Objects charged one by one: a group's objects of an accounted cache
+//! come from that cache's charged cache (see `charged`), whose slabs every
+//! group shares, and each is charged to its group in bytes, its stride.
+//!
+//! Counters count pages, so bytes reach a group's counter through stocks
+//! (Linux's `obj_stock`): a slot's stock holds bytes charged to one group
+//! beyond what its objects use. A charge takes from the stock if it holds
+//! the group and enough; else it charges whole pages (reclaiming if a
+//! limit refuses, as a slab grow does) and leaves the rest of them in the
+//! stock, displacing the group there before. A free gives its bytes to the
+//! stock if it holds the group, up to a page; a stock past a page flushes
+//! its whole pages, and a displaced stock is flushed whole. A flush adds
+//! bytes to the group's `spare` and uncharges the whole pages that makes.
+//!
+//! Per group, always: pages charged for objects (`obj_pages`, as pages of
+//! the counter) = bytes of its live objects + bytes in stocks + `spare`.
+//! So a group with no object left has nothing charged once its stocks are
+//! flushed (removal, reclaim and `shrink` flush them), and `spare` is
+//! under a page then.
+//!
+//! These charges stop below the root: the root's counter counts the
+//! charged caches' slabs instead, as pages, so it stays what the page
+//! source gave (see the crate docs, *Charging*).
+//!
+//! **Lifetime.** While `obj_pages` is not zero the group holds a reference
+//! for them, so a removed group lives until its last object is freed. A
+//! stock holding bytes of a group keeps it alive through those bytes; one
+//! holding none may name a freed group, and is only compared, never
+//! followed. A flush holds a read guard, so a group whose last page it
+//! releases (dropping its last reference) is not freed under it.
+//!
+//! **Removal.** `remove` marks the group offline, then (a full fence
+//! later) takes its stocks from every slot that ever held one. A charge or
+//! free that puts the group into a stock checks, a full fence after, that
+//! it is still online, and takes the stock back if not: either the removal
+//! sees the stock or the holder sees the removal (Dekker; loom checks it
+//! in `tests::loom_objects`).
+
+use lock_api::RawMutex;
+
+use super::Tree;
+use crate::cgroup::Group;
+use crate::error::Error;
+use crate::magazine::{Env, Stock};
+use crate::platform::PAGE_SIZE;
+use crate::sync::{Ordering, fence};
+
+impl<R: RawMutex> Tree<R> {
+    /// Charges an object of `n` bytes (at most a size class) to `g`, a
+    /// live group of this tree, from the slot's stock; `false` if it
+    /// cannot (then [`Tree::charge_object_slow`]).
+    #[inline(always)]
+    pub(crate) fn stock_take<E: Env<R>>(&self, env: &E, g: &Group<R>, n: usize) -> bool {
+        let key = g.key();
+        let hit = self.stocks.try_with(env, |s| {
+            let hit = s.owner == key && s.bytes >= n;
+            if hit {
+                s.bytes -= n;
+            }
+            hit
+        });
+        hit == Some(true)
+    }
+
+    /// An object charge the slot's stock cannot serve: from the group's
+    /// spare, else whole pages charged (reclaiming if a limit refuses),
+    /// their rest left in the stock; then the group's `high`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn charge_object_slow<E: Env<R>>(&self, env: &E, g: &Group<R>, n: usize) -> Result<(), Error> {
+        if take_spare(g, n) {
+            return Ok(());
+        }
+        let pages = n.div_ceil(PAGE_SIZE);
+        self.charge_below(env, g, pages, self.root.counter())?;
+        self.got_obj_pages(g, pages);
+        let rest = pages * PAGE_SIZE - n;
+        if rest > 0 {
+            self.stash(env, g, rest);
+        }
+        // `high` may call shrinkers and the event hook: if one unwinds,
+        // the charge goes back.
+        let undo = UnchargeOnUnwind { tree: self, env, g, n };
+        self.over_high(env, g);
+        core::mem::forget(undo);
+        Ok(())
+    }
+
+    /// Uncharges an object of `n` bytes from its group, `owner` (the key
+    /// its owner word holds).
+    #[inline(always)]
+    pub(crate) fn uncharge_object<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
+        let done = self.stocks.try_with(env, |s| {
+            let fits = s.owner == owner && s.bytes + n <= PAGE_SIZE;
+            if fits {
+                s.bytes += n;
+            }
+            fits
+        });
+        if done != Some(true) {
+            self.uncharge_object_slow(env, owner, n)
+        }
+    }
+
+    /// [`Tree::uncharge_object`] when the slot's stock does not hold the
+    /// group, or would go past a page.
+    #[cold]
+    #[inline(never)]
+    fn uncharge_object_slow<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
+        // SAFETY: the object's `n` bytes are still charged to its group,
+        // which they keep alive.
+        let g = unsafe { &*(owner as *const Group<R>) };
+        if g.is_offline() {
+            // A removed group takes no new stock: straight to its spare.
+            return self.flush(g, n);
+        }
+        let out = self.stocks.with(env, |s| {
+            if s.owner == owner {
+                s.bytes += n;
+                let keep = s.bytes % PAGE_SIZE;
+                let out = Stock { owner, bytes: s.bytes - keep };
+                s.bytes = keep;
+                (out, false)
+            } else {
+                (core::mem::replace(s, Stock { owner, bytes: n }), true)
+            }
+        });
+        match out {
+            None => self.flush(g, n),
+            Some((out, swapped)) => {
+                self.flush_stock(out);
+                if swapped {
+                    self.still_online(env, g);
+                }
+            }
+        }
+    }
+
+    /// Puts `bytes` charged to `g` beyond its objects into the slot's
+    /// stock (or its spare without a slot).
+    fn stash<E: Env<R>>(&self, env: &E, g: &Group<R>, bytes: usize) {
+        let key = g.key();
+        let out = self.stocks.with(env, |s| {
+            if s.owner == key {
+                s.bytes += bytes;
+                None
+            } else {
+                Some(core::mem::replace(s, Stock { owner: key, bytes }))
+            }
+        });
+        match out {
+            None => self.flush(g, bytes),
+            Some(None) => {}
+            Some(Some(old)) => {
+                self.flush_stock(old);
+                self.still_online(env, g);
+            }
+        }
+    }
+
+    /// After `g` went into the slot's stock: if a removal started since,
+    /// takes the stock back (see the module docs, *Removal*).
+    fn still_online<E: Env<R>>(&self, env: &E, g: &Group<R>) {
+        // Pairs with the fence in `remove`.
+        fence(Ordering::SeqCst);
+        if g.is_offline() {
+            let key = g.key();
+            if let Some(s) = self.stocks.with(env, |s| if s.owner == key { s.take() } else { Stock::EMPTY }) {
+                self.flush_stock(s);
+            }
+        }
+    }
+
+    /// Flushes a stock taken from a slot: its bytes go to its group's
+    /// spare.
+    pub(super) fn flush_stock(&self, s: Stock) {
+        if s.bytes != 0 {
+            // SAFETY: the stock's bytes are charged to its group, which
+            // they keep alive.
+            self.flush(unsafe { &*(s.owner as *const Group<R>) }, s.bytes);
+        }
+    }
+
+    /// Adds `bytes` charged to `g` to its spare, uncharging the whole
+    /// pages it then holds.
+    fn flush(&self, g: &Group<R>, bytes: usize) {
+        // Keeps `g` from being freed if another thread releases its last
+        // page while this one still reads its spare.
+        let _read = self.read_guard();
+        let mut s = g.spare.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        while s >= PAGE_SIZE {
+            let pages = s / PAGE_SIZE;
+            match g.spare.compare_exchange_weak(s, s - pages * PAGE_SIZE, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    g.counter.uncharge_below(pages, self.root.counter());
+                    self.lost_obj_pages(g, pages);
+                    return;
+                }
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Takes every stock holding `g` from the slots (a removal).
+    pub(super) fn drain_stocks_of<E: Env<R>>(&self, env: &E, g: &Group<R>) {
+        let key = g.key();
+        self.stocks.drain(env, |o| o == key, |s| self.flush_stock(s));
+    }
+
+    /// Takes every slot's stock, whatever its group (reclaim, `shrink`).
+    pub(crate) fn drain_all_stocks<E: Env<R>>(&self, env: &E) {
+        self.stocks.drain(env, |_| true, |s| self.flush_stock(s));
+    }
+
+    /// Pages charged to `g` for objects (a snapshot).
+    pub(crate) fn obj_pages(&self, g: &Group<R>) -> usize {
+        g.obj_pages.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of `g`'s object pages that neither its objects nor a stock
+    /// hold (a snapshot).
+    pub(crate) fn obj_spare(&self, g: &Group<R>) -> usize {
+        g.spare.load(Ordering::Relaxed)
+    }
+
+    /// Counts `pages` newly charged to `g` for objects.
+    fn got_obj_pages(&self, g: &Group<R>, pages: usize) {
+        if g.obj_pages.fetch_add(pages, Ordering::AcqRel) == 0 {
+            // The charging caller holds a reference, so `g` is live.
+            g.get();
+        }
+    }
+
+    /// Counts `pages` of `g` uncharged; the last one drops the reference.
+    fn lost_obj_pages(&self, g: &Group<R>, pages: usize) {
+        if g.obj_pages.fetch_sub(pages, Ordering::AcqRel) == pages {
+            self.put_group(g);
+        }
+    }
+}
+
+/// Takes `n` bytes from `g`'s spare if it holds that many.
+fn take_spare<R: RawMutex>(g: &Group<R>, n: usize) -> bool {
+    let mut s = g.spare.load(Ordering::Relaxed);
+    while s >= n {
+        match g.spare.compare_exchange_weak(s, s - n, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(now) => s = now,
+        }
+    }
+    false
+}
+
+/// Gives a charge back if the `high` check after it unwinds.
+struct UnchargeOnUnwind<'a, R: RawMutex, E: Env<R>> {
+    tree: &'a Tree<R>,
+    env: &'a E,
+    g: &'a Group<R>,
+    n: usize,
+}
+
+impl<R: RawMutex, E: Env<R>> Drop for UnchargeOnUnwind<'_, R, E> {
+    fn drop(&mut self) {
+        self.tree.uncharge_object(self.env, self.g.key(), self.n);
+    }
+}

@@ -1,0 +1,126 @@
+//! Byte stocks: per slot, bytes already charged to one owner and not yet
+//! used by its objects (Linux's per-CPU `obj_stock`).
+//!
+//! Objects charged one by one (see the `cgroup` layer) are charged in
+//! bytes, but counters count pages: a slot's stock holds the rest of the
+//! last page charged for its owner, so most charges and uncharges are a
+//! compare and an add under the slot, with no atomic. Only the holder of a
+//! slot touches its stock, as with its magazines; a drainer (a removal, a
+//! reclaim) takes it through the same handshake
+//! ([`Slots::begin_drain`](super::Slots)).
+//!
+//! This layer does not know what an owner is: a non-zero word the layers
+//! above give (a group's address) and read back when they flush a stock.
+
+use crossbeam_utils::CachePadded;
+use lock_api::RawMutex;
+
+use super::Env;
+use crate::platform::MAX_CPUS;
+use crate::sync::{AtomicUsize, Ordering, UnsafeCell, at, atomic_usize, loom_const_fn, repeat};
+
+/// One slot's stock: `bytes` charged to `owner` (0: none) beyond what its
+/// objects use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stock {
+    pub(crate) owner: usize,
+    pub(crate) bytes: usize,
+}
+
+impl Stock {
+    /// No owner, no bytes.
+    pub(crate) const EMPTY: Stock = Stock { owner: 0, bytes: 0 };
+
+    /// Takes the stock's contents, leaving it empty.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Stock {
+        core::mem::replace(self, Stock::EMPTY)
+    }
+}
+
+/// The stocks of every slot.
+pub(crate) struct Stocks {
+    cells: [CachePadded<UnsafeCell<Stock>>; MAX_CPUS],
+    /// Bit `s` is set once slot `s` held a stock: drains visit only those.
+    used: AtomicUsize,
+}
+
+// SAFETY: a slot's cell is touched only by the context holding the slot
+// or by a drainer that completed the handshake (as `CpuMags`).
+unsafe impl Sync for Stocks {}
+// SAFETY: as above; nothing is tied to the creating thread.
+unsafe impl Send for Stocks {}
+
+impl Stocks {
+    loom_const_fn! {
+        /// Every stock empty.
+        pub(crate) fn new() -> Self {
+            Stocks { cells: repeat!(CachePadded::new(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS), used: atomic_usize(0) }
+        }
+    }
+
+    /// Runs `f` on the caller's slot's stock, under the slot; `None` (and
+    /// `f` not run) when the caller gets no slot without claiming one.
+    /// `f` must not call out of the allocator or block.
+    #[inline(always)]
+    pub(crate) fn try_with<R: RawMutex, E: Env<R>, T>(&self, cx: &E, f: impl FnOnce(&mut Stock) -> T) -> Option<T> {
+        let slot = cx.slots().try_hold(cx.plat())?;
+        Some(self.held(cx, slot, f))
+    }
+
+    /// [`Stocks::try_with`], claiming a slot if need be (slow paths).
+    #[inline]
+    pub(crate) fn with<R: RawMutex, E: Env<R>, T>(&self, cx: &E, f: impl FnOnce(&mut Stock) -> T) -> Option<T> {
+        let slot = cx.slots().hold(cx.plat())?;
+        Some(self.held(cx, slot, f))
+    }
+
+    #[inline(always)]
+    fn held<R: RawMutex, E: Env<R>, T>(&self, cx: &E, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let r = unsafe { at(&self.cells, slot) }.with_mut(|s| {
+            // SAFETY: we hold the slot, so its stock is ours.
+            let s = unsafe { &mut *s };
+            let had = s.owner;
+            let r = f(s);
+            if had == 0 && s.owner != 0 {
+                self.note(slot);
+            }
+            r
+        });
+        cx.slots().unhold(cx.plat(), slot);
+        r
+    }
+
+    #[cold]
+    fn note(&self, slot: usize) {
+        let bit = 1usize << slot;
+        if self.used.load(Ordering::Relaxed) & bit == 0 {
+            self.used.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes, through the handshake, every slot's stock that `want` picks
+    /// (by owner), and hands each to `each` once no slot holds it any
+    /// more. `each` runs with no slot held or drained.
+    pub(crate) fn drain<R: RawMutex, E: Env<R>>(
+        &self,
+        cx: &E,
+        want: impl Fn(usize) -> bool,
+        mut each: impl FnMut(Stock),
+    ) {
+        let used = self.used.load(Ordering::Relaxed);
+        for slot in (0..MAX_CPUS).filter(|s| used & (1 << s) != 0) {
+            let stolen = cx.slots().begin_drain(cx.plat(), slot);
+            let taken = self.cells[slot].with_mut(|s| {
+                // SAFETY: the handshake (or the steal) gives us the slot.
+                let s = unsafe { &mut *s };
+                if s.owner != 0 && want(s.owner) { s.take() } else { Stock::EMPTY }
+            });
+            cx.slots().end_drain(cx.plat(), slot, stolen);
+            if taken.owner != 0 {
+                each(taken);
+            }
+        }
+    }
+}
