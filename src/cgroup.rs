@@ -376,6 +376,18 @@ impl<R: RawMutex> Group<R> {
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
     }
 
+    /// Whether `g` is a proper ancestor of this group.
+    pub(crate) fn is_below(&self, g: &Group<R>) -> bool {
+        let mut up = self.parent();
+        while let Some(p) = up {
+            if core::ptr::eq(p, g) {
+                return true;
+            }
+            up = p.parent();
+        }
+        false
+    }
+
     /// What an object's owner word and a stock hold for this group: its
     /// address.
     #[inline(always)]

@@ -55,39 +55,6 @@
 //! of line. Loom checks the protocol with full fences on both sides
 //! (`src/tests/loom_magazine.rs`).
 //!
-//! # Dead caches
-//!
-//! A dead cache (its group was removed) gets no magazine to allocate from
-//! and its depots stay empty, but its frees are still buffered per slot,
-//! as Linux SLUB kept the per-CPU free path for dead caches: the slot's
-//! loaded magazine is a write-only buffer that frees fill on the fast
-//! path, and the free that finds it full returns all its rounds to the
-//! slabs in one batch (`Cache::free_bulk`: one lock hold per node and
-//! run; a dead cache's empty slabs go straight back to the page source).
-//! Taking each free to its slab, as this layer did before, cost the slot
-//! handshake, the read guard, two full fences and the slab lock per free:
-//! 1.1x-2.7x an alive cache's free in `benches/dead.rs` (seed 001).
-//!
-//! A dead cache must still go away with its last object, so its frees
-//! stop being buffered before the buffers could hold all of its objects.
-//! A slot buffers at most `rounds` objects, so while more than
-//! `MAX_CPUS * rounds` objects are out of the slabs, one at least is live.
-//! Every free that returns objects to a dead cache's slabs while a slot
-//! may buffer (a flush, a free straight to a slab), every slot that loads
-//! a buffer, and the removal (once its drain emptied every magazine the
-//! cache had while alive) compare the two, and the first to find the
-//! objects out of the slabs within the bound sets `unbuffered` and drains
-//! every slot through the handshake: from then on frees go straight to
-//! the slabs, and the last one empties the cache. `unbuffered` and the
-//! slot bits are a Dekker pair, as `Cache::dead` is (`note_slot`'s
-//! fence): a holder either sees `unbuffered`, or has published its slot
-//! bit for that drain. A free straight to a slab skips the comparison when
-//! no slot bit is set: the slab lock orders it with a slot loading a
-//! buffer, which compares after setting its bit. Interrupt context never
-//! drains (the task it interrupted may hold a slot's drainer flag), so a
-//! free there leaves the end of buffering to the cache's next slow free in
-//! task context, or to the next reap.
-//!
 //! Accounting equation per cache: objects out of the slabs = objects in
 //! loaded/previous magazines + objects in depot magazines + live objects.
 
@@ -106,7 +73,6 @@ use crate::sync::{
 };
 
 mod cpu_mags;
-mod dead;
 mod depot;
 mod drain;
 mod refill;
@@ -205,8 +171,6 @@ pub(crate) enum Acct {
     /// The root group (the size classes and accounted typed caches used
     /// outside any group).
     Root,
-    /// A group's counter; the group outlives the cache.
-    Counter(*const PageCounter),
 }
 
 /// Magazine counters of a cache.
@@ -252,14 +216,6 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// instead of locking each of its nodes (the 43 size classes of an
     /// allocator that uses a few).
     touched: AtomicBool,
-    /// Set by the one caller that saw this dead cache empty.
-    released: AtomicBool,
-    /// Set once, on a dead cache, by the caller that found the objects out
-    /// of its slabs within what its slots could buffer, which then drained
-    /// every slot: from then on its frees go straight to the slabs (see
-    /// the module's *Dead caches*). Paired with the slot bits by fences,
-    /// as `Cache::dead` is.
-    unbuffered: AtomicBool,
     /// A link for the owner's list of caches waiting to be freed (unused
     /// by this layer).
     pub(crate) retired_next: AtomicPtr<MagCache<R>>,
@@ -298,8 +254,6 @@ impl<R: RawMutex> MagCache<R> {
                 used_slots: atomic_usize(0),
                 active_slots: atomic_usize(0),
                 touched: atomic_bool(false),
-                released: atomic_bool(false),
-                unbuffered: atomic_bool(false),
                 retired_next: atomic_null(),
                 cpus: repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS),
                 depots: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Depot::new())); MAX_NODES),
@@ -343,8 +297,6 @@ impl<R: RawMutex> MagCache<R> {
         match self.acct {
             Acct::None => None,
             Acct::Root => Some(cx.root_counter()),
-            // SAFETY: the group that owns the counter outlives this cache.
-            Acct::Counter(c) => Some(unsafe { &*c }),
         }
     }
 
@@ -352,9 +304,6 @@ impl<R: RawMutex> MagCache<R> {
     #[inline]
     pub(crate) fn pages<'a, E: Env<R>>(&'a self, cx: &'a E, slot: Option<usize>) -> Pages<'a, E::Src> {
         let counter = self.counter(cx);
-        // A dead cache's group takes no stock: its pages are uncharged at
-        // once, so nothing stays charged once the last object is freed.
-        let slot = if self.cache.is_dead() { None } else { slot };
         Pages { src: cx.src(), counter, slot, owner: (self as *const Self).cast(), overdraft: 0 }
     }
 
@@ -392,11 +341,6 @@ impl<R: RawMutex> MagCache<R> {
         let Some(slot) = cx.slots().hold(cx.plat()) else {
             return self.cache.alloc(&self.pages(cx, None), 0);
         };
-        if self.cache.is_dead() {
-            // A dead cache gets no new magazines: straight from the slabs.
-            cx.slots().unhold(cx.plat(), slot);
-            return self.cache.alloc(&self.pages(cx, None), 0);
-        }
         let r = self.cpus[cpu_index(slot)].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe {
@@ -437,11 +381,7 @@ impl<R: RawMutex> MagCache<R> {
     }
 
     /// Frees `ptr`: into this CPU's magazines when it holds a slot and the
-    /// object is node-local, else straight to its slab. A dead cache
-    /// buffers frees in its slots' loaded magazines and returns them to
-    /// its slabs a magazine at a time, until few of its objects are left
-    /// (see the module's *Dead caches*); its slabs go back to the source
-    /// as soon as they empty.
+    /// object is node-local, else straight to its slab.
     ///
     /// # Safety
     ///
@@ -492,7 +432,7 @@ impl<R: RawMutex> MagCache<R> {
                 cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
                 // SAFETY: the platform contract keeps slots below MAX_CPUS.
-                let end = unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+                unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
                     // SAFETY: we hold the slot; the invariant of `CpuMags`
                     // holds between operations.
                     unsafe {
@@ -502,48 +442,33 @@ impl<R: RawMutex> MagCache<R> {
                         // the magazine since the fast path looked.
                         let hit = m.push(ptr);
                         cx.slots().note(slot, hit);
-                        if hit {
-                            return false;
+                        if !hit {
+                            self.note_slot(slot);
+                            m.spill_count();
+                            self.free_spill(cx, slot, m, ptr);
+                            m.reload(self.rounds);
                         }
-                        self.note_slot(slot);
-                        m.spill_count();
-                        let end = self.free_spill(cx, slot, m, ptr);
-                        m.reload(self.rounds);
-                        end
                     }
                 });
                 cx.slots().unhold(cx.plat(), slot);
-                if end {
-                    self.end_buffering(cx);
-                }
                 return;
             }
             cx.slots().unhold(cx.plat(), slot);
         }
         // SAFETY: forwarded.
         unsafe { self.cache.free(&self.pages(cx, None), ptr) };
-        // With no slot bit set no slot buffers: see the module docs.
-        if self.cache.is_dead() && self.used_slots.load(Ordering::Relaxed) != 0 && self.buffering_ends(cx) {
-            self.end_buffering(cx);
-        }
     }
 
     /// `loaded` is full (or missing): swap, trade with the depot, grow a
-    /// magazine, or flush one to the slabs. Returns whether the caller
-    /// must end a dead cache's buffering ([`MagCache::end_buffering`])
-    /// once it holds no slot.
+    /// magazine, or flush one to the slabs.
     ///
     /// # Safety
     ///
     /// The caller holds `slot`, `m` is its magazines of this cache with
     /// current counts (`spill_count`), and `ptr` is a live object of this
     /// cache.
-    unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags, ptr: NonNull<u8>) -> bool {
+    unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags, ptr: NonNull<u8>) {
         let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
-        if self.cache.is_dead() {
-            // SAFETY: forwarded.
-            return unsafe { self.free_dead(cx, node, m, ptr) };
-        }
         // SAFETY: as in `alloc_refill`; `ptr` is a live object of ours.
         unsafe {
             if !m.previous.is_null() && (*m.previous).count == 0 {
@@ -579,19 +504,18 @@ impl<R: RawMutex> MagCache<R> {
                     None => {
                         drop(depot);
                         self.cache.free(&self.pages(cx, Some(slot)), ptr);
-                        return false;
+                        return;
                     }
                 }
             }
             if m.loaded.is_null() {
                 self.cache.free(&self.pages(cx, Some(slot)), ptr);
-                return false;
+                return;
             }
             let l = m.loaded;
             (*l).rounds[(*l).count] = ptr.as_ptr();
             (*l).count += 1;
         }
-        false
     }
 
     /// Frees every depot magazine of this cache.

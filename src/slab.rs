@@ -29,7 +29,7 @@ use lock_api::{Mutex, RawMutex};
 
 use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
-use crate::sync::{AtomicBool, AtomicUsize, Ordering, atomic_bool, atomic_usize, fence, loom_const_fn, repeat};
+use crate::sync::{AtomicUsize, Ordering, atomic_usize, loom_const_fn, repeat};
 
 #[cfg(any(test, feature = "paranoid"))]
 mod check;
@@ -100,11 +100,6 @@ pub(crate) struct Cache<R: RawMutex> {
     /// the loom-checked cell of `sync`: read on every slab operation, and
     /// no loom model refits a cache.
     geo: core::cell::UnsafeCell<Geometry>,
-    /// Set once when the cache's group is removed: empty slabs then go
-    /// back at once (no reserve). `Relaxed`: a free that misses the flag
-    /// keeps one empty slab, which the removal's own shrink (ordered after
-    /// the flag by the slot handshake or the node locks) gives back.
-    dead: AtomicBool,
     /// Slabs held; changed on grow and release (slow paths only).
     nslabs: AtomicUsize,
     nodes: [CachePadded<Mutex<R, NodeSlabs>>; MAX_NODES],
@@ -122,7 +117,6 @@ impl<R: RawMutex> Cache<R> {
         pub(crate) fn new(geo: Geometry) -> Self {
             Cache {
                 geo: core::cell::UnsafeCell::new(geo),
-                dead: atomic_bool(false),
                 nslabs: atomic_usize(0),
                 nodes: repeat!(CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())); MAX_NODES),
             }
@@ -346,11 +340,11 @@ impl<R: RawMutex> Cache<R> {
         unsafe { base.add(geo.owners).cast::<usize>().add(idx) }
     }
 
-    /// Calls `f` with the owner word of every object handed out from this
+    /// Calls `f` with the owner word and node of every object handed out from this
     /// cache's slabs (objects in magazines included: their owners cleared
     /// them). Takes each node's lock in turn: for reports, not allocation
     /// paths. The cache's geometry must have owner words.
-    pub(crate) fn for_each_owner(&self, mut f: impl FnMut(usize)) {
+    pub(crate) fn for_each_owner(&self, mut f: impl FnMut(usize, usize)) {
         let geo = *self.geo();
         if !geo.has_owners() {
             return;
@@ -361,6 +355,8 @@ impl<R: RawMutex> Cache<R> {
                 let mut s = list.head;
                 while !s.is_null() {
                     let map = free_map(s);
+                    // SAFETY: a listed slab's header, under the lock.
+                    let node = unsafe { (*s).node } as usize;
                     for i in 0..geo.capacity {
                         // SAFETY: the free bitmap of a live slab, under its
                         // node's lock.
@@ -368,7 +364,12 @@ impl<R: RawMutex> Cache<R> {
                         if !free {
                             // SAFETY: the owner word of slot `i` of a live
                             // slab, written only through `word_store`.
-                            f(unsafe { crate::sync::word_load(s.cast::<u8>().add(geo.owners).cast::<usize>().add(i)) });
+                            f(
+                                unsafe {
+                                    crate::sync::word_load(s.cast::<u8>().add(geo.owners).cast::<usize>().add(i))
+                                },
+                                node,
+                            );
                         }
                     }
                     // SAFETY: a listed slab, under the lock.
@@ -549,37 +550,15 @@ impl<R: RawMutex> Cache<R> {
         unsafe { pg.release_bulk(&runs[..n], self.geo()) };
     }
 
-    /// Empty slabs kept per node: none once dead.
+    /// Empty slabs kept per node.
     #[inline]
     fn reserve(&self) -> usize {
-        if self.dead.load(Ordering::Relaxed) { 0 } else { EMPTY_RESERVE }
-    }
-
-    /// Marks the cache dead (its group was removed). The fence pairs with
-    /// the one in `MagCache::note_slot`: a CPU about to give this cache a
-    /// magazine either sees it dead, or has published its slot bit for the
-    /// drain that follows (Dekker).
-    pub(crate) fn mark_dead(&self) {
-        self.dead.store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-    }
-
-    /// Whether the cache is dead.
-    #[inline]
-    pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Relaxed)
+        EMPTY_RESERVE
     }
 
     /// Slabs held.
     pub(crate) fn nslabs(&self) -> usize {
         self.nslabs.load(Ordering::Relaxed)
-    }
-
-    /// Objects out of the slabs (handed out and not returned), summed over
-    /// the nodes under each one's lock in turn: exact for each node, not a
-    /// snapshot of all of them.
-    pub(crate) fn active_objects(&self) -> usize {
-        self.nodes.iter().map(|node| node.lock().active).sum()
     }
 
     /// Whether `ptr` is the start of an object this cache handed out, judged

@@ -24,7 +24,7 @@ use super::Group;
 use crate::counter::PageCounter;
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, MagCache, Stocks};
-use crate::platform::MAX_NODES;
+use crate::platform::{MAX_NODES, PAGE_SIZE};
 use crate::slab::Cache;
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::sync::{
@@ -387,28 +387,40 @@ impl<R: RawMutex> Tree<R> {
         drop(self.shrinkers.lock());
     }
 
-    /// Pages charged to `g` and its descendants (removed ones included)
-    /// that back slabs and large objects on each NUMA node: each group
-    /// notes its own, and this sums them over the subtree (a walk of every
-    /// group, as reports are not on an allocation path).
-    pub(crate) fn node_pages(&self, g: &Group<R>) -> [usize; MAX_NODES] {
+    /// Bytes charged to `g` and its descendants (removed ones included)
+    /// that back something on each NUMA node: the slabs (the root's) and
+    /// large objects each group's counter notes by node, and, below the
+    /// root, the bytes of the subtree's live objects in the charged caches,
+    /// by the node of their slab (found by their owner words). A walk of
+    /// every group and every charged slab: reports are not on an
+    /// allocation path.
+    pub(crate) fn node_bytes(&self, g: &Group<R>) -> [usize; MAX_NODES] {
         let mut out = [0usize; MAX_NODES];
         let mut add = |x: &Group<R>| {
             for (node, o) in out.iter_mut().enumerate() {
-                *o = o.saturating_add(x.counter.node_pages(node));
+                *o = o.saturating_add(x.counter.node_pages(node).saturating_mul(PAGE_SIZE));
             }
         };
         add(g);
         self.for_each_group(|x| {
-            let mut up = x.parent();
-            while let Some(p) = up {
-                if core::ptr::eq(p, g) {
-                    add(x);
-                    break;
-                }
-                up = p.parent();
+            if x.is_below(g) {
+                add(x);
             }
         });
+        if !self.is_root(g) {
+            // Owners of live objects are live, and the read guard keeps
+            // one freed meanwhile from being unmapped under the walk.
+            let _read = self.read_guard();
+            self.for_each_charged(|_, c| {
+                let size = c.cache.geometry().size;
+                c.cache.for_each_owner(|owner, node| {
+                    // SAFETY: a live object's owner (see above).
+                    if owner != 0 && (owner == g.key() || unsafe { &*(owner as *const Group<R>) }.is_below(g)) {
+                        out[node.min(MAX_NODES - 1)] += size;
+                    }
+                });
+            });
+        }
         out
     }
 

@@ -36,7 +36,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             overdrafts: ev.overdrafts.get(),
             overdraft_bytes: to_bytes(ev.overdraft_pages.get()),
             stocked: to_bytes(c.stocked()),
-            nodes: t.node_pages(g).map(to_bytes),
+            nodes: t.node_bytes(g),
             large: to_bytes(g.large_pages().get()),
             injected: t.injected(g),
             caches: [CacheRow::EMPTY; STAT_CACHES],
@@ -61,7 +61,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             let key = g.key();
             t.for_each_charged(|name, cache| {
                 let mut objects = 0;
-                cache.cache.for_each_owner(|o| objects += (o == key) as usize);
+                cache.cache.for_each_owner(|o, _| objects += (o == key) as usize);
                 add(name, objects, (objects * cache.cache.geometry().size).div_ceil(PAGE_SIZE));
             });
         }
@@ -175,10 +175,11 @@ pub struct GroupStat {
     pub overdraft_bytes: usize,
     /// Bytes pre-charged in CPU stocks.
     pub stocked: usize,
-    /// Bytes charged to the group and its descendants that back slabs and
-    /// large objects on each NUMA node (Linux `memory.numa_stat`). Stocked
-    /// bytes back nothing, so the nodes sum to `usage` less what the
-    /// subtree's stocks hold.
+    /// Bytes of the group and its descendants on each NUMA node (Linux
+    /// `memory.numa_stat`): their objects' bytes by the node of their slab,
+    /// and their large objects' pages; for the root, the slabs and large
+    /// objects it holds. Stocked bytes, and the rest of the last page of a
+    /// group's objects, back nothing, so the nodes sum to at most `usage`.
     pub nodes: [usize; MAX_NODES],
     /// Bytes of large objects (with their header pages) charged here.
     pub large: usize,

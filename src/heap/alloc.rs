@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::magazine::{Acct, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::classes::class_of;
-use crate::sync::word_store;
+use crate::sync::{word_load, word_store};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `size` bytes aligned to `align` for the current group, or `None`.
@@ -181,10 +181,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // SAFETY: `class_of` returns indices below NCLASSES.
                 let base = unsafe { self.tree.classes().get_unchecked(c) };
                 // SAFETY: a live object of `base`'s class (caller).
-                match unsafe { Self::owner(base, p) }.acct {
-                    // SAFETY: a child cache's group, and so its counter,
-                    // outlives the cache, which outlives its live objects.
-                    Acct::Counter(pc) => Some(unsafe { &*pc }),
+                let owner = unsafe { Self::owner(base, p) };
+                if owner.cache.geometry().has_owners() {
+                    // SAFETY: a live object of a charged cache, whose owner
+                    // word names its group, which its charge keeps alive.
+                    let key = unsafe { word_load(owner.cache.owner_word(p.as_ptr())) };
+                    // SAFETY: as above.
+                    return Some(if key == 0 { root } else { unsafe { &*(key as *const Group<R>) }.counter() });
+                }
+                match owner.acct {
                     Acct::Root => Some(root),
                     Acct::None => None,
                 }

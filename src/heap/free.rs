@@ -250,7 +250,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: a live slab's header names its `MagCache`, which outlives
         // its slabs (see `Kmem::owner`).
         let owner = unsafe { &*(cache as *const MagCache<R>) };
-        (core::ptr::eq(owner, base) || owner.cache.geometry() == base.cache.geometry())
+        (core::ptr::eq(owner, base) || owner.cache.geometry().same_slots(base.cache.geometry()))
             && owner.cache.is_slot(ptr, cache)
     }
 

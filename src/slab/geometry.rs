@@ -200,6 +200,13 @@ impl Geometry {
         Some(if self.is_exact() { g.exact() } else { g })
     }
 
+    /// Whether slabs of `self` and `other` have objects of one size and
+    /// alignment in runs of one order (a cache and its charged cache).
+    #[inline]
+    pub(crate) const fn same_slots(&self, other: &Geometry) -> bool {
+        self.size == other.size && self.align == other.align && self.order == other.order
+    }
+
     /// Whether the slabs carry owner words.
     #[inline(always)]
     pub(crate) const fn has_owners(&self) -> bool {

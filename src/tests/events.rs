@@ -218,14 +218,16 @@ fn stat_shows_usage_per_node() {
     };
     assert!(objs.iter().all(|&o| o != 0));
     let sb = b.stat();
-    assert_eq!(sb.nodes.iter().sum::<usize>() + sb.stocked, sb.usage);
-    assert!(sb.nodes.iter().sum::<usize>() > 0);
+    // Its objects' bytes (100 B in the 112-byte class), by their slabs'
+    // nodes; the usage is those in whole pages, plus what stocks hold.
+    assert_eq!(sb.nodes.iter().sum::<usize>(), 2000 * 112);
+    assert!(sb.nodes.iter().sum::<usize>() + sb.stocked <= sb.usage);
     // The parent sums its children (and holds nothing itself).
     let sp = p.stat();
     for n in 0..sp.nodes.len() {
         assert_eq!(sp.nodes[n], sa.nodes[n] + sb.nodes[n]);
     }
-    assert_eq!(sp.nodes.iter().sum::<usize>() + sb.stocked + sp.stocked, sp.usage);
+    assert!(sp.nodes.iter().sum::<usize>() + sb.stocked + sp.stocked <= sp.usage);
     let shown = sp.to_string();
     let line = std::format!("usage_nodes N0={} N1={} N2=0 N3=0", sp.nodes[0], sp.nodes[1]);
     assert!(shown.lines().any(|l| l == line), "{line} not in\n{shown}");

@@ -213,12 +213,14 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Pages charged to `g` for objects (a snapshot).
+    #[cfg(any(test, feature = "paranoid"))]
     pub(crate) fn obj_pages(&self, g: &Group<R>) -> usize {
         g.obj_pages.load(Ordering::Relaxed)
     }
 
     /// Bytes of `g`'s object pages that neither its objects nor a stock
     /// hold (a snapshot).
+    #[cfg(any(test, feature = "paranoid"))]
     pub(crate) fn obj_spare(&self, g: &Group<R>) -> usize {
         g.spare.load(Ordering::Relaxed)
     }
