@@ -1,7 +1,7 @@
 //! Byte budgets for a test's scope (`Cgroup::track_bytes`,
 //! `assert_peak_at_most`): the peak is the bytes the scope's objects held
-//! at once, not the pages charged (whole slabs, CPU stocks, magazine
-//! refills), so a budget of a few bytes can be checked.
+//! at once, not the pages charged (whole pages, with what the slots'
+//! stocks hold), so a budget of a few bytes can be checked.
 //!
 //! Detection is off explicitly: byte tracking is not kept with it on, so
 //! `KMEMCG_DEBUG` (which CI sets for a second run) does not apply here.
@@ -26,9 +26,10 @@ fn one_boxed_u64_peaks_at_its_size_class() {
         let b = Box::new(7u64);
         assert_eq!(**std::hint::black_box(&b), 7);
     }
-    // Pages charged include a whole slab and the CPU stock: tens of KiB,
-    // what `assert_peak_at_most` compared before byte tracking.
-    assert!(g.peak() > 4096, "page peak {}", g.peak());
+    // Pages charged are whole pages: the object's 8 bytes took one (a
+    // whole slab of the class and a stock of pages before objects were
+    // charged one by one).
+    assert_eq!(g.peak(), 4096, "page peak {}", g.peak());
     assert!((8..=16).contains(&g.peak_bytes()), "byte peak {}", g.peak_bytes());
     assert_eq!(g.object_bytes(), 0);
     g.assert_peak_at_most(64);
@@ -54,9 +55,9 @@ fn a_growing_vec_peaks_at_its_two_largest_buffers() {
     g.assert_peak_at_most(16 << 10);
     let msg = panics(|| g.assert_peak_at_most(4096));
     assert!(msg.contains("objects peaked at") && msg.contains("over its budget of 4096"), "{msg}");
-    // The page-level variant still sees whole slabs.
-    let msg = panics(|| g.assert_page_peak_at_most(16 << 10));
-    assert!(msg.contains("over its budget of 16384"), "{msg}");
+    // The page-level variant sees whole pages: 12 KiB of objects take 3.
+    let msg = panics(|| g.assert_page_peak_at_most(8 << 10));
+    assert!(msg.contains("over its budget of 8192"), "{msg}");
     g.assert_empty();
     g.remove().unwrap();
 }

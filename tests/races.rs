@@ -4,7 +4,9 @@
 //! 1. `dead_cache_release_race`: `shrink`/`reap` let go of a dead child
 //!    cache's group while the thread that freed its last object was still
 //!    uncharging and checking it (no read guard held): the group and the
-//!    cache were freed under it. Slow frees now hold a read guard.
+//!    cache were freed under it. Slow frees now hold a read guard. (Child
+//!    caches are gone; the test now races a removed group's last object's
+//!    uncharge, which releases the group, with reclamation.)
 //! 2. `tag_survives_reclaim`: a guard made inside a shrinker and dropped
 //!    after reclaim restored the "reclaiming" mark, and the thread never
 //!    reclaimed again. Guards now keep the running context's mark.
@@ -75,20 +77,30 @@ mod dead_cache {
             p
             // handle dropped: the dead child cache's reference is the last one
         };
-        let t = std::thread::spawn(|| {
-            while !FREEING.load(Ordering::SeqCst) {
-                std::hint::spin_loop();
-            }
-            // X is inside free_pages, after nslabs -= 1, before uncharge and
-            // after_free: shrink's release_empty_dead takes the reference and
-            // reclaim_groups frees the group and the cache.
-            K.shrink();
-        });
+        // The group is kept only by its object's charge now. Its last free
+        // releases it while another thread shrinks and reclaims groups, over
+        // and over: the free's uncharge must not read the group after
+        // reclamation freed it (it holds a read guard), and the group must
+        // be freed exactly once. (Before objects were charged one by one,
+        // the race was a dead child cache's last slab, its pages released
+        // slowly through `Slow`.)
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let t = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    K.shrink();
+                }
+                K.shrink();
+            })
+        };
         SLOW.with(|s| s.set(true));
         // SAFETY: allocated above with this layout, freed once.
         unsafe { K.dealloc(p, layout) };
         SLOW.with(|s| s.set(false));
-        t.join().expect("shrink freed a group whose last slab was still being released");
+        stop.store(true, Ordering::SeqCst);
+        let _ = &FREEING;
+        t.join().expect("shrink freed a group whose last object was still being uncharged");
     }
 }
 

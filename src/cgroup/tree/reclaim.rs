@@ -294,7 +294,9 @@ impl<R: RawMutex> Tree<R> {
         let _read = self.read_guard();
         let mut pages = Self::drain_and_shrink(env, |f| g.walk_subtree(|grp| self.own_caches(grp, f)));
         g.walk_subtree(|grp| pages += grp.counter.drain_stock());
-        pages
+        let before = g.counter.usage();
+        self.drain_all_stocks(env);
+        pages + before.saturating_sub(g.counter.usage())
     }
 
     /// Gives back what a pass of a reclaim rooted at `root` may take from
