@@ -1,11 +1,13 @@
 //! Loom models of the group lifecycle, on the cgroup layer's own code: a
 //! [`Tree`] over a model environment, no `Kmem`.
 //!
-//! The model platform hands out no CPU slot, so every object goes through
-//! the locked slab path (the magazine handshake has models of its own in
+//! The model platform hands out no CPU slot unless a model thread asks
+//! for one ([`on_slot`]), so objects mostly go through the locked slab
+//! path (the magazine handshake has models of its own in
 //! `loom_magazine`); what these models exercise is the tree: creation,
-//! child-cache publication, removal (dead caches, the drain), references,
-//! the zombie stack, the read guard and reclamation under the tree lock.
+//! charged-cache publication, objects charged one by one and the slots'
+//! byte stocks, removal (the stock drain), references, the zombie stack,
+//! the read guard and reclamation under the tree lock.
 //! A group's memory is poisoned (`Group::is_freed`) just before it is
 //! freed, so a walk that reached a freed group fails its assertion.
 
@@ -22,18 +24,26 @@ use crate::magazine::{MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{MAX_NODES, PAGE_SIZE, Platform, Region};
 use crate::slab::Cache;
 use crate::slab::classes::class_of;
-use crate::sync::LoomRawMutex;
+use crate::sync::{LoomRawMutex, word_load, word_store};
 
 type R = LoomRawMutex;
 
 loom::thread_local! {
     static TOKEN: Cell<*const ()> = Cell::new(core::ptr::null());
+    static SLOT: Cell<usize> = Cell::new(usize::MAX);
 }
 
-/// No CPU slots; each model thread's current group is its own.
+/// CPU slots only for model threads that ask ([`on_slot`]); each model
+/// thread's current group is its own.
 struct ModelCpus;
 
-// SAFETY: (1), (3), (4): no slot is ever handed out or stolen; (2) node 0;
+/// Puts the calling model thread on CPU slot `slot` (distinct per thread).
+fn on_slot(slot: usize) {
+    SLOT.with(|s| s.set(slot));
+}
+
+// SAFETY: (1) a slot only for a thread that set a distinct one, which
+// never re-enters; (2) node 0; (3) not asymmetric; (4) never steals;
 // (5) nothing allocates; (6) the token is a per-thread cell.
 unsafe impl Platform for ModelCpus {
     fn current_group(&self) -> *const () {
@@ -43,7 +53,10 @@ unsafe impl Platform for ModelCpus {
         TOKEN.with(|t| t.replace(token))
     }
     unsafe fn enter(&self) -> Option<usize> {
-        None
+        SLOT.with(|s| {
+            let v = s.get();
+            (v != usize::MAX).then_some(v)
+        })
     }
     unsafe fn exit(&self, _slot: usize) {}
 }
@@ -91,7 +104,7 @@ impl TreeEnv {
         for c in [&t.classes()[class()]].into_iter().chain(caches.iter().copied()) {
             c.stats();
         }
-        for meta in [&t.groups, &t.child_caches, &t.descriptors, &t.pressure_nodes, &self.mags] {
+        for meta in [&t.groups, &t.charged_caches, &t.descriptors, &t.pressure_nodes, &self.mags] {
             meta.stats();
         }
         for node in 0..MAX_NODES {
@@ -112,7 +125,7 @@ impl TreeEnv {
     fn child_with_an_object(&self) -> (&Group<R>, usize) {
         let g = self.child("g");
         let x = self.alloc_in(g);
-        self.warm(&[g.child_cache(class()).unwrap()]);
+        self.warm(&[self.tree.class_charged(class()).unwrap()]);
         (g, x)
     }
 
@@ -128,28 +141,47 @@ impl TreeEnv {
         self.tree.put_group(g);
     }
 
-    /// One 64-byte object charged to `g` (as `Kmem` allocates: the nearest
-    /// online group's cache of the class).
+    /// One 64-byte object charged to `g` (as `Kmem` allocates: to the
+    /// nearest online group, from the class's charged cache, the root's
+    /// from the class's own).
     fn alloc_in(&self, g: &Group<R>) -> usize {
         let t = &self.tree;
         let base = &t.classes()[class()];
-        let cache = t.cache_for(self, t.effective(g), class(), base).unwrap();
-        cache.alloc(self).unwrap().as_ptr() as usize
+        // SAFETY: null (the root) or a live group of this tree.
+        let Some(g) = (unsafe { t.effective(g).as_ref() }) else {
+            return base.alloc(self).unwrap().as_ptr() as usize;
+        };
+        let charged = t.charged_in(self, t.charged_slots().get(class()).unwrap(), base).unwrap();
+        let n = charged.cache.geometry().size;
+        if !t.stock_take(self, g, n) {
+            t.charge_object_slow(self, g, n).unwrap();
+        }
+        let p = charged.alloc(self).unwrap();
+        // SAFETY: a fresh object of a charged cache.
+        unsafe { word_store(charged.cache.owner_word(p.as_ptr()), g.key()) };
+        p.as_ptr() as usize
     }
 
-    /// Frees an object of the class as `Kmem` does without a CPU slot:
-    /// into the cache its slab names, under a read guard, then lets a dead
-    /// cache that just emptied release its group.
+    /// Frees an object of the class as `Kmem` does: into the cache its
+    /// slab names, uncharging its owner first if it was charged.
     fn free(&self, x: usize) {
         let base = &self.tree.classes()[class()];
         let p = core::ptr::NonNull::new(x as *mut u8).unwrap();
-        // SAFETY: a live object of the class, in a slab of `base` or of one
-        // of its child caches (whose header names its `MagCache`).
+        // SAFETY: a live object of the class, in a slab of `base` or of its
+        // charged cache (whose header names its `MagCache`).
         let owner = unsafe { &*(base.cache.owner_of(p.as_ptr()) as *const MagCache<R>) };
-        let _read = self.tree.read_guard();
+        let geo = *owner.cache.geometry();
+        if geo.has_owners() {
+            // SAFETY: a live object of a charged cache.
+            let w = unsafe { owner.cache.owner_word(p.as_ptr()) };
+            // SAFETY: as above; owner words are accessed only so.
+            let key = unsafe { word_load(w) };
+            // SAFETY: as above.
+            unsafe { word_store(w, 0) };
+            self.tree.uncharge_object(self, key, geo.size);
+        }
         // SAFETY: live, freed once.
         unsafe { owner.free(self, p) };
-        self.tree.after_free(owner);
     }
 
     /// After a model: everything is given back, every group but the root
@@ -158,7 +190,6 @@ impl TreeEnv {
         let t = &self.tree;
         t.shrink(self);
         assert_eq!(t.groups.stats().active_objects, 0, "a group was never reclaimed (a reference leaked)");
-        assert_eq!(t.child_caches.stats().active_objects, 0, "a child cache was never freed");
         assert!(t.no_groups(), "a reclaimed group is still listed");
         assert_eq!(t.root().counter().usage(), 0, "a charge was lost or kept");
     }
@@ -245,7 +276,6 @@ fn loom_last_free_races_reclamation_and_a_walk() {
             env.tree.for_each_group(|g| {
                 assert!(!g.is_freed(), "a walk reached a freed group");
                 assert_eq!(g.name().as_str(), "g");
-                g.for_each_cache(|_, c| assert!(c.cache.is_dead()));
                 seen += 1;
             });
             seen
@@ -294,27 +324,85 @@ fn loom_an_id_lookup_races_the_last_free_and_reclamation() {
 }
 
 #[test]
-fn loom_child_cache_first_use_race() {
-    // Two threads use a group's class for the first time at once: one
-    // child cache is published, both get it, and the group gains exactly
-    // one reference for it (else it would never be reclaimed, or be
-    // reclaimed early).
+fn loom_charged_cache_first_use_race() {
+    // Two threads in two groups use a class for the first time at once:
+    // one charged cache is published and both get it (the loser frees
+    // its own), and each group is charged for its object alone.
     model(|env| {
-        let g = env.child("g");
+        let a = env.child("a");
+        let b = env.child("b");
         env.warm(&[]);
-        let gp = g as *const Group<R> as usize;
-        let first_use = move |env: &TreeEnv| {
-            // SAFETY: the main thread's reference keeps `g` alive.
-            let g = unsafe { &*(gp as *const Group<R>) };
+        let ap = a as *const Group<R> as usize;
+        let first_use = move |env: &TreeEnv, g: usize| {
+            // SAFETY: the main thread's references keep both groups alive.
+            let g = unsafe { &*(g as *const Group<R>) };
+            let x = env.alloc_in(g);
             let t = &env.tree;
-            t.cache_for(env, g, class(), &t.classes()[class()]).unwrap() as *const MagCache<R> as usize
+            (x, t.class_charged(class()).unwrap() as *const MagCache<R> as usize)
         };
-        let a = spawn(&env, first_use);
-        let b = first_use(&env);
-        assert_eq!(a.join().unwrap(), b, "two child caches were published");
-        env.remove_and_put(g);
+        let other = spawn(&env, move |env| first_use(env, ap));
+        let (y, mine) = first_use(&env, b as *const Group<R> as usize);
+        let (x, theirs) = other.join().unwrap();
+        assert_eq!(mine, theirs, "two charged caches were published");
+        assert_eq!(env.tree.charged_caches.stats().active_objects, 1, "the loser's cache was not freed");
+        assert_eq!((a.counter().usage(), b.counter().usage()), (1, 1), "each group pays for its object");
+        env.free(x);
+        env.free(y);
+        env.remove_and_put(a);
+        env.remove_and_put(b);
         env.settle();
     });
+}
+
+/// The stock model: warms slot `warm_slot`'s stock and the charged cache
+/// (in another group), then a thread on `slot` allocates and frees an
+/// object in `g` while the main thread removes `g`.
+fn stock_races_removal(warm_slot: usize, slot: usize) {
+    model(move |env| {
+        let g = env.child("g");
+        env.warm(&[]);
+        let warmup = spawn(&env, move |env| {
+            on_slot(warm_slot);
+            let h = env.child("h");
+            let x = env.alloc_in(h);
+            env.free(x);
+            env.remove_and_put(h);
+        });
+        warmup.join().unwrap();
+        let gp = g as *const Group<R> as usize;
+        let user = spawn(&env, move |env| {
+            on_slot(slot);
+            // SAFETY: the main thread's reference keeps `g` alive.
+            let g = unsafe { &*(gp as *const Group<R>) };
+            let x = env.alloc_in(g);
+            env.free(x);
+        });
+        env.tree.remove(&*env, g).unwrap();
+        user.join().unwrap();
+        assert_eq!(g.counter().usage(), 0, "a stock kept a removed group's bytes");
+        env.put_and_settle(g);
+    });
+}
+
+#[test]
+fn loom_first_stock_of_a_slot_races_removal() {
+    // As `loom_stock_drain_races_removal`, on a slot whose stock was never
+    // used: the removal's drain may pass it by (it visits the slots that
+    // ever held a stock), so the thread that puts `g` there must see the
+    // removal after its full fence and take the stock back.
+    stock_races_removal(0, 1);
+}
+
+#[test]
+fn loom_stock_drain_races_removal() {
+    // A thread on a CPU slot allocates an object in `g` (its charge leaves
+    // the rest of a page in the slot's stock, for `g`) and frees it (its
+    // bytes go back to that stock), while the main thread removes `g`,
+    // whose removal takes `g`'s stocks from every slot. Whatever the
+    // order, once both are done nothing is charged to `g` (no stock kept
+    // its bytes past the removal, which would pin the group), and the
+    // group is reclaimed with its last reference.
+    stock_races_removal(0, 0);
 }
 
 /// A shrinker for the registration model: counts its calls.
@@ -376,7 +464,7 @@ fn loom_reclaim_walk_races_removal_and_reclamation() {
         let b = unsafe { &*t.create_child(&*env, p, name("b")).unwrap().as_ptr() };
         a.counter().set_min(1);
         let x = env.alloc_in(b);
-        env.warm(&[b.child_cache(class()).unwrap()]);
+        env.warm(&[env.tree.class_charged(class()).unwrap()]);
         let remover = spawn(&env, move |env| {
             env.free(x);
             env.tree.finish_reclaim(env);
