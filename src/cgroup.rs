@@ -2,14 +2,13 @@
 //! it.
 //!
 //! A [`Group`] owns a [`PageCounter`] whose parent is its parent group's
-//! counter, so charges propagate up the tree. For every accounted cache a
-//! group allocates from, it gets a *child cache* of its own (created on
-//! first use, with its own slabs and magazines, charging the group's
-//! counter), kept in `Group::caches` at the cache's accounting index: the
-//! size classes use indices `0..43`, accounted typed caches the rest. A
-//! slab therefore belongs to exactly one group, and a free uncharges the
-//! group that owns the slab, whoever frees it. The root group uses the
-//! base caches themselves (`Acct::Root`).
+//! counter, so charges propagate up the tree. A group holds no cache: its
+//! objects of an accounted cache come from that cache's *charged cache*,
+//! shared by every group, and are charged to it one by one, in bytes,
+//! through the slots' byte stocks (see `tree::objects`); an owner word per
+//! object says whom a free uncharges, whoever frees it. The root's own
+//! objects come from the accounted caches themselves (`Acct::Root`), and
+//! the root's counter counts slabs, not objects.
 //!
 //! | file | holds |
 //! | --- | --- |
@@ -19,7 +18,8 @@
 //! | `lists` | the tree's intrusive lists |
 //! | `names` | the sibling-name index |
 //! | `ids` | group ids that shrinkers may hand back |
-//! | `child_caches` | a group's child caches: made at first use, let go once dead and empty |
+//! | `charged` | the charged caches: one per accounted cache, made at first use, shared by all groups |
+//! | `objects` | charging objects one by one: the slots' byte stocks, a group's spare bytes, draining at removal |
 //! | `registry` | the typed caches' descriptors, their accounting indices, destroying a cache |
 //! | `protection` | effective `min` and `low`; what a reclaim pass may take from a subtree |
 //! | `events` | counting events up the tree, the event hook |
@@ -32,7 +32,7 @@
 //! the page source, the platform, the CPU slots and the magazines' cache.
 //! The tree is built without a whole `Kmem`, as loom models do.
 //!
-//! Groups are created and linked under the tree lock; `caches` entries are
+//! Groups are created and linked under the tree lock; charged caches are
 //! published with `Release` and read with `Acquire` on the allocation path
 //! without locks.
 
@@ -67,7 +67,7 @@ pub use tree::{
 
 /// `Group::state` of a live group.
 const ONLINE: u8 = 0;
-/// `Group::state` after `remove`: no new charges, caches dead.
+/// `Group::state` after `remove`: no new charges, no new stock.
 const OFFLINE: u8 = 1;
 /// `Group::state` written just before the group's memory is freed: a
 /// poison that loom models (and a debugger) see through a stale pointer.
@@ -254,7 +254,8 @@ pub(crate) struct Group<R: RawMutex> {
     /// the group is published; `u32::MAX` for a root.
     index: u32,
     /// References: one while the group is online, and one per handle,
-    /// guard, allocator handle, child group, child cache and large object.
+    /// guard, allocator handle, child group and large object, and one while
+    /// its objects hold pages (`obj_pages`).
     /// The group's memory is reclaimed when it reaches zero.
     refs: AtomicUsize,
     /// Children, linked through `next_sibling` (and back through

@@ -44,7 +44,9 @@
 //!   of its run past its last object go back to the source.
 //! * **cache**: the slabs of one object size and alignment: a size class of
 //!   the general heap, or a named typed cache ([`Kmem::create_cache`]); an
-//!   accounted cache has a *child cache* per group that allocates from it.
+//!   accounted cache has one *charged cache*, made at first use, that
+//!   serves every group's objects of it from shared slabs (see
+//!   *Charging* below).
 //! * **size class**: one of 43 object sizes from 8 B to 16 KiB, spaced so a
 //!   request wastes at most 25% of its class.
 //! * **magazine**: a small stack of free objects of one cache; each CPU
@@ -55,10 +57,15 @@
 //! * **group**: a node of the cgroup tree ([`Cgroup`]); the root is the
 //!   whole allocator.
 //! * **charge**: pages added to a group's counter and to all its
-//!   ancestors' when a slab grows or a large object is made; *uncharge*
-//!   when the slab or object is freed, always from the group that owns it.
+//!   ancestors' when a large object is made, or, for the objects of
+//!   accounted caches, bytes charged to the group (in whole pages of its
+//!   counter, below the root) when the object is allocated; *uncharge*
+//!   when it is freed, always from the group that owns it. The root's
+//!   counter counts slabs as pages (see *Charging*).
 //! * **stock**: pages pre-charged per CPU slot, so most slab grows skip the
-//!   shared counters ([`STOCK_MAX`] per slot and counter).
+//!   shared counters ([`STOCK_MAX`] per slot and counter); and per slot,
+//!   bytes charged to one group beyond its objects, so most object charges
+//!   touch no shared counter (Linux's `obj_stock`).
 //! * **max**: a group's hard limit: a charge that would take it (or an
 //!   ancestor) past it reclaims the group's subtree, then fails.
 //! * **high**: a group's throttling threshold: an allocating task whose
@@ -101,10 +108,54 @@
 //!   clock, [`Decay`]), so idle memory goes back without a `reap()` call.
 //! * **detection**: red zones, poison, a quarantine of freed objects and
 //!   sampled guard pages, on when asked ([`Detection`]).
-//! * **dead cache**: a removed group's cache: no magazines to allocate
-//!   from; frees fill a per-CPU write-only buffer that goes back to the
-//!   slabs a magazine at a time, until few of its objects are left; empty
-//!   slabs go back at once, and it goes with its last object.
+//! * **removed group**: no new charges (its tasks charge its nearest
+//!   online ancestor); its objects stay charged to it until freed, and it
+//!   goes with its last object and handle. It holds no cache.
+//!
+//! # Charging
+//!
+//! Turns 1-3 charged whole slabs through a *child cache* per group and
+//! accounted cache (the 2012 Linux design of the seeds): a group holding
+//! one 16-byte object held a slab and per-CPU magazines of its own. 1,000
+//! groups each holding one object of 8 sizes (6.1 KB live) kept 26.6x
+//! their live bytes in pages, a group needed a `max` of 48 KiB to hold 6
+//! KB, and accounted caches were capped at 21. Linux found the same
+//! (slab memory 45-65% used) and moved to per-object charging in 5.9
+//! (`obj_cgroup`), with separate `kmalloc-cg-*` caches since 5.14.
+//!
+//! So now, as there: every accounted cache (the size classes and typed
+//! caches made with [`CacheFlags::ACCOUNT`]) has one *charged cache*
+//! serving every group's objects of it, from slabs all groups share,
+//! with an owner word per object ahead of the objects (the group's
+//! address; 8 bytes per object, paid by charged slabs only: the root's
+//! own objects come from the cache itself, with no owner words, so a
+//! program with no group pays nothing). Its slabs have the cache's order,
+//! so a free finds either kind of slab by the same mask, and the header
+//! names which. A group's object is charged its stride in bytes: through
+//! the CPU slot's byte stock (a compare and a subtract under the slot, no
+//! atomic), which takes whole pages from the group's counter when it runs
+//! short, reclaiming if a limit refuses, as a slab grow does. A free
+//! reads the owner word, clears it, and gives the bytes back to the
+//! slot's stock; whole pages past a page go back to the counter, and a
+//! stock displaced by another group's is flushed into its group's
+//! `spare` (see `cgroup::tree::objects` for the invariant and the
+//! removal protocol, which loom checks).
+//!
+//! Object charges stop below the root. The root's counter counts what
+//! the page source gave to slabs (charged caches included) and large
+//! objects: its `max` bounds the memory, and its usage stays physical.
+//! A group's usage is its objects' bytes in whole pages, plus what the
+//! slots' stocks hold for it (at most a page per slot), plus its large
+//! objects and its children's.
+//!
+//! Trade-offs, measured (`cargo bench --bench tenants`, BENCHMARKS.md):
+//! memory in proportion to use (the 1,000-group spread went from 26.6x to
+//! the figure there), any number of accounted caches, a group `max` that
+//! binds at page granularity of its bytes; against that, an accounted
+//! hit does a stock compare and an owner store besides the magazine pop,
+//! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
+//! `box-group` and `typed-group`). A removed group's frees go straight to
+//! its `spare` (an atomic add under a read guard) instead of a stock.
 //!
 //! # Layers, bottom to top
 //!
@@ -122,7 +173,7 @@
 //! | page | `page` | exact page runs, pointer → slab lookup |
 //! | slab | `slab` | caches: grow, shrink, bulk paths, charging slab pages (`slab.rs`); object layout (`geometry`); slab header, free bitmap, per-node lists (`node`); the size classes (`classes`) |
 //! | magazine | `magazine` | per-CPU loaded/previous magazines and the fast paths (`magazine.rs`), the slot handshake (`slots`), per-node depots (`depot`), draining (`drain`) |
-//! | cgroup | `cgroup` | groups: counters, references, tokens, walks, event counts (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, child caches and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); effective `min`/`low` and what a reclaim pass may take (`tree::protection`); the event hook (`tree::events`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
+//! | cgroup | `cgroup` | groups: counters, references, tokens, walks, event counts (`cgroup.rs`); the group tree of one allocator and the whole group lifecycle, with the root's size-class caches, the charged caches (`tree::charged`), objects charged one by one and the slots' byte stocks (`tree::objects`) and the metadata caches (`tree`); the typed-cache registry (`tree::registry`); effective `min`/`low` and what a reclaim pass may take (`tree::protection`); the event hook (`tree::events`); charging with reclaim, `high`, contention, shrinkers, shrink and reap (`tree::reclaim`); pressure resources (`pressure`) |
 //! | heap | `heap` | [`Kmem`]: alloc/free/realloc over the tree's caches (`heap.rs`), the page path (`large`), memory-error detection (`debug`), decay (`decay`), reports (`report`), invariant checks (`check`); [`Heap`], the one type parameter of the handles |
 //! | handle | `handle` | the public handles: [`Cgroup`], [`CgroupGuard`], [`CgroupAllocator`] (`cgroup`), [`Pressure`] (`pressure`), [`KmemCache`], [`CacheBox`] (`typed`) |
 //! | global | `global` | `GlobalAlloc` and `Allocator` for [`Kmem`] and [`CgroupAllocator`] |
@@ -189,11 +240,14 @@
 //! | slot flags: `NoCpus::busy`, `PerCpu`'s per-CPU `busy` (without `Cpu::BARRIER`) | the holder's `enter`/`try_enter` (a CAS; for `PerCpu`, with interrupts masked, `lock bts` on x86_64) and `exit`; a drain's `steal`/`unsteal`; the heavy barrier, which takes each flag and gives it back at once | `Acquire` CAS (`AcqRel` in the barrier), `Release` store | each other: one holder at a time, each seeing the magazines as the last left them; a drainer's `drain` store before the barrier reaches every later holder, and every earlier holder's writes reach the drainer |
 //! | `MagCache::used_slots` | holders on their slow path, drainers | `Relaxed` | ordered by the slot handshake (see the field) |
 //! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |
-//! | `Group::caches[i]` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |
+//! | `Tree::charged[c]`, `CacheDesc::charged` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |
+//! | object stocks (`Stocks`, per slot) | the slot holder; a drainer (removal, reclaim, `shrink`) through the slot handshake | plain, under the slot | the handshake; a holder that puts a group into its stock does `fence(SeqCst)` and rereads the group's state (Dekker with `remove`'s fence before its drain) |
+//! | `Group::spare`, `Group::obj_pages` | flushes of stocks (`fetch_add`, then a CAS taking whole pages), charges of whole pages | `AcqRel` | each other; the flush holds a read guard, so the group is not freed while it reads `spare` |
+//! | owner words (charged slabs) | the object's allocation, then its free | `Relaxed` (`sync::word_store`) | handing the object over; reports scan them under the slab node lock |
 //! | `Group::first_child`, `Tree::all_groups` | `create_child`, under the tree lock | `Release` | `Acquire` in walks and reports |
 //! | `Tree::registry`, `CacheDesc::next` | `register_cache` (push, after writing the descriptor) and `destroy_cache` (unlink), under `registry_lock` | `Release` | `Acquire` in iterations, which hold a read guard: an unlinked descriptor is freed only once none runs |
 //! | `CacheDesc::live` | create/destroy, under `registry_lock` | `Relaxed` | readers under the lock; reports tolerate a stale flag (rows of a cache being destroyed) |
-//! | `Group::refs` | handles, guards, a thread's current-group slot, children, child caches, large objects | `Relaxed` inc (`try_get` by CAS for walks), `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
+//! | `Group::refs` | handles, guards, a thread's current-group slot, children, object pages (one while `obj_pages` is not zero), large objects | `Relaxed` inc (`try_get` by CAS for walks), `Release` dec, `Acquire` fence at zero | the last `put` hands the group to reclamation |
 //! | `Group::next_zombie`, `MagCache::retired_next`, `CacheDesc::retired_next` | the zombie push (before its `Release` CAS), the tree lock's limbo lists | `Relaxed` | the push's `Release` / the swap's `Acquire`, or the tree lock |
 //! | `Tree::contention_mark` | `set_contention_mark` | `Relaxed` | nothing: a stale mark delays or adds one contention check |
 //! | `Tree::event_hook` | `set_event_hook` | `Release` | `Acquire` before each call: the hook sees what its setter wrote |
@@ -204,8 +258,6 @@
 //! | `TokenHead::state` (a group's) | `remove`, under the tree lock | `Release` | `Acquire` in `is_offline` on the allocation path and in `ShrinkControl::contains` |
 //! | `Group::plan` | reclaim planning, under the tree lock | `Relaxed` | read back under the same hold of the lock |
 //! | `Group::high_mark` | the `high` throttle (a swap per delay) | `Relaxed` | nothing: concurrent tasks each take the growth they see; it only sizes a delay |
-//! | `Cache::dead` | `remove` (`mark_dead`, then `fence(SeqCst)`) | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees the cache dead or is drained) |
-//! | `MagCache::unbuffered` | the free or removal that finds a dead cache's objects out of its slabs within what its slots can buffer (a swap: one caller wins), then `fence(SeqCst)` and a drain of every slot | `Relaxed` | the fence in `MagCache::note_slot` (Dekker: a CPU either sees it and buffers nothing more, or is drained) |
 //! | `Tree::zombies` | the last `put` of a group (CAS push) | `Release` | `Acquire` swap in `reclaim_groups` |
 //! | `Tree::mode` | `GROUPS`: `create_child` and `reclaim_groups` under the tree lock, after `all_groups`; `DEBUG`/`ENV`: the first allocation reading `KMEMCG_DEBUG` (or `with_detection`, before any); `INJECT`: `inject_faults`; `BYTES`: `track_bytes` | `Release` RMW | `Relaxed` on the fast paths (as `all_groups` was: `GROUPS` as before; `DEBUG` is fixed before the first object exists); the special paths re-read it with `Acquire` before reading detection settings |
 //! | `Detector` settings | `read_env` before clearing `ENV` | `Relaxed` | ordered by the `Release`/`Acquire` pair on `Tree::mode` |
