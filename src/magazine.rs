@@ -173,6 +173,17 @@ pub(crate) enum Acct {
     Root,
 }
 
+/// What [`MagCache::alloc_fast_charged`] did.
+pub(crate) enum ChargedPop {
+    /// Charged, and an object from the loaded magazine.
+    Hit(NonNull<u8>),
+    /// Charged, but the loaded magazine was empty: the charge is the
+    /// caller's to use or give back.
+    Charged,
+    /// Nothing done (no slot, or the stock could not charge).
+    Uncharged,
+}
+
 /// Magazine counters of a cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MagazineStats {
@@ -328,6 +339,62 @@ impl<R: RawMutex> MagCache<R> {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe { (*m).pop() }
         });
+        cx.slots().unhold(cx.plat(), slot);
+        r
+    }
+
+    /// [`MagCache::alloc_fast`] for an object charged one by one: under the
+    /// same hold of the slot, `charge(slot)` first (the slot's byte stock),
+    /// then the pop.
+    #[inline(always)]
+    pub(crate) fn alloc_fast_charged<E: Env<R>>(&self, cx: &E, charge: impl FnOnce(usize) -> bool) -> ChargedPop {
+        let Some(slot) = cx.slots().try_hold(cx.plat()) else { return ChargedPop::Uncharged };
+        let r = if !charge(slot) {
+            ChargedPop::Uncharged
+        } else {
+            // SAFETY: the platform contract keeps slots below MAX_CPUS.
+            match unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+                // SAFETY: we hold the slot, so its magazines are ours.
+                unsafe { (*m).pop() }
+            }) {
+                Some(p) => ChargedPop::Hit(p),
+                None => ChargedPop::Charged,
+            }
+        };
+        cx.slots().unhold(cx.plat(), slot);
+        r
+    }
+
+    /// [`MagCache::free_fast`] for an object charged one by one: under the
+    /// same hold of the slot, `uncharge(slot)` first (the slot's byte
+    /// stock), then the push. Returns whether it uncharged, and whether it
+    /// pushed (only if it uncharged).
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::free`].
+    #[inline(always)]
+    pub(crate) unsafe fn free_fast_charged<E: Env<R>>(
+        &self,
+        cx: &E,
+        ptr: NonNull<u8>,
+        uncharge: impl FnOnce(usize) -> bool,
+    ) -> (bool, bool) {
+        let Some(slot) = cx.slots().try_hold(cx.plat()) else { return (false, false) };
+        let r = if !uncharge(slot) {
+            (false, false)
+        } else {
+            // SAFETY: `ptr` is a live object of this cache.
+            let local =
+                cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
+            // SAFETY: the platform contract keeps slots below MAX_CPUS.
+            let pushed = local
+                && unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+                    // SAFETY: we hold the slot, so its magazines are ours.
+                    unsafe { (*m).push(ptr) }
+                });
+            (true, pushed)
+        };
         cx.slots().unhold(cx.plat(), slot);
         r
     }

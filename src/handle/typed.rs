@@ -12,7 +12,7 @@ use super::Cgroup;
 use crate::cgroup::{CacheDesc, Group};
 use crate::error::{Error, Name};
 use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc};
-use crate::magazine::MagCache;
+use crate::magazine::{ChargedPop, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::CacheStats;
 
@@ -173,17 +173,17 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
             return Ok(p);
         };
         let charged = k.tree().charged_in(k, &self.desc.charged, base).ok_or(Error::OutOfMemory)?;
-        if !k.tree().stock_take(k, g, charged.cache.geometry().size) {
-            return k.alloc_charged_slow(g, charged);
-        }
-        match charged.alloc_fast(k) {
-            Some(p) => {
+        let n = charged.cache.geometry().size;
+        // SAFETY: the closure runs under the hold of `slot`.
+        match charged.alloc_fast_charged(k, |slot| unsafe { k.tree().stock_take_at(slot, g, n) }) {
+            ChargedPop::Hit(p) => {
                 // SAFETY: a fresh object of a charged cache.
                 unsafe { KmemOf::<K>::set_owner(charged, p, g) };
                 hardened_on_alloc(charged, p);
                 Ok(p)
             }
-            None => k.charged_refill(g, charged),
+            ChargedPop::Charged => k.charged_refill(g, charged),
+            ChargedPop::Uncharged => k.alloc_charged_slow(g, charged),
         }
     }
 

@@ -9,7 +9,7 @@ use super::{FreeOnUnwind, Kmem, NoUnwind, SPECIAL, hardened_on_alloc};
 use crate::cgroup::{Group, mode};
 use crate::counter::PageCounter;
 use crate::error::Error;
-use crate::magazine::{Acct, MagCache};
+use crate::magazine::{Acct, ChargedPop, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::classes::class_of;
 use crate::sync::{word_load, word_store};
@@ -245,19 +245,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         charged: &MagCache<R>,
     ) -> Option<NonNull<u8>> {
         let n = charged.cache.geometry().size;
-        if !self.tree.stock_take(self, g, n) {
-            return if NOUNWIND {
-                self.no_unwind_charged(g, charged)
-            } else {
-                self.alloc_charged_slow(g, charged).ok()
-            };
-        }
-        let Some(p) = charged.alloc_fast(self) else {
-            return if NOUNWIND {
-                self.no_unwind_charged_refill(g, charged)
-            } else {
-                self.charged_refill(g, charged).ok()
-            };
+        // SAFETY: the closure runs under the hold of `slot`.
+        let p = match charged.alloc_fast_charged(self, |slot| unsafe { self.tree.stock_take_at(slot, g, n) }) {
+            ChargedPop::Hit(p) => p,
+            ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged_refill(g, charged),
+            ChargedPop::Charged => return self.charged_refill(g, charged).ok(),
+            ChargedPop::Uncharged if NOUNWIND => return self.no_unwind_charged(g, charged),
+            ChargedPop::Uncharged => return self.alloc_charged_slow(g, charged).ok(),
         };
         // SAFETY: a fresh object of a charged cache.
         unsafe { Self::set_owner(charged, p, g) };

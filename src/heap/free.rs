@@ -172,14 +172,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         unsafe { &*(base.cache.owner_of(ptr.as_ptr()) as *const MagCache<R>) }
     }
 
-    /// Frees `ptr` into `owner`, the cache its slab names: a magazine push
-    /// inline, everything else under a read guard. The slow path is the
-    /// one that can return a dead cache's last slab, after which another
-    /// thread (`reap`, `shrink`, removal) may see the cache empty and let
-    /// go of its group; the guard, taken while this object still keeps the
-    /// cache's slab (and so the group), defers any freeing of the group and
-    /// its caches until this thread is done with them (the uncharge and
-    /// `after_free`).
+    /// Frees `ptr` into `owner`, the cache its slab names: a charged
+    /// cache's object is first uncharged from the group its owner word
+    /// names; then a magazine push inline, everything else out of line.
+    /// (The slow path held a read guard while per-group caches could die
+    /// with their last slab; nothing a free touches is freed under it now:
+    /// charged caches go with the tree or with their typed cache, whose
+    /// handle every free of it borrows.)
     ///
     /// # Safety
     ///
@@ -189,23 +188,54 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         hardened_on_free(owner, ptr);
         let geo = owner.cache.geometry();
         if geo.has_owners() {
-            // A charged cache's object: uncharged from its group before it
-            // goes back (from then on another thread may hand it out).
-            // SAFETY: a live object of `owner` (caller), whose slabs have
-            // owner words, written only through `word_store`.
-            unsafe {
-                let w = owner.cache.owner_word(ptr.as_ptr());
-                let key = word_load(w);
-                if key != 0 {
-                    word_store(w, 0);
-                    self.tree.uncharge_object(self, key, geo.size);
-                }
-            }
+            // SAFETY: forwarded.
+            return unsafe { self.free_charged(owner, ptr) };
         }
         // SAFETY: forwarded.
         if !unsafe { owner.free_fast(self, ptr) } {
             // SAFETY: forwarded.
             unsafe { self.free_into_slow(owner, ptr) }
+        }
+    }
+
+    /// [`Kmem::free_into`] of a charged cache's object: uncharged from the
+    /// group its owner word names before it goes back (from then on
+    /// another thread may hand it out), under the same hold of the slot
+    /// as the push when the slot's stock takes it.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, a charged cache, freed once.
+    #[inline(always)]
+    unsafe fn free_charged(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        let n = owner.cache.geometry().size;
+        // SAFETY: a live object of `owner`, whose slabs have owner words,
+        // written only through `word_store`.
+        let key = unsafe {
+            let w = owner.cache.owner_word(ptr.as_ptr());
+            let key = word_load(w);
+            word_store(w, 0);
+            key
+        };
+        if key == 0 {
+            // Not charged (a double free the slab will refuse).
+            // SAFETY: forwarded.
+            return unsafe { self.free_into_slow(owner, ptr) };
+        }
+        // SAFETY: forwarded; the closure runs under the hold of `slot`.
+        match unsafe { owner.free_fast_charged(self, ptr, |slot| self.tree.stock_give_at(slot, key, n)) } {
+            (true, true) => {}
+            // SAFETY: forwarded (uncharged).
+            (true, false) => unsafe { self.free_into_slow(owner, ptr) },
+            (false, _) => {
+                self.tree.uncharge_object_slow(self, key, n);
+                // SAFETY: forwarded (uncharged).
+                unsafe {
+                    if !owner.free_fast(self, ptr) {
+                        self.free_into_slow(owner, ptr)
+                    }
+                }
+            }
         }
     }
 
@@ -218,11 +248,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     pub(super) unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         self.settle();
-        {
-            let _read = self.tree.read_guard();
-            // SAFETY: forwarded.
-            unsafe { owner.free_slow(self, ptr) };
-        }
+        // SAFETY: forwarded.
+        unsafe { owner.free_slow(self, ptr) };
         self.decay_tick();
     }
 

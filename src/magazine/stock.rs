@@ -77,9 +77,25 @@ impl Stocks {
 
     #[inline(always)]
     fn held<R: RawMutex, E: Env<R>, T>(&self, cx: &E, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
+        // SAFETY: we hold the slot.
+        let r = unsafe { self.under(slot, f) };
+        cx.slots().unhold(cx.plat(), slot);
+        r
+    }
+
+    /// Runs `f` on slot `slot`'s stock, which the caller holds (a
+    /// magazine fast path that charges under the same hold, see
+    /// `MagCache::alloc_fast_charged`). `f` must not call out of the
+    /// allocator or block.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot` (it came from the slot handshake).
+    #[inline(always)]
+    pub(crate) unsafe fn under<T>(&self, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let r = unsafe { at(&self.cells, slot) }.with_mut(|s| {
-            // SAFETY: we hold the slot, so its stock is ours.
+        unsafe { at(&self.cells, slot) }.with_mut(|s| {
+            // SAFETY: the caller holds the slot, so its stock is ours.
             let s = unsafe { &mut *s };
             let had = s.owner;
             let r = f(s);
@@ -87,9 +103,7 @@ impl Stocks {
                 self.note(slot);
             }
             r
-        });
-        cx.slots().unhold(cx.plat(), slot);
-        r
+        })
     }
 
     #[cold]

@@ -20,7 +20,7 @@ use loom::thread;
 
 use crate::cgroup::{Group, ShrinkControl, Shrinker, Tree};
 use crate::error::Name;
-use crate::magazine::{MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{ChargedPop, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{MAX_NODES, PAGE_SIZE, Platform, Region};
 use crate::slab::Cache;
 use crate::slab::classes::class_of;
@@ -153,10 +153,15 @@ impl TreeEnv {
         };
         let charged = t.charged_in(self, t.charged_slots().get(class()).unwrap(), base).unwrap();
         let n = charged.cache.geometry().size;
-        if !t.stock_take(self, g, n) {
-            t.charge_object_slow(self, g, n).unwrap();
-        }
-        let p = charged.alloc(self).unwrap();
+        // SAFETY: the closure runs under the hold of `slot`.
+        let p = match charged.alloc_fast_charged(self, |slot| unsafe { t.stock_take_at(slot, g, n) }) {
+            ChargedPop::Hit(p) => p,
+            ChargedPop::Charged => charged.alloc(self).unwrap(),
+            ChargedPop::Uncharged => {
+                t.charge_object_slow(self, g, n).unwrap();
+                charged.alloc(self).unwrap()
+            }
+        };
         // SAFETY: a fresh object of a charged cache.
         unsafe { word_store(charged.cache.owner_word(p.as_ptr()), g.key()) };
         p.as_ptr() as usize
@@ -178,7 +183,12 @@ impl TreeEnv {
             let key = unsafe { word_load(w) };
             // SAFETY: as above.
             unsafe { word_store(w, 0) };
-            self.tree.uncharge_object(self, key, geo.size);
+            // SAFETY: live, freed once; the closure runs under the hold.
+            match unsafe { owner.free_fast_charged(self, p, |slot| self.tree.stock_give_at(slot, key, geo.size)) } {
+                (true, true) => return,
+                (true, false) => {}
+                (false, _) => self.tree.uncharge_object_slow(self, key, geo.size),
+            }
         }
         // SAFETY: live, freed once.
         unsafe { owner.free(self, p) };

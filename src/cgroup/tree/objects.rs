@@ -47,19 +47,47 @@ use crate::sync::{Ordering, fence};
 
 impl<R: RawMutex> Tree<R> {
     /// Charges an object of `n` bytes (at most a size class) to `g`, a
-    /// live group of this tree, from the slot's stock; `false` if it
-    /// cannot (then [`Tree::charge_object_slow`]).
+    /// live group of this tree, from the stock of `slot`, which the caller
+    /// holds; `false` (nothing done) if the stock cannot (then
+    /// [`Tree::charge_object_slow`]).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`.
     #[inline(always)]
-    pub(crate) fn stock_take<E: Env<R>>(&self, env: &E, g: &Group<R>, n: usize) -> bool {
+    pub(crate) unsafe fn stock_take_at(&self, slot: usize, g: &Group<R>, n: usize) -> bool {
         let key = g.key();
-        let hit = self.stocks.try_with(env, |s| {
-            let hit = s.owner == key && s.bytes >= n;
-            if hit {
-                s.bytes -= n;
-            }
-            hit
-        });
-        hit == Some(true)
+        // SAFETY: forwarded.
+        unsafe {
+            self.stocks.under(slot, |s| {
+                let hit = s.owner == key && s.bytes >= n;
+                if hit {
+                    s.bytes -= n;
+                }
+                hit
+            })
+        }
+    }
+
+    /// Gives an object's `n` bytes back to the stock of `slot`, which the
+    /// caller holds, if it holds `owner`'s and stays within a page;
+    /// `false` (nothing done) otherwise.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`.
+    #[inline(always)]
+    pub(crate) unsafe fn stock_give_at(&self, slot: usize, owner: usize, n: usize) -> bool {
+        // SAFETY: forwarded.
+        unsafe {
+            self.stocks.under(slot, |s| {
+                let fits = s.owner == owner && s.bytes + n <= PAGE_SIZE;
+                if fits {
+                    s.bytes += n;
+                }
+                fits
+            })
+        }
     }
 
     /// An object charge the slot's stock cannot serve: from the group's
@@ -106,7 +134,7 @@ impl<R: RawMutex> Tree<R> {
     /// group, or would go past a page.
     #[cold]
     #[inline(never)]
-    fn uncharge_object_slow<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
+    pub(crate) fn uncharge_object_slow<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
         // SAFETY: the object's `n` bytes are still charged to its group,
         // which they keep alive.
         let g = unsafe { &*(owner as *const Group<R>) };
