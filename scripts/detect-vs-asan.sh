@@ -13,9 +13,9 @@
 # as separate processes: System, System under ASan, and kmemcg with
 # `KMEMCG_DEBUG` = 0 (off), `sampled` (sampling alone, 1 in 5,000),
 # `all,guard=0` (full detection without sampling) and `1` (all, guard
-# 1/256), interleaved, ROUNDS rounds (default 5), medians of the work's
-# wall time (the program times its own work: RECORDS records, default
-# 200,000, with rayon on every core).
+# 1/256), interleaved, ROUNDS rounds (default 5); ratios to System are
+# medians of per-round ratios (the program times its own work: RECORDS
+# records, default 200,000, with rayon on every core).
 #
 #   bash scripts/detect-vs-asan.sh            # both parts
 #   bash scripts/detect-vs-asan.sh realprog   # the real program only
@@ -57,16 +57,19 @@ names = {
     "kmemcg=all,guard=0": "kmemcg, full, no sampling",
     "kmemcg=1": "kmemcg, all (guard 1/256)",
 }
-base = statistics.median(runs["System"])
-print(f"real program (serde_json + regex + rayon, {records} records), medians of {rounds} interleaved rounds")
+# Ratios are taken within a round (to that round's System run), then the
+# median over rounds: the load of a shared machine drifts between rounds
+# more than within one.
+def ratio(key, base="System"):
+    return statistics.median(a / b for a, b in zip(runs[key], runs[base]))
+print(f"real program (serde_json + regex + rayon, {records} records), {rounds} interleaved rounds")
 print(f"{'allocator':<27} {'median s':>9} {'/System':>8}   runs (s)")
 for key, name in names.items():
     m = statistics.median(runs[key])
-    print(f"{name:<27} {m:>9.3f} {m / base:>8.2f}   {' '.join(f'{x:.3f}' for x in runs[key])}")
-full, asan = statistics.median(runs["kmemcg=all,guard=0"]), statistics.median(runs["ASan"])
-print(f"full detection's ratio as a share of ASan's: {full / asan:.2f}x")
-off = statistics.median(runs["kmemcg=0"])
-print(f"sampled against detection off: {statistics.median(runs['kmemcg=sampled']) / off:.3f}x")
+    print(f"{name:<27} {m:>9.3f} {ratio(key):>8.2f}   {' '.join(f'{x:.3f}' for x in runs[key])}")
+print("(/System: the median over rounds of each round's time over that round's System time)")
+print(f"full detection's ratio as a share of ASan's: {ratio('kmemcg=all,guard=0') / ratio('ASan'):.2f}x")
+print(f"sampled against detection off (same rounds): {ratio('kmemcg=sampled', 'kmemcg=0'):.3f}x")
 EOF
 }
 
