@@ -121,6 +121,36 @@ fn run_case() {
             unsafe { p.cast::<u8>().cast_mut().add(21).write(9) };
             drop(b);
         }
+        // An underflow by one byte of a typed cache's object: of a plain
+        // cache, of a 64-byte-aligned one, and of an accounted one's
+        // group child cache.
+        c if c.starts_with("typed_underflow_") => {
+            fn underflow<T>(c: &kmemcg::KmemCache<'_, T>, value: T) {
+                let b = c.alloc(value).unwrap();
+                let p: *const T = &*b;
+                eprintln!("object {p:p}");
+                // SAFETY: deliberate misuse (a write before the object), in
+                // a child process.
+                unsafe { p.cast::<u8>().cast_mut().sub(1).write(0x41) };
+                drop(b);
+            }
+            match &c["typed_underflow_".len()..] {
+                "bytes" => {
+                    underflow(&KMEM.create_cache::<[u8; 20]>("detect-bytes", CacheFlags::NONE).unwrap(), [0; 20])
+                }
+                "aligned" => {
+                    let c = KMEM.create_cache::<[u64; 3]>("detect-aligned", CacheFlags::HWCACHE_ALIGN).unwrap();
+                    underflow(&c, [0; 3])
+                }
+                "accounted" => {
+                    let c = KMEM.create_cache::<[u64; 3]>("detect-acct", CacheFlags::ACCOUNT).unwrap();
+                    let g = KMEM.root().create_child("typed-underflow").unwrap();
+                    let _in = g.enter();
+                    underflow(&c, [0; 3])
+                }
+                other => panic!("unknown kind {other}"),
+            }
+        }
         // SAFETY: as above; the write lands on the guard page and faults.
         "overflow_into_a_guard_page" => unsafe {
             let p = GUARDED.alloc(l);
@@ -755,6 +785,27 @@ fn an_underflow_into_a_neighbour_names_the_object_written() {
         err.contains(&format!("underflow into the red zone: cache kmalloc-64, object {obj} (24 bytes), bytes -2..=-2")),
         "{err}"
     );
+}
+
+/// An underflow by one byte of a typed cache's object is reported as an
+/// underflow of that object (its address, its `T`'s size), naming its
+/// cache: for a plain cache, a cache aligned to 64 bytes (a front red zone
+/// of the alignment) and a group's child cache of an accounted one.
+#[test]
+fn a_typed_cache_object_underflow_by_one_byte_is_reported_as_its_own() {
+    for (kind, cache, size) in
+        [("bytes", "detect-bytes", 20), ("aligned", "detect-aligned", 24), ("accounted", "detect-acct", 24)]
+    {
+        let case = format!("typed_underflow_{kind}");
+        let (ok, err) = child(&case);
+        assert!(!ok, "{case}: the child did not abort; stderr:\n{err}");
+        let obj = object_named(&err);
+        let expect = format!(
+            "kmemcg: underflow into the red zone: cache {cache}, object {obj} ({size} bytes), bytes -1..=-1 changed \
+             (expected bb, found 41)"
+        );
+        assert!(err.contains(&expect), "{case}: stderr lacks {expect:?}:\n{err}");
+    }
 }
 
 /// Issue 30, item 1: a write after free whose object is still quarantined

@@ -117,24 +117,27 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         size: usize,
         align: usize,
     ) -> bool {
-        if m & !mode::GROUPS != mode::DEBUG
-            || ptr.as_ptr().addr().wrapping_add(size.wrapping_add(align - 1) & !(align - 1)).is_multiple_of(PAGE_SIZE)
-        {
+        if ptr.as_ptr().addr().wrapping_add(size.wrapping_add(align - 1) & !(align - 1)).is_multiple_of(PAGE_SIZE) {
             return false;
         }
-        match class {
-            // No groups: every object of the class is in its base cache, as
-            // on the plain path.
-            Some(c) if m == mode::DEBUG => {
-                if let Some(base) = self.base_for_free(c, ptr) {
-                    hardened_on_free(base, ptr);
-                    // SAFETY: forwarded.
-                    unsafe { base.free(self, ptr) };
-                }
+        // No groups (the mode word is `DEBUG` alone, tested first: one
+        // compare on the common path): every object of the class is in
+        // its base cache, as on the plain path.
+        if m == mode::DEBUG
+            && let Some(c) = class
+        {
+            if let Some(base) = self.base_for_free(c, ptr) {
+                hardened_on_free(base, ptr);
+                // SAFETY: forwarded.
+                unsafe { base.free(self, ptr) };
             }
-            // SAFETY: forwarded.
-            _ => unsafe { self.free_unsampled_grouped(class, ptr) },
+            return true;
         }
+        if m & !mode::GROUPS != mode::DEBUG {
+            return false;
+        }
+        // SAFETY: forwarded.
+        unsafe { self.free_unsampled_grouped(class, ptr) };
         true
     }
 
