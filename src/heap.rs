@@ -24,6 +24,7 @@ mod large;
 mod oom;
 mod report;
 
+pub(crate) use debug::LeakSizes;
 pub use debug::{Detection, GUARDED_MAX};
 pub use decay::Decay;
 pub use oom::{OomReport, OomSite};

@@ -37,6 +37,7 @@ pub(crate) mod classes;
 mod geometry;
 mod node;
 mod pages;
+mod walk;
 
 pub(crate) use geometry::{Geometry, order_cap};
 use node::{ListKind, NodeSlabs, Slab, free_map};
@@ -338,45 +339,6 @@ impl<R: RawMutex> Cache<R> {
         // `idx` is below `capacity`; `base` carries the slab's provenance
         // (it was derived from a live object's pointer).
         unsafe { base.add(geo.owners).cast::<usize>().add(idx) }
-    }
-
-    /// Calls `f` with the owner word and node of every object handed out from this
-    /// cache's slabs (objects in magazines included: their owners cleared
-    /// them). Takes each node's lock in turn: for reports, not allocation
-    /// paths. The cache's geometry must have owner words.
-    pub(crate) fn for_each_owner(&self, mut f: impl FnMut(usize, usize)) {
-        let geo = *self.geo();
-        if !geo.has_owners() {
-            return;
-        }
-        for node in &self.nodes {
-            let lists = node.lock();
-            for list in [&lists.partial, &lists.full] {
-                let mut s = list.head;
-                while !s.is_null() {
-                    let map = free_map(s);
-                    // SAFETY: a listed slab's header, under the lock.
-                    let node = unsafe { (*s).node } as usize;
-                    for i in 0..geo.capacity {
-                        // SAFETY: the free bitmap of a live slab, under its
-                        // node's lock.
-                        let free = unsafe { map.add(i / 64).read() } & (1 << (i % 64)) != 0;
-                        if !free {
-                            // SAFETY: the owner word of slot `i` of a live
-                            // slab, written only through `word_store`.
-                            f(
-                                unsafe {
-                                    crate::sync::word_load(s.cast::<u8>().add(geo.owners).cast::<usize>().add(i))
-                                },
-                                node,
-                            );
-                        }
-                    }
-                    // SAFETY: a listed slab, under the lock.
-                    s = unsafe { (*s).next };
-                }
-            }
-        }
     }
 
     /// The birth number of the slab holding `ptr` (see `Slab::birth`).

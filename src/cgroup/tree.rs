@@ -413,7 +413,7 @@ impl<R: RawMutex> Tree<R> {
             let _read = self.read_guard();
             self.for_each_charged(|_, c| {
                 let size = c.cache.geometry().size;
-                c.cache.for_each_owner(|owner, node| {
+                c.cache.for_each_allocated(|_, owner, node| {
                     // SAFETY: a live object's owner (see above).
                     if owner != 0 && (owner == g.key() || unsafe { &*(owner as *const Group<R>) }.is_below(g)) {
                         out[node.min(MAX_NODES - 1)] += size;

@@ -6,7 +6,7 @@ use core::fmt;
 use super::cgroup::{Cgroup, to_bytes};
 use crate::cgroup::{Event, PressureRow, STAT_PRESSURES, class_name};
 use crate::error::{GroupName, Name};
-use crate::heap::Heap;
+use crate::heap::{Heap, LeakSizes};
 use crate::magazine::MagCache;
 use crate::platform::{MAX_NODES, PAGE_SIZE};
 
@@ -43,16 +43,20 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             ncaches: 0,
             pressures: g.pressure_rows(),
         };
-        let mut add = |name: Name, objects: usize, pages: usize| {
+        let kmem = self.kmem();
+        // With detection on, the requested sizes of the live objects of a
+        // row (none with it off: no walk then).
+        let mut add = |name: Name, objects: usize, pages: usize, cache: &MagCache<K::Lock>, owner: Option<usize>| {
             if st.ncaches < STAT_CACHES && pages > 0 {
-                st.caches[st.ncaches] = CacheRow { name, objects, pages };
+                let sizes = if objects > 0 { kmem.leak_sizes(cache, owner) } else { LeakSizes::EMPTY };
+                st.caches[st.ncaches] = CacheRow { name, objects, pages, sizes };
                 st.ncaches += 1;
             }
         };
         if t.is_root(g) {
             t.classes().iter().enumerate().for_each(|(c, cache): (usize, &MagCache<K::Lock>)| {
                 let s = cache.cache.stats();
-                add(class_name(c), s.active_objects, s.pages)
+                add(class_name(c), s.active_objects, s.pages, cache, None)
             });
             st.large = to_bytes(self.kmem().stats().large_pages);
         } else {
@@ -61,8 +65,8 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             let key = g.key();
             t.for_each_charged(|name, cache| {
                 let mut objects = 0;
-                cache.cache.for_each_owner(|o, _| objects += (o == key) as usize);
-                add(name, objects, (objects * cache.cache.geometry().size).div_ceil(PAGE_SIZE));
+                cache.cache.for_each_allocated(|_, o, _| objects += (o == key) as usize);
+                add(name, objects, (objects * cache.cache.geometry().size).div_ceil(PAGE_SIZE), cache, Some(key));
             });
         }
         st
@@ -119,16 +123,20 @@ struct CacheRow {
     name: Name,
     objects: usize,
     pages: usize,
+    /// Its live objects' requested sizes (detection on).
+    sizes: LeakSizes,
 }
 
 impl CacheRow {
-    const EMPTY: CacheRow = CacheRow { name: Name::EMPTY, objects: 0, pages: 0 };
+    const EMPTY: CacheRow = CacheRow { name: Name::EMPTY, objects: 0, pages: 0, sizes: LeakSizes::EMPTY };
 }
 
 /// A `memory.stat`-like snapshot of a group; `Display` writes one
 /// `key value` pair per line (sizes in bytes, `max` for no limit; events
 /// as `events_<name>` and `events_local_<name>`), then one
-/// `slab <cache> <objects> <pages>` line per cache.
+/// `slab <cache> <objects> <pages>` line per cache, and with memory-error
+/// detection on, after it one `leak <cache> <bytes> <objects>` line per
+/// requested size of its live objects (see [`GroupStat::leaks`]).
 #[derive(Clone, Copy)]
 pub struct GroupStat {
     /// The group's name.
@@ -200,6 +208,20 @@ impl GroupStat {
     pub fn caches(&self) -> impl Iterator<Item = (&str, usize, usize)> {
         self.caches[..self.ncaches].iter().map(|r| (r.name.as_str(), r.objects, r.pages))
     }
+
+    /// With memory-error detection on, `(cache name, requested bytes,
+    /// objects)` of the group's live objects, read from their headers:
+    /// what [`Cgroup::check_empty`] found left is the code under test's, in
+    /// the sizes it asked for (a 24-byte object is served by `kmalloc-64`
+    /// with its header and red zones). Up to four sizes a cache;
+    /// `(cache, 0, n)`: `n` objects of further sizes. Empty with detection
+    /// off.
+    pub fn leaks(&self) -> impl Iterator<Item = (&str, usize, usize)> {
+        self.caches[..self.ncaches].iter().flat_map(|r| {
+            let other = (r.sizes.other > 0).then_some((0, r.sizes.other));
+            r.sizes.iter().chain(other).map(move |(bytes, n)| (r.name.as_str(), bytes, n))
+        })
+    }
 }
 
 /// Cache rows a [`GroupStat`] keeps.
@@ -240,8 +262,14 @@ impl fmt::Display for GroupStat {
         writeln!(f)?;
         writeln!(f, "large {}", self.large)?;
         writeln!(f, "injected {}", self.injected)?;
-        for (name, objects, pages) in self.caches() {
-            writeln!(f, "slab {name} {objects} {pages}")?;
+        for r in &self.caches[..self.ncaches] {
+            writeln!(f, "slab {} {} {}", r.name.as_str(), r.objects, r.pages)?;
+            for (bytes, n) in r.sizes.iter() {
+                writeln!(f, "leak {} {bytes} {n}", r.name.as_str())?;
+            }
+            if r.sizes.other > 0 {
+                writeln!(f, "leak {} other {}", r.name.as_str(), r.sizes.other)?;
+            }
         }
         let (rows, n) = &self.pressures;
         for row in &rows[..(*n).min(STAT_PRESSURES)] {

@@ -83,7 +83,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 let mut live = 0;
                 t.for_each_charged(|_, c| {
                     let size = c.cache.geometry().size;
-                    c.cache.for_each_owner(|o, _| live += if o == g.key() { size } else { 0 });
+                    c.cache.for_each_allocated(|_, o, _| live += if o == g.key() { size } else { 0 });
                 });
                 let spare = t.obj_spare(g);
                 assert!(spare < PAGE_SIZE, "spare of group {name}: {spare}");

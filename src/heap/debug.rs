@@ -51,13 +51,15 @@
 //! freed objects), [`hooks`] (the quarantine checked at exit, guard-page faults
 //! reported), [`header`]
 //! (the words at the start of a checked slot), [`guard`]
-//! (sampled guard-page objects), `sites` (allocation and free sites) and [`report`] (finding changed bytes
+//! (sampled guard-page objects), `sites` (allocation and free sites), [`leaks`] (the
+//! requested sizes of what a cache still holds) and [`report`] (finding changed bytes
 //! and naming caches in reports).
 
 mod guard;
 mod header;
 #[cfg(all(feature = "std", not(loom)))]
 mod hooks;
+mod leaks;
 mod quarantine;
 mod redzone;
 mod report;
@@ -75,6 +77,7 @@ use crate::sync::{AtomicUsize, Ordering, Stat, atomic_usize, loom_const_fn, repe
 
 pub use guard::GUARDED_MAX;
 use guard::RETIRED_MAX;
+pub(crate) use leaks::LeakSizes;
 use quarantine::{Fifo, Quarantine};
 pub use settings::Detection;
 use settings::env_detection;

@@ -1,0 +1,86 @@
+//! Leak rows with requested sizes: what a cache still holds, read from
+//! the headers of its live checked objects (a leak report's rows give the
+//! sizes the code asked for, not the class that served them, whose slot
+//! also holds the header and red zones).
+
+use lock_api::RawMutex;
+
+use super::header::{tag, words};
+use super::{ALIVE, HEAD};
+use crate::heap::Kmem;
+use crate::magazine::MagCache;
+use crate::platform::{PageSource, Platform};
+
+/// Requested sizes a [`LeakSizes`] keeps apart, per cache; objects of
+/// further sizes are counted together ([`LeakSizes::other`]).
+pub(crate) const LEAK_SIZES: usize = 4;
+
+/// The live checked objects of one cache by requested size: up to
+/// [`LEAK_SIZES`] sizes, in the order first met, with their object counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LeakSizes {
+    rows: [(usize, usize); LEAK_SIZES],
+    n: usize,
+    /// Objects of sizes past the first [`LEAK_SIZES`].
+    pub(crate) other: usize,
+}
+
+impl LeakSizes {
+    /// None.
+    pub(crate) const EMPTY: LeakSizes = LeakSizes { rows: [(0, 0); LEAK_SIZES], n: 0, other: 0 };
+
+    /// Counts one object of `size` bytes.
+    fn add(&mut self, size: usize) {
+        if let Some(r) = self.rows[..self.n].iter_mut().find(|r| r.0 == size) {
+            r.1 += 1;
+        } else if self.n < LEAK_SIZES {
+            self.rows[self.n] = (size, 1);
+            self.n += 1;
+        } else {
+            self.other += 1;
+        }
+    }
+
+    /// `(requested bytes, objects)` of each size kept apart.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.rows[..self.n].iter().copied()
+    }
+}
+
+impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
+    /// The requested sizes of `cache`'s live checked objects (those with a
+    /// live header: objects cached in magazines or the quarantine carry a
+    /// freed one, and objects without a header, with detection off,
+    /// sampling alone or aligned past a page, are not counted). Walks
+    /// every slab of the cache under its node locks: for reports, never an
+    /// allocation path.
+    ///
+    /// For a charged cache, `owner` picks one group's objects (its key).
+    pub(crate) fn leak_sizes(&self, cache: &MagCache<R>, owner: Option<usize>) -> LeakSizes {
+        let mut sizes = LeakSizes::EMPTY;
+        if !self.checks_objects() {
+            return sizes;
+        }
+        let slot = cache.cache.geometry().size;
+        if slot < HEAD {
+            // Too small for a header: no checked object is served here.
+            return sizes;
+        }
+        cache.cache.for_each_allocated(|s, o, _| {
+            if owner.is_some_and(|k| k != o) {
+                return;
+            }
+            let (t, n, _) = words(s);
+            // SAFETY: `s` is a slot of `cache` out of its slab, at least
+            // `HEAD` bytes (checked above), so its first words are
+            // readable; a slot that holds no checked object has no live
+            // tag of its own address and slab there.
+            unsafe {
+                if t.read_unaligned() == tag(ALIVE, s, slot, cache.cache.birth_of(s)) {
+                    sizes.add(n.read_unaligned());
+                }
+            }
+        });
+        sizes
+    }
+}
