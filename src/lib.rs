@@ -139,7 +139,8 @@
 //! slot's stock; whole pages past a page go back to the counter, and a
 //! stock displaced by another group's is flushed into its group's
 //! `spare` (see `cgroup::tree::objects` for the invariant and the
-//! removal protocol, which loom checks).
+//! removal protocol, which loom checks). A removed group's frees go
+//! straight to its `spare` (one compare-and-swap) instead of a stock.
 //!
 //! Object charges stop below the root. The root's counter counts what
 //! the page source gave to slabs (charged caches included) and large
@@ -154,8 +155,7 @@
 //! binds at page granularity of its bytes; against that, an accounted
 //! hit does a stock compare and an owner store besides the magazine pop,
 //! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
-//! `box-group` and `typed-group`). A removed group's frees go straight to
-//! its `spare` (an atomic add under a read guard) instead of a stock.
+//! `box-group` and `typed-group`).
 //!
 //! # Layers, bottom to top
 //!
@@ -242,7 +242,7 @@
 //! | `PageCounter` fields | charges, `set_max`, stocks | see `counter` | `fence(SeqCst)` pair between `try_charge` and `set_max` |
 //! | `Tree::charged[c]`, `CacheDesc::charged` | first use, by CAS | `AcqRel` | `Acquire` on the allocation path |
 //! | object stocks (`Stocks`, per slot) | the slot holder; a drainer (removal, reclaim, `shrink`) through the slot handshake | plain, under the slot | the handshake; a holder that puts a group into its stock does `fence(SeqCst)` and rereads the group's state (Dekker with `remove`'s fence before its drain) |
-//! | `Group::spare`, `Group::obj_pages` | flushes of stocks (`fetch_add`, then a CAS taking whole pages), charges of whole pages | `AcqRel` | each other; the flush holds a read guard, so the group is not freed while it reads `spare` |
+//! | `Group::spare`, `Group::obj_pages` | flushes of stocks (one CAS adds the bytes and takes the whole pages out), charges of whole pages, takes of spare bytes (CAS) | `AcqRel` | each other; a flush reads `spare` only while its bytes still keep the group alive |
 //! | owner words (charged slabs) | the object's allocation, then its free | `Relaxed` (`sync::word_store`) | handing the object over; reports scan them under the slab node lock |
 //! | `Group::first_child`, `Tree::all_groups` | `create_child`, under the tree lock | `Release` | `Acquire` in walks and reports |
 //! | `Tree::registry`, `CacheDesc::next` | `register_cache` (push, after writing the descriptor) and `destroy_cache` (unlink), under `registry_lock` | `Release` | `Acquire` in iterations, which hold a read guard: an unlinked descriptor is freed only once none runs |

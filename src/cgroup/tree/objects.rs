@@ -26,8 +26,9 @@
 //! for them, so a removed group lives until its last object is freed. A
 //! stock holding bytes of a group keeps it alive through those bytes; one
 //! holding none may name a freed group, and is only compared, never
-//! followed. A flush holds a read guard, so a group whose last page it
-//! releases (dropping its last reference) is not freed under it.
+//! followed. A flush adds its bytes to the group's spare and takes the
+//! whole pages out in one compare-and-swap, so it never reads the group
+//! after its bytes are in (another flush may release the last page then).
 //!
 //! **Removal.** `remove` marks the group offline, then (a full fence
 //! later) takes its stocks from every slot that ever held one. A charge or
@@ -210,22 +211,25 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Adds `bytes` charged to `g` to its spare, uncharging the whole
-    /// pages it then holds.
+    /// pages it then holds, in one compare-and-swap: until it succeeds the
+    /// bytes are the caller's, still charged, so `g` is alive for every
+    /// attempt; once it succeeds the caller reads `g`'s spare no more (a
+    /// thread that took the last page may free the group then), and pages
+    /// it took keep `g` alive until `lost_obj_pages`. A removed group's
+    /// frees come here one by one, so it takes no read guard.
     fn flush(&self, g: &Group<R>, bytes: usize) {
-        // Keeps `g` from being freed if another thread releases its last
-        // page while this one still reads its spare.
-        let _read = self.read_guard();
-        let mut s = g.spare.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        while s >= PAGE_SIZE {
-            let pages = s / PAGE_SIZE;
-            match g.spare.compare_exchange_weak(s, s - pages * PAGE_SIZE, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => {
-                    g.counter.uncharge_below(pages, self.root.counter());
-                    self.lost_obj_pages(g, pages);
-                    return;
-                }
+        let mut s = g.spare.load(Ordering::Relaxed);
+        loop {
+            let sum = s + bytes;
+            match g.spare.compare_exchange_weak(s, sum % PAGE_SIZE, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
                 Err(now) => s = now,
             }
+        }
+        let pages = (s + bytes) / PAGE_SIZE;
+        if pages > 0 {
+            g.counter.uncharge_below(pages, self.root.counter());
+            self.lost_obj_pages(g, pages);
         }
     }
 
