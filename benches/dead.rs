@@ -1,11 +1,12 @@
-//! Seed 001's TEST #1: freeing into a dead cache vs an alive one.
+//! Seed 001's TEST #1: frees of a removed group's objects vs a live one's.
 //!
 //! Run with: `cargo bench --bench dead`
 //!
 //! For each object size, a thread allocates 1M objects inside a group and
 //! then frees them all, timed: once with the group alive, once after the
-//! group was removed (its caches dead: frees buffered per CPU and returned
-//! to the slabs a magazine at a time, empty slabs go back at once). Rounds
+//! group was removed (the objects stay charged to it until freed; each
+//! free goes through the magazines as a live group's, its bytes straight
+//! to the group's spare instead of a CPU stock). Rounds
 //! interleave; medians of 5 are reported with the dead/alive ratio beside
 //! the seed's. Every round's time also goes to
 //! `target/kmemcg-results/dead.csv` for `cargo run --release -p kmemcg-plots`.

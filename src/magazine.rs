@@ -248,7 +248,7 @@ unsafe impl<R: RawMutex + Sync> Sync for MagCache<R> {}
 unsafe impl<R: RawMutex + Send> Send for MagCache<R> {}
 
 impl<R: RawMutex> MagCache<R> {
-    /// Slab geometry of the internal cache child caches live in.
+    /// Slab geometry of the internal cache charged caches live in.
     pub(crate) const GEOMETRY: Geometry = match Geometry::new(size_of::<Self>(), align_of::<Self>()) {
         Some(g) => g,
         None => panic!("MagCache does not fit a slab"),
@@ -294,9 +294,8 @@ impl<R: RawMutex> MagCache<R> {
 
     /// Whether the cache holds nothing: never had a magazine (see
     /// `touched`) and has no slab, so no object, full or empty magazine
-    /// or empty slab of it exists. A snapshot: a drain that relies on it
-    /// for a dead cache is ordered after the cache's `note_slot` fences
-    /// as the slot bits are (the flag is set before the fence).
+    /// or empty slab of it exists. A snapshot, set before `note_slot`'s
+    /// fence as the slot bits are.
     #[inline]
     pub(crate) fn idle(&self) -> bool {
         !self.touched.load(Ordering::Relaxed) && self.cache.nslabs() == 0

@@ -6,16 +6,17 @@
 //!
 //! 1. `create_child` links it under its parent and at the head of
 //!    `all_groups`, with its *online* reference (and one for the caller).
-//! 2. `remove` unlinks it from its parent, turns it offline and its caches
-//!    dead, and drops the online reference.
-//! 3. The last `put` (a handle, guard, child, child cache, large object,
-//!    or a context's current-group token) pushes it on the zombie stack.
+//! 2. `remove` unlinks it from its parent, turns it offline, takes its
+//!    bytes out of the slots' stocks, and drops the online reference.
+//! 3. The last `put` (a handle, guard, child, its objects' last page, a
+//!    large object, or a context's current-group token) pushes it on the
+//!    zombie stack.
 //! 4. `reclaim_groups`, under the tree lock, unlinks zombies from
 //!    `all_groups` into the lock's [`Limbo`]; once no [`ReadGuard`] is
-//!    held it frees them (their child caches first) and drops their
+//!    held it frees them and drops their
 //!    parents' references, which may free those in turn.
 //!
-//! Child caches and descriptors of destroyed typed caches wait in the same
+//! Charged caches and descriptors of destroyed typed caches wait in the same
 //! limbo (see `registry`).
 
 use lock_api::{Mutex, RawMutex};
@@ -62,8 +63,8 @@ pub(crate) use registry::{CacheDesc, class_name};
 pub(crate) struct Tree<R: RawMutex> {
     /// The root group: its counter is the parent of every group's.
     pub(super) root: OneCell<Group<R>>,
-    /// The size classes: the root's own caches, and the base caches every
-    /// group's child caches of a class copy.
+    /// The size classes: the root's own caches, and the base caches the
+    /// charged caches of groups' objects copy.
     pub(super) classes: Classes<R>,
     /// Every group but the root that is not yet reclaimed, newest first.
     /// Pushed with `Release` and unlinked under `lock`; iterated under a
@@ -238,8 +239,8 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Caps the slab order of the size classes and of the metadata caches
-    /// at `cap` (see `slab::geometry`); child caches made later copy their
-    /// class's.
+    /// at `cap` (see `slab::geometry`); charged caches made later copy
+    /// their class's order.
     ///
     /// # Safety
     ///

@@ -26,9 +26,10 @@ impl CacheFlags {
     /// Align objects to a cache line (64 bytes), so that no two objects share
     /// one (Linux `SLAB_HWCACHE_ALIGN`).
     pub const HWCACHE_ALIGN: CacheFlags = CacheFlags(1);
-    /// Charge the cache's slabs to the allocating group (Linux
-    /// `SLAB_ACCOUNT`): each group that allocates from the cache gets a
-    /// child cache of its own, charged to it.
+    /// Charge each object to the allocating group (Linux `SLAB_ACCOUNT`):
+    /// groups' objects come from the cache's charged cache, whose slabs
+    /// all groups share, and are charged in bytes (see the crate docs,
+    /// *Charging*); the root's come from the cache itself.
     pub const ACCOUNT: CacheFlags = CacheFlags(2);
 
     /// Whether every flag of `other` is set.
@@ -49,9 +50,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// Names are unique among live caches and appear in [`Kmem::slabinfo`].
     /// Dropping the handle gives the cache's slabs back and frees its
-    /// descriptor (and, for an accounted cache, its child cache in every
-    /// group, and its accounting index), so create/destroy cycles neither
-    /// grow memory nor run out of indices.
+    /// descriptor (and, for an accounted cache, its charged cache), so
+    /// create/destroy cycles do not grow memory.
     ///
     /// With [`CacheFlags::ACCOUNT`], allocations charge the calling
     /// context's current group.

@@ -105,7 +105,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// # Safety
     ///
     /// `ptr` is a live object of `base`'s class, in a slab of `base` or of
-    /// one of its child caches.
+    /// its charged cache.
     #[inline(never)]
     pub(super) unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
         self.check_home();
@@ -164,7 +164,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// # Safety
     ///
-    /// `ptr` is a live object of `base` or of one of its child caches.
+    /// `ptr` is a live object of `base` or of its charged cache.
     #[inline(always)]
     pub(crate) unsafe fn owner(base: &MagCache<R>, ptr: NonNull<u8>) -> &MagCache<R> {
         // SAFETY: per the contract, a slab of `base`'s geometry whose
@@ -254,7 +254,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Whether `ptr` is a live-looking object of the class `base` serves,
-    /// in a slab of `base` or of one of its child caches. Reads the slab
+    /// in a slab of `base` or of its charged cache. Reads the slab
     /// header only after the page source vouches for the address, and
     /// only once. (Debug builds run it on every free, in a user's crate at
     /// its opt-level: kept to two lookups and one header read.)

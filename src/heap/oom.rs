@@ -27,8 +27,8 @@ const ORDERS: usize = MAX_ORDER as usize;
 /// What the allocation that found the page source exhausted was for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OomSite {
-    /// A new slab of a cache (a size class, a typed cache, or a group's
-    /// child cache of one): its objects' size (the class's size for a
+    /// A new slab of a cache (a size class, a typed cache, or the charged
+    /// cache of one): its objects' size (the class's size for a
     /// size class) and how many a slab holds.
     Slab {
         /// Bytes per object.

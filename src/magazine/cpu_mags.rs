@@ -19,8 +19,7 @@ use crate::sync::{at, at_mut};
 /// operation (seen as a 2x slower `xfree`). So slot `s` lives at
 /// [`cpu_index`]`(s)`, which puts slots 0..31 on 32 different lines and
 /// pairs each with a slot from 32..63. (One line per slot would double
-/// every cache's and child cache's size, and a group's child caches are
-/// many.)
+/// every cache's size.)
 ///
 /// Invariant: `loaded` null ⇒ `count == cap == 0`; else `cap` is the
 /// cache's rounds, `count <= cap`, `loaded.rounds[..count]` are free

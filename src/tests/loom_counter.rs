@@ -123,7 +123,7 @@ fn loom_stock_refill_races_drain() {
 
 #[test]
 fn loom_stock_drain_races_a_stockless_uncharge() {
-    // The counter side of a removal racing a dead cache's last free (the
+    // The counter side of a removal racing a removed group's last uncharge (the
     // whole race, on the tree's code, is in `loom_tree`): removal drains
     // the group's stock (its charges stay with the group and, through it,
     // with the parent), the free uncharges the group with no stock.
@@ -131,7 +131,7 @@ fn loom_stock_drain_races_a_stockless_uncharge() {
     model_tree(usize::MAX, |t| {
         t.child.try_charge_stocked(Some(0), 2).unwrap();
         let freer = spawn_with(&t, |t| {
-            // The dead cache's slab release: stock bypassed.
+            // An uncharge that bypasses the stock.
             t.child.uncharge_stocked(None, 2);
         });
         let drained = t.child.drain_stock();

@@ -272,7 +272,7 @@ fn loom_remove_races_a_remote_free() {
 
 #[test]
 fn loom_last_free_races_reclamation_and_a_walk() {
-    // A removed group is kept only by its dead cache, which holds one live
+    // A removed group is kept only by its object's charge, one live
     // object. Its last free (which releases the group onto the zombie
     // stack), a walk of the groups (under a read guard) and reclamation
     // (under the tree lock) race: the walk never reaches freed memory, and

@@ -183,7 +183,7 @@ impl<R: RawMutex> Tree<R> {
         }
     }
 
-    /// An object of an internal metadata cache (groups, child caches); when
+    /// An object of an internal metadata cache (groups, charged caches); when
     /// the page source is exhausted, contention reclaim runs as for any
     /// allocation.
     pub(crate) fn alloc_meta<E: Env<R>>(&self, env: &E, cache: &Cache<R>) -> Option<NonNull<u8>> {
