@@ -365,9 +365,9 @@ impl<R: RawMutex> MagCache<R> {
     }
 
     /// [`MagCache::free_fast`] for an object charged one by one: under the
-    /// same hold of the slot, `uncharge(slot)` first (the slot's byte
-    /// stock), then the push. Returns whether it uncharged, and whether it
-    /// pushed (only if it uncharged).
+    /// same hold of the slot, `uncharge(slot)` first (into the slot's byte
+    /// stock), then the push. Returns `None` (nothing done) without a
+    /// slot, else whether it pushed.
     ///
     /// # Safety
     ///
@@ -377,25 +377,20 @@ impl<R: RawMutex> MagCache<R> {
         &self,
         cx: &E,
         ptr: NonNull<u8>,
-        uncharge: impl FnOnce(usize) -> bool,
-    ) -> (bool, bool) {
-        let Some(slot) = cx.slots().try_hold(cx.plat()) else { return (false, false) };
-        let r = if !uncharge(slot) {
-            (false, false)
-        } else {
-            // SAFETY: `ptr` is a live object of this cache.
-            let local =
-                cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
-            // SAFETY: the platform contract keeps slots below MAX_CPUS.
-            let pushed = local
-                && unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
-                    // SAFETY: we hold the slot, so its magazines are ours.
-                    unsafe { (*m).push(ptr) }
-                });
-            (true, pushed)
-        };
+        uncharge: impl FnOnce(usize),
+    ) -> Option<bool> {
+        let slot = cx.slots().try_hold(cx.plat())?;
+        uncharge(slot);
+        // SAFETY: `ptr` is a live object of this cache.
+        let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
+        // SAFETY: the platform contract keeps slots below MAX_CPUS.
+        let pushed = local
+            && unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+                // SAFETY: we hold the slot, so its magazines are ours.
+                unsafe { (*m).push(ptr) }
+            });
         cx.slots().unhold(cx.plat(), slot);
-        r
+        Some(pushed)
     }
 
     /// Everything but a hit in the loaded magazine: swap, depot, refill,

@@ -224,17 +224,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         // SAFETY: forwarded; the closure runs under the hold of `slot`.
         match unsafe { owner.free_fast_charged(self, ptr, |slot| self.tree.stock_give_at(slot, key, n)) } {
-            (true, true) => {}
+            Some(true) => {}
             // SAFETY: forwarded (uncharged).
-            (true, false) => unsafe { self.free_into_slow(owner, ptr) },
-            (false, _) => {
-                self.tree.uncharge_object_slow(self, key, n);
+            Some(false) => unsafe { self.free_into_slow(owner, ptr) },
+            None => {
+                self.tree.uncharge_object(self, key, n);
                 // SAFETY: forwarded (uncharged).
-                unsafe {
-                    if !owner.free_fast(self, ptr) {
-                        self.free_into_slow(owner, ptr)
-                    }
-                }
+                unsafe { self.free_into_slow(owner, ptr) }
             }
         }
     }

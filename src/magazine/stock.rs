@@ -59,20 +59,23 @@ impl Stocks {
         }
     }
 
-    /// Runs `f` on the caller's slot's stock, under the slot; `None` (and
-    /// `f` not run) when the caller gets no slot without claiming one.
-    /// `f` must not call out of the allocator or block.
-    #[inline(always)]
-    pub(crate) fn try_with<R: RawMutex, E: Env<R>, T>(&self, cx: &E, f: impl FnOnce(&mut Stock) -> T) -> Option<T> {
-        let slot = cx.slots().try_hold(cx.plat())?;
-        Some(self.held(cx, slot, f))
-    }
-
-    /// [`Stocks::try_with`], claiming a slot if need be (slow paths).
+    /// Runs `f` on the caller's slot's stock, under the slot (claimed if
+    /// need be: slow paths); `None` (and `f` not run) without one. `f`
+    /// must not call out of the allocator or block.
     #[inline]
     pub(crate) fn with<R: RawMutex, E: Env<R>, T>(&self, cx: &E, f: impl FnOnce(&mut Stock) -> T) -> Option<T> {
         let slot = cx.slots().hold(cx.plat())?;
         Some(self.held(cx, slot, f))
+    }
+
+    /// Runs `f` with the caller's slot, held (claimed if need be), or
+    /// `None` without one. `f` must not call out of the allocator or block.
+    #[inline]
+    pub(crate) fn with_slot<R: RawMutex, E: Env<R>, T>(&self, cx: &E, f: impl FnOnce(usize) -> T) -> Option<T> {
+        let slot = cx.slots().hold(cx.plat())?;
+        let r = f(slot);
+        cx.slots().unhold(cx.plat(), slot);
+        Some(r)
     }
 
     #[inline(always)]

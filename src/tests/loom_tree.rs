@@ -185,9 +185,9 @@ impl TreeEnv {
             unsafe { word_store(w, 0) };
             // SAFETY: live, freed once; the closure runs under the hold.
             match unsafe { owner.free_fast_charged(self, p, |slot| self.tree.stock_give_at(slot, key, geo.size)) } {
-                (true, true) => return,
-                (true, false) => {}
-                (false, _) => self.tree.uncharge_object_slow(self, key, geo.size),
+                Some(true) => return,
+                Some(false) => {}
+                None => self.tree.uncharge_object(self, key, geo.size),
             }
         }
         // SAFETY: live, freed once.

@@ -70,27 +70,6 @@ impl<R: RawMutex> Tree<R> {
         }
     }
 
-    /// Gives an object's `n` bytes back to the stock of `slot`, which the
-    /// caller holds, if it holds `owner`'s and stays within a page;
-    /// `false` (nothing done) otherwise.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds `slot`.
-    #[inline(always)]
-    pub(crate) unsafe fn stock_give_at(&self, slot: usize, owner: usize, n: usize) -> bool {
-        // SAFETY: forwarded.
-        unsafe {
-            self.stocks.under(slot, |s| {
-                let fits = s.owner == owner && s.bytes + n <= PAGE_SIZE;
-                if fits {
-                    s.bytes += n;
-                }
-                fits
-            })
-        }
-    }
-
     /// An object charge the slot's stock cannot serve: from the group's
     /// spare, else whole pages charged (reclaiming if a limit refuses),
     /// their rest left in the stock; then the group's `high`.
@@ -116,51 +95,86 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Uncharges an object of `n` bytes from its group, `owner` (the key
-    /// its owner word holds).
-    #[inline(always)]
+    /// its owner word holds): under the caller's slot when it gets one
+    /// ([`Tree::stock_give_at`]), else straight to the group's spare.
     pub(crate) fn uncharge_object<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
-        let done = self.stocks.try_with(env, |s| {
-            let fits = s.owner == owner && s.bytes + n <= PAGE_SIZE;
-            if fits {
-                s.bytes += n;
-            }
-            fits
-        });
-        if done != Some(true) {
-            self.uncharge_object_slow(env, owner, n)
+        // SAFETY: the closure runs under the hold of `slot`.
+        if self.stocks.with_slot(env, |slot| unsafe { self.stock_give_at(slot, owner, n) }).is_none() {
+            // SAFETY: the object's `n` bytes are still charged to its
+            // group, which they keep alive.
+            self.flush(unsafe { &*(owner as *const Group<R>) }, n);
         }
     }
 
-    /// [`Tree::uncharge_object`] when the slot's stock does not hold the
-    /// group, or would go past a page.
+    /// Uncharges an object of `n` bytes from its group, `owner`, under the
+    /// hold of `slot`: into the slot's stock when it holds the group's and
+    /// stays within a page (inline), else [`Tree::give_slow_at`].
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`.
+    #[inline(always)]
+    pub(crate) unsafe fn stock_give_at(&self, slot: usize, owner: usize, n: usize) {
+        // SAFETY: forwarded.
+        let fits = unsafe {
+            self.stocks.under(slot, |s| {
+                let fits = s.owner == owner && s.bytes + n <= PAGE_SIZE;
+                if fits {
+                    s.bytes += n;
+                }
+                fits
+            })
+        };
+        if !fits {
+            // SAFETY: forwarded.
+            unsafe { self.give_slow_at(slot, owner, n) }
+        }
+    }
+
+    /// [`Tree::stock_give_at`] when the stock does not hold the group, or
+    /// would go past a page. Still under the hold of `slot`: what it does
+    /// is lock-free and calls nothing outside the allocator (flushes,
+    /// counter uncharges, a group's last reference pushed on the zombie
+    /// stack). A removed group's bytes go straight to its spare; a stock
+    /// past a page flushes its whole pages; another group's stock is
+    /// flushed and replaced, and the group checked still online after a
+    /// full fence (see the module docs, *Removal*).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`.
     #[cold]
     #[inline(never)]
-    pub(crate) fn uncharge_object_slow<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
+    unsafe fn give_slow_at(&self, slot: usize, owner: usize, n: usize) {
         // SAFETY: the object's `n` bytes are still charged to its group,
         // which they keep alive.
         let g = unsafe { &*(owner as *const Group<R>) };
         if g.is_offline() {
-            // A removed group takes no new stock: straight to its spare.
             return self.flush(g, n);
         }
-        let out = self.stocks.with(env, |s| {
-            if s.owner == owner {
-                s.bytes += n;
-                let keep = s.bytes % PAGE_SIZE;
-                let out = Stock { owner, bytes: s.bytes - keep };
-                s.bytes = keep;
-                (out, false)
-            } else {
-                (core::mem::replace(s, Stock { owner, bytes: n }), true)
-            }
-        });
-        match out {
-            None => self.flush(g, n),
-            Some((out, swapped)) => {
-                self.flush_stock(out);
-                if swapped {
-                    self.still_online(env, g);
+        // SAFETY: forwarded.
+        let (out, swapped) = unsafe {
+            self.stocks.under(slot, |s| {
+                if s.owner == owner {
+                    s.bytes += n;
+                    let keep = s.bytes % PAGE_SIZE;
+                    let out = Stock { owner, bytes: s.bytes - keep };
+                    s.bytes = keep;
+                    (out, false)
+                } else {
+                    (core::mem::replace(s, Stock { owner, bytes: n }), true)
                 }
+            })
+        };
+        self.flush_stock(out);
+        if swapped {
+            // Pairs with the fence in `remove`.
+            fence(Ordering::SeqCst);
+            if g.is_offline() {
+                // SAFETY: forwarded.
+                let back =
+                    unsafe { self.stocks.under(slot, |s| if s.owner == owner { s.take() } else { Stock::EMPTY }) };
+                self.flush_stock(back);
             }
         }
     }
