@@ -27,7 +27,6 @@ use core::ptr::{self, NonNull};
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
-use crate::page::slab_base;
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
 use crate::sync::{AtomicUsize, Ordering, atomic_usize, loom_const_fn, repeat};
 
@@ -227,7 +226,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// Every pointer must be a distinct live object of this cache from `src`.
     pub(crate) unsafe fn free_bulk<S: PageSource>(&self, pg: &Pages<'_, S>, objs: &[*mut u8]) {
-        let slab_of = |p: *mut u8| slab_base(p, self.geo().order) as *mut Slab;
+        let slab_of = |p: *mut u8| self.slab_of(p) as *mut Slab;
         // The first headers' misses start now, the rest in the scan below.
         for &p in objs.iter().take(PREFETCH_AHEAD) {
             prefetch_write(slab_of(p).cast());
@@ -278,7 +277,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// The page at `slab_base(ptr)` must be readable.
     pub(crate) unsafe fn live_owner(&self, ptr: *mut u8) -> Option<*const ()> {
-        let s = slab_base(ptr, self.geo().order) as *const Slab;
+        let s = self.slab_of(ptr) as *const Slab;
         // SAFETY: per the contract the page is readable, and any bits are
         // a valid `u32` and pointer (the page may hold anything if `ptr`
         // is not ours). A live slab's `magic` and `cache` are fixed while
@@ -309,9 +308,19 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object of a cache with this cache's slab order.
     #[inline]
     pub(crate) unsafe fn owner_of(&self, ptr: *mut u8) -> *const () {
-        let s = slab_base(ptr, self.geo().order) as *const Slab;
+        let s = self.slab_of(ptr) as *const Slab;
         // SAFETY: the header of a live slab; `cache` is fixed at creation.
         unsafe { (*s).cache }
+    }
+
+    /// The start of the slab `ptr` would be in: its address masked with
+    /// the slab size (as `page::slab_base`, with the mask read from the
+    /// geometry rather than made from the order).
+    #[inline(always)]
+    fn slab_of(&self, ptr: *mut u8) -> *mut u8 {
+        let mask = self.geo().slab_mask;
+        debug_assert_eq!(mask, !((PAGE_SIZE << self.geo().order) - 1));
+        if cfg!(debug_assertions) { ptr.wrapping_sub(ptr.addr() & !mask) } else { ptr.map_addr(|a| a & mask) }
     }
 
     /// The owner word of the object at `ptr`, in a cache whose slabs carry
@@ -329,16 +338,17 @@ impl<R: RawMutex> Cache<R> {
     pub(crate) unsafe fn owner_word(&self, ptr: *mut u8) -> *mut usize {
         let geo = self.geo();
         debug_assert!(geo.has_owners());
-        let base = slab_base(ptr, geo.order);
-        let idx = match geo.index_of(ptr as usize - base as usize - geo.first) {
-            Some(i) => i,
-            // SAFETY: a live object sits at a multiple of the stride.
-            None => unsafe { core::hint::unreachable_unchecked() },
-        };
+        let base = self.slab_of(ptr);
+        let off = geo.owner_offset(ptr.addr() - base.addr());
+        debug_assert_eq!(
+            Some(off),
+            geo.index_of(ptr.addr() - base.addr() - geo.first).map(|i| geo.owners + i * size_of::<usize>())
+        );
         // SAFETY: the owner words are inside the slab, one per object, and
-        // `idx` is below `capacity`; `base` carries the slab's provenance
-        // (it was derived from a live object's pointer).
-        unsafe { base.add(geo.owners).cast::<usize>().add(idx) }
+        // `off` is the live object's (see `Geometry::owner_offset`); `base`
+        // carries the slab's provenance (derived from a live object's
+        // pointer).
+        unsafe { base.add(off).cast::<usize>() }
     }
 
     /// The birth number of the slab holding `ptr` (see `Slab::birth`).
@@ -347,7 +357,7 @@ impl<R: RawMutex> Cache<R> {
     ///
     /// `ptr` must be a live object of this cache.
     pub(crate) unsafe fn birth_of(&self, ptr: *mut u8) -> u32 {
-        let s = slab_base(ptr, self.geo().order) as *const Slab;
+        let s = self.slab_of(ptr) as *const Slab;
         // SAFETY: the header of a live slab; `birth` is fixed at creation.
         unsafe { (*s).birth }
     }
@@ -359,7 +369,7 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object of this cache.
     #[inline]
     pub(crate) unsafe fn node_of(&self, ptr: *mut u8) -> usize {
-        let s = slab_base(ptr, self.geo().order) as *const Slab;
+        let s = self.slab_of(ptr) as *const Slab;
         // SAFETY: the header of a live slab; `node` is fixed at creation.
         unsafe { (*s).node as usize }
     }
@@ -417,7 +427,7 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` is an object slot of a live slab of this cache.
     unsafe fn bit(&self, ptr: *mut u8) -> (&AtomicUsize, usize) {
         const BITS: usize = usize::BITS as usize;
-        let base = slab_base(ptr, self.geo().order);
+        let base = self.slab_of(ptr);
         let idx = (ptr.addr() - base.addr() - self.geo().first) / self.geo().size;
         let at = MAP_OFFSET + self.geo().words() * 8 + idx / BITS * (BITS / 8);
         // The word lies in the allocation bitmap after the free bitmap (as
@@ -461,7 +471,7 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object allocated from this cache with `src`.
     #[inline]
     pub(crate) unsafe fn free<S: PageSource>(&self, pg: &Pages<'_, S>, ptr: NonNull<u8>) {
-        let s = slab_base(ptr.as_ptr(), self.geo().order) as *mut Slab;
+        let s = self.slab_of(ptr.as_ptr()) as *mut Slab;
         // SAFETY: `ptr` is a live object of this cache.
         let node = unsafe { self.node_of(ptr.as_ptr()) };
         // SAFETY: `ptr` is a live object of slab `s`, on node `node`.

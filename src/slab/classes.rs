@@ -67,8 +67,18 @@ const fn natural_align(size: usize) -> usize {
 
 /// Slab geometry of each class.
 pub(crate) const GEOMETRIES: [Geometry; NCLASSES] = {
-    let mut out =
-        [Geometry { size: 0, align: 0, order: 0, pages: 0, capacity: 0, first: 0, recip: 0, owners: 0 }; NCLASSES];
+    let mut out = [Geometry {
+        size: 0,
+        align: 0,
+        order: 0,
+        pages: 0,
+        capacity: 0,
+        first: 0,
+        recip: 0,
+        owners: 0,
+        owner_bias: 0,
+        slab_mask: 0,
+    }; NCLASSES];
     let mut i = 0;
     while i < NCLASSES {
         out[i] = match Geometry::new(CLASS_SIZES[i], natural_align(CLASS_SIZES[i])) {

@@ -85,6 +85,13 @@ pub(crate) struct Geometry {
     /// object, after the bitmaps, for caches that charge objects to
     /// groups one by one ([`Geometry::with_owners`]).
     pub(crate) owners: usize,
+    /// `owners - 8 * (first / size)`, wrapping: with it the owner word of
+    /// the object at byte `off` of its slab is at
+    /// `owner_bias + 8 * (off / size)`, one division by multiplication
+    /// and no subtraction of `first` ([`Geometry::owner_offset`]).
+    pub(crate) owner_bias: usize,
+    /// `!(slab bytes - 1)`: a slab's address from any of its bytes'.
+    pub(crate) slab_mask: usize,
 }
 
 impl Geometry {
@@ -163,6 +170,8 @@ impl Geometry {
             first,
             recip: u64::MAX / size as u64 + 1,
             owners: 0,
+            owner_bias: 0,
+            slab_mask: !((PAGE_SIZE << order) - 1),
         })
     }
 
@@ -196,8 +205,20 @@ impl Geometry {
         g.capacity = capacity;
         g.first = first;
         g.owners = owners;
+        g.owner_bias = owners.wrapping_sub(word * (first / self.size));
         g.pages = 1 << self.order;
         Some(if self.is_exact() { g.exact() } else { g })
+    }
+
+    /// The offset in its slab of the owner word of the object at byte
+    /// `off` of the slab (a cache with owner words): `off / size` objects
+    /// from the slab start, less the `first / size` the bias takes off
+    /// (exact for every object: `off = first + k * size`, so the quotient
+    /// is `k + first / size`).
+    #[inline(always)]
+    pub(crate) const fn owner_offset(&self, off: usize) -> usize {
+        let q = ((self.recip as u128 * off as u128) >> 64) as usize;
+        self.owner_bias.wrapping_add(q * core::mem::size_of::<usize>())
     }
 
     /// Whether slabs of `self` and `other` have objects of one size and
