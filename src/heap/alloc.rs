@@ -248,9 +248,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: the closure runs under the hold of `slot`.
         let p = match charged.alloc_fast_charged(self, |slot| unsafe { self.tree.stock_take_at(slot, g, n) }) {
             ChargedPop::Hit(p) => p,
-            ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged_refill(g, charged),
+            ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged(g, charged, true),
             ChargedPop::Charged => return self.charged_refill(g, charged).ok(),
-            ChargedPop::Uncharged if NOUNWIND => return self.no_unwind_charged(g, charged),
+            ChargedPop::Uncharged if NOUNWIND => return self.no_unwind_charged(g, charged, false),
             ChargedPop::Uncharged => return self.alloc_charged_slow(g, charged).ok(),
         };
         // SAFETY: a fresh object of a charged cache.
@@ -306,24 +306,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// See [`Kmem::no_unwind_special`].
+    /// See [`Kmem::no_unwind_special`]: [`Kmem::charged_refill`] if the
+    /// charge is `taken`, else [`Kmem::alloc_charged_slow`].
     #[cold]
     #[inline(never)]
-    fn no_unwind_charged(&self, g: &Group<R>, charged: &MagCache<R>) -> Option<NonNull<u8>> {
+    fn no_unwind_charged(&self, g: &Group<R>, charged: &MagCache<R>, taken: bool) -> Option<NonNull<u8>> {
         let guard = NoUnwind;
-        let r = self.alloc_charged_slow(g, charged).ok();
+        let r = if taken { self.charged_refill(g, charged) } else { self.alloc_charged_slow(g, charged) };
         core::mem::forget(guard);
-        r
-    }
-
-    /// See [`Kmem::no_unwind_special`].
-    #[cold]
-    #[inline(never)]
-    fn no_unwind_charged_refill(&self, g: &Group<R>, charged: &MagCache<R>) -> Option<NonNull<u8>> {
-        let guard = NoUnwind;
-        let r = self.charged_refill(g, charged).ok();
-        core::mem::forget(guard);
-        r
+        r.ok()
     }
 
     /// See [`Kmem::no_unwind_special`].
