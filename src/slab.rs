@@ -344,10 +344,10 @@ impl<R: RawMutex> Cache<R> {
             Some(off),
             geo.index_of(ptr.addr() - base.addr() - geo.first).map(|i| geo.owners + i * size_of::<usize>())
         );
-        // SAFETY: the owner words are inside the slab, one per object, and
-        // `off` is the live object's (see `Geometry::owner_offset`); `base`
-        // carries the slab's provenance (derived from a live object's
-        // pointer).
+        // The owner words are inside the slab, one per object, and `off` is
+        // the live object's (see `Geometry::owner_offset`); `base` carries
+        // the slab's provenance (derived from a live object's pointer).
+        // SAFETY: so the word is in bounds of the slab's run.
         unsafe { base.add(off).cast::<usize>() }
     }
 

@@ -71,10 +71,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 return;
             }
             let (t, n, _) = words(s);
-            // SAFETY: `s` is a slot of `cache` out of its slab, at least
+            // `s` is a slot of `cache` out of its slab, at least
             // `HEAD` bytes (checked above), so its first words are
             // readable; a slot that holds no checked object has no live
             // tag of its own address and slab there.
+            // SAFETY: as just said, the reads are in bounds and the tag check
+            // tells a live checked object.
             unsafe {
                 if t.read_unaligned() == tag(ALIVE, s, slot, cache.cache.birth_of(s)) {
                     sizes.add(n.read_unaligned());
