@@ -59,9 +59,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
     /// [`Error::NameInvalid`], [`Error::NameTaken`], [`Error::BadLayout`]
     /// (aligned above a page or larger than 1 MiB),
-    /// [`Error::TooManyAccountedCaches`] (at most 21 accounted typed caches
-    /// live at once; a dropped one gives its index back),
-    /// [`Error::OutOfMemory`] for the descriptor.
+    /// [`Error::OutOfMemory`] for the descriptor. There is no cap on the
+    /// accounted caches live at once.
     pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, Self>, Error> {
         let name = Name::new(name)?;
         let mut align = align_of::<T>();

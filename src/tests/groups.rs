@@ -939,3 +939,33 @@ fn the_same_name_created_from_two_threads_is_one_group() {
         k.root().create_child(&name).unwrap().remove().unwrap();
     }
 }
+
+/// A shrink with no group left frees the size classes' charged caches
+/// (an allocator whose groups are gone keeps none of their memory), and a
+/// group made afterwards gets them anew; while a group exists they stay.
+#[test]
+fn charged_caches_go_with_the_last_group_and_come_back() {
+    let (k, g) = kmem_with_child("first");
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let objs = {
+        let _in = g.enter();
+        alloc_blocks(k, layout, 100)
+    };
+    // SAFETY: live blocks of `layout`, each freed once.
+    unsafe { free_blocks(k, objs, layout) };
+    k.shrink();
+    assert_eq!(k.tree().charged_caches.stats().active_objects, 1, "a group exists: its class's charged cache stays");
+    g.remove().unwrap();
+    drop(g);
+    k.shrink();
+    assert_eq!(k.tree().charged_caches.stats().active_objects, 0, "no group left: charged caches freed");
+    let h = k.root().create_child("second").unwrap();
+    let objs = {
+        let _in = h.enter();
+        alloc_blocks(k, layout, 100)
+    };
+    assert!(h.usage() >= 100 * 64);
+    // SAFETY: as above.
+    unsafe { free_blocks(k, objs, layout) };
+    assert_uncharged_after_shrink(k, &[&h]);
+}

@@ -4,6 +4,8 @@
 //! vectors). Made at first use, freed with the tree (a size class's) or
 //! with its typed cache.
 
+use core::ptr::NonNull;
+
 use lock_api::RawMutex;
 
 use super::{Tree, class_name};
@@ -75,6 +77,36 @@ impl<R: RawMutex> Tree<R> {
                 Some(unsafe { &*winner })
             }
         }
+    }
+
+    /// Frees the size classes' charged caches once no group is left (a
+    /// `shrink`), so an allocator whose groups are all gone holds none of
+    /// their memory. Safe then without a grace period: every path that
+    /// uses a charged cache holds a reference on a group, and every
+    /// charged object keeps its group, so with no group in the tree
+    /// (checked under the tree lock, which creation takes) nobody uses
+    /// them and they hold no object; a group made after the lock is let
+    /// go makes them anew. A typed cache's goes with its descriptor.
+    pub(crate) fn release_charged<E: Env<R>>(&self, env: &E) {
+        let mut limbo = self.lock.lock();
+        if !self.all_groups.load(Ordering::Acquire).is_null() {
+            return;
+        }
+        for slot in self.charged.iter() {
+            let Some(c) = NonNull::new(slot.load(Ordering::Acquire)) else { continue };
+            // SAFETY: published, and nobody else uses it (above).
+            let cache = unsafe { c.as_ref() };
+            Self::drain_and_shrink(env, |f| f(cache));
+            if cache.cache.nslabs() != 0 {
+                // Cannot be (no group, no charged object); keep it if so.
+                continue;
+            }
+            slot.store(core::ptr::null_mut(), Ordering::Release);
+            // Freed once no iteration (`for_each_charged` under a read
+            // guard) can still reach it.
+            limbo.retire_cache(c);
+        }
+        self.reclaim_groups(env, &mut limbo);
     }
 
     /// Calls `f` on every charged cache with the name of the cache it

@@ -400,6 +400,7 @@ impl<R: RawMutex> Tree<R> {
         });
         drop(read);
         self.finish_reclaim(env);
+        self.release_charged(env);
         let plain = Pages::plain(env.src());
         for meta in [&self.charged_caches, &self.groups, &self.descriptors, &self.pressure_nodes] {
             meta.shrink(&plain);
