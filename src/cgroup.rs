@@ -392,8 +392,8 @@ impl<R: RawMutex> Group<R> {
     /// What an object's owner word and a stock hold for this group: its
     /// address.
     #[inline(always)]
-    pub(crate) fn key(&self) -> usize {
-        self as *const Self as usize
+    pub(crate) fn key(&self) -> *mut () {
+        core::ptr::from_ref(self).cast_mut().cast()
     }
 
     /// The group's index in its tree's id table (`u32::MAX`: a root).

@@ -335,7 +335,7 @@ impl<R: RawMutex> Cache<R> {
     /// `ptr` must be a live object of this cache, whose geometry has
     /// owner words.
     #[inline(always)]
-    pub(crate) unsafe fn owner_word(&self, ptr: *mut u8) -> *mut usize {
+    pub(crate) unsafe fn owner_word(&self, ptr: *mut u8) -> *mut *mut () {
         let geo = self.geo();
         debug_assert!(geo.has_owners());
         let base = self.slab_of(ptr);
@@ -348,7 +348,7 @@ impl<R: RawMutex> Cache<R> {
         // the live object's (see `Geometry::owner_offset`); `base` carries
         // the slab's provenance (derived from a live object's pointer).
         // SAFETY: so the word is in bounds of the slab's run.
-        unsafe { base.add(off).cast::<usize>() }
+        unsafe { base.add(off).cast::<*mut ()>() }
     }
 
     /// The birth number of the slab holding `ptr` (see `Slab::birth`).
@@ -413,7 +413,7 @@ impl<R: RawMutex> Cache<R> {
             // SAFETY: the owner words lie after the bitmaps and before the
             // first object (`Geometry::with_owners`), inside the fresh run:
             // no object has an owner yet.
-            unsafe { s.cast::<u8>().add(geo.owners).write_bytes(0, geo.capacity * size_of::<usize>()) };
+            unsafe { s.cast::<u8>().add(geo.owners).cast::<*mut ()>().write_bytes(0, geo.capacity) };
         }
         s
     }

@@ -551,7 +551,8 @@ impl Stat {
     }
 }
 
-/// Stores `v` in the word at `p` as a `Relaxed` atomic: a word in memory
+/// Stores pointer `v` in the word at `p` as a `Relaxed` atomic (a pointer,
+/// so the value keeps its provenance): a word in memory
 /// the allocator owns that a report may read while its holder writes it
 /// (a slab's owner words). Always `core`'s atomic, also under loom: its
 /// order comes from handing the object over, which the models check.
@@ -560,9 +561,9 @@ impl Stat {
 ///
 /// `p` is valid, aligned, and only ever accessed through these functions.
 #[inline(always)]
-pub(crate) unsafe fn word_store(p: *mut usize, v: usize) {
+pub(crate) unsafe fn word_store(p: *mut *mut (), v: *mut ()) {
     // SAFETY: per the contract.
-    unsafe { core::sync::atomic::AtomicUsize::from_ptr(p) }.store(v, core::sync::atomic::Ordering::Relaxed)
+    unsafe { core::sync::atomic::AtomicPtr::from_ptr(p) }.store(v, core::sync::atomic::Ordering::Relaxed)
 }
 
 /// Loads the word at `p` stored by [`word_store`].
@@ -571,7 +572,7 @@ pub(crate) unsafe fn word_store(p: *mut usize, v: usize) {
 ///
 /// As for [`word_store`].
 #[inline(always)]
-pub(crate) unsafe fn word_load(p: *mut usize) -> usize {
+pub(crate) unsafe fn word_load(p: *mut *mut ()) -> *mut () {
     // SAFETY: per the contract.
-    unsafe { core::sync::atomic::AtomicUsize::from_ptr(p) }.load(core::sync::atomic::Ordering::Relaxed)
+    unsafe { core::sync::atomic::AtomicPtr::from_ptr(p) }.load(core::sync::atomic::Ordering::Relaxed)
 }

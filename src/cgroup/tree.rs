@@ -419,7 +419,7 @@ impl<R: RawMutex> Tree<R> {
                 let size = c.cache.geometry().size;
                 c.cache.for_each_allocated(|_, owner, node| {
                     // SAFETY: a live object's owner (see above).
-                    if owner != 0 && (owner == g.key() || unsafe { &*(owner as *const Group<R>) }.is_below(g)) {
+                    if !owner.is_null() && (owner == g.key() || unsafe { &*owner.cast::<Group<R>>() }.is_below(g)) {
                         out[node.min(MAX_NODES - 1)] += size;
                     }
                 });

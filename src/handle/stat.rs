@@ -46,7 +46,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
         let kmem = self.kmem();
         // With detection on, the requested sizes of the live objects of a
         // row (none with it off: no walk then).
-        let mut add = |name: Name, objects: usize, pages: usize, cache: &MagCache<K::Lock>, owner: Option<usize>| {
+        let mut add = |name: Name, objects: usize, pages: usize, cache: &MagCache<K::Lock>, owner: Option<*mut ()>| {
             if st.ncaches < STAT_CACHES && pages > 0 {
                 let sizes = if objects > 0 { kmem.leak_sizes(cache, owner) } else { LeakSizes::EMPTY };
                 st.caches[st.ncaches] = CacheRow { name, objects, pages, sizes };

@@ -187,7 +187,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     // word names its group, which its charge keeps alive.
                     let key = unsafe { word_load(owner.cache.owner_word(p.as_ptr())) };
                     // SAFETY: as above.
-                    return Some(if key == 0 { root } else { unsafe { &*(key as *const Group<R>) }.counter() });
+                    return Some(if key.is_null() { root } else { unsafe { &*key.cast::<Group<R>>() }.counter() });
                 }
                 match owner.acct {
                     Acct::Root => Some(root),
@@ -403,7 +403,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 /// Gives an object charge back if what follows it unwinds.
 struct Uncharge<'a, S: PageSource, R: RawMutex, P: Platform> {
     kmem: &'a Kmem<S, R, P>,
-    key: usize,
+    key: *mut (),
     n: usize,
 }
 

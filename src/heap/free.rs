@@ -214,10 +214,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let key = unsafe {
             let w = owner.cache.owner_word(ptr.as_ptr());
             let key = word_load(w);
-            word_store(w, 0);
+            word_store(w, core::ptr::null_mut());
             key
         };
-        if key == 0 {
+        if key.is_null() {
             // Not charged (a double free the slab will refuse).
             // SAFETY: forwarded.
             return unsafe { self.free_into_slow(owner, ptr) };

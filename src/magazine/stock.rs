@@ -9,8 +9,8 @@
 //! reclaim) takes it through the same handshake
 //! ([`Slots::begin_drain`](super::Slots)).
 //!
-//! This layer does not know what an owner is: a non-zero word the layers
-//! above give (a group's address) and read back when they flush a stock.
+//! This layer does not know what an owner is: a non-null pointer the
+//! layers above give (a group) and read back when they flush a stock.
 
 use crossbeam_utils::CachePadded;
 use lock_api::RawMutex;
@@ -19,17 +19,17 @@ use super::Env;
 use crate::platform::MAX_CPUS;
 use crate::sync::{AtomicUsize, Ordering, UnsafeCell, at, atomic_usize, loom_const_fn, repeat};
 
-/// One slot's stock: `bytes` charged to `owner` (0: none) beyond what its
+/// One slot's stock: `bytes` charged to `owner` (null: none) beyond what its
 /// objects use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Stock {
-    pub(crate) owner: usize,
+    pub(crate) owner: *mut (),
     pub(crate) bytes: usize,
 }
 
 impl Stock {
     /// No owner, no bytes.
-    pub(crate) const EMPTY: Stock = Stock { owner: 0, bytes: 0 };
+    pub(crate) const EMPTY: Stock = Stock { owner: core::ptr::null_mut(), bytes: 0 };
 
     /// Takes the stock's contents, leaving it empty.
     #[inline]
@@ -102,7 +102,7 @@ impl Stocks {
             let s = unsafe { &mut *s };
             let had = s.owner;
             let r = f(s);
-            if had == 0 && s.owner != 0 {
+            if had.is_null() && !s.owner.is_null() {
                 self.note(slot);
             }
             r
@@ -123,7 +123,7 @@ impl Stocks {
     pub(crate) fn drain<R: RawMutex, E: Env<R>>(
         &self,
         cx: &E,
-        want: impl Fn(usize) -> bool,
+        want: impl Fn(*mut ()) -> bool,
         mut each: impl FnMut(Stock),
     ) {
         let used = self.used.load(Ordering::Relaxed);
@@ -132,10 +132,10 @@ impl Stocks {
             let taken = self.cells[slot].with_mut(|s| {
                 // SAFETY: the handshake (or the steal) gives us the slot.
                 let s = unsafe { &mut *s };
-                if s.owner != 0 && want(s.owner) { s.take() } else { Stock::EMPTY }
+                if !s.owner.is_null() && want(s.owner) { s.take() } else { Stock::EMPTY }
             });
             cx.slots().end_drain(cx.plat(), slot, stolen);
-            if taken.owner != 0 {
+            if !taken.owner.is_null() {
                 each(taken);
             }
         }

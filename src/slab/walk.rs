@@ -9,11 +9,11 @@ use crate::sync::word_load;
 impl<R: RawMutex> Cache<R> {
     /// Calls `f` with every object of this cache out of its slabs (live,
     /// or cached in a magazine or a quarantine), its owner word (0 for a
-    /// cache without them, and for an object its owner freed) and its
+    /// cache without them, and for an object its owner freed: null) and its
     /// slab's node, one node at a time under its lock: `f` must not
     /// allocate from this cache or take its locks. For reports; never an
     /// allocation path.
-    pub(crate) fn for_each_allocated(&self, mut f: impl FnMut(*mut u8, usize, usize)) {
+    pub(crate) fn for_each_allocated(&self, mut f: impl FnMut(*mut u8, *mut (), usize)) {
         let g = *self.geo();
         for node in &self.nodes {
             let lists = node.lock();
@@ -32,9 +32,9 @@ impl<R: RawMutex> Cache<R> {
                                 // SAFETY: the owner word of slot `i` of a
                                 // live slab, written only through
                                 // `word_store`.
-                                unsafe { word_load(s.cast::<u8>().add(g.owners).cast::<usize>().add(i)) }
+                                unsafe { word_load(s.cast::<u8>().add(g.owners).cast::<*mut ()>().add(i)) }
                             } else {
-                                0
+                                core::ptr::null_mut()
                             };
                             f(s.cast::<u8>().wrapping_add(g.first + i * g.size), owner, node);
                         }

@@ -182,7 +182,7 @@ impl TreeEnv {
             // SAFETY: as above; owner words are accessed only so.
             let key = unsafe { word_load(w) };
             // SAFETY: as above.
-            unsafe { word_store(w, 0) };
+            unsafe { word_store(w, core::ptr::null_mut()) };
             // SAFETY: live, freed once; the closure runs under the hold.
             match unsafe { owner.free_fast_charged(self, p, |slot| self.tree.stock_give_at(slot, key, geo.size)) } {
                 Some(true) => return,

@@ -97,12 +97,12 @@ impl<R: RawMutex> Tree<R> {
     /// Uncharges an object of `n` bytes from its group, `owner` (the key
     /// its owner word holds): under the caller's slot when it gets one
     /// ([`Tree::stock_give_at`]), else straight to the group's spare.
-    pub(crate) fn uncharge_object<E: Env<R>>(&self, env: &E, owner: usize, n: usize) {
+    pub(crate) fn uncharge_object<E: Env<R>>(&self, env: &E, owner: *mut (), n: usize) {
         // SAFETY: the closure runs under the hold of `slot`.
         if self.stocks.with_slot(env, |slot| unsafe { self.stock_give_at(slot, owner, n) }).is_none() {
             // SAFETY: the object's `n` bytes are still charged to its
             // group, which they keep alive.
-            self.flush(unsafe { &*(owner as *const Group<R>) }, n);
+            self.flush(unsafe { &*owner.cast::<Group<R>>() }, n);
         }
     }
 
@@ -114,7 +114,7 @@ impl<R: RawMutex> Tree<R> {
     ///
     /// The caller holds `slot`.
     #[inline(always)]
-    pub(crate) unsafe fn stock_give_at(&self, slot: usize, owner: usize, n: usize) {
+    pub(crate) unsafe fn stock_give_at(&self, slot: usize, owner: *mut (), n: usize) {
         // SAFETY: forwarded.
         let fits = unsafe {
             self.stocks.under(slot, |s| {
@@ -145,10 +145,10 @@ impl<R: RawMutex> Tree<R> {
     /// The caller holds `slot`.
     #[cold]
     #[inline(never)]
-    unsafe fn give_slow_at(&self, slot: usize, owner: usize, n: usize) {
+    unsafe fn give_slow_at(&self, slot: usize, owner: *mut (), n: usize) {
         // SAFETY: the object's `n` bytes are still charged to its group,
         // which they keep alive.
-        let g = unsafe { &*(owner as *const Group<R>) };
+        let g = unsafe { &*owner.cast::<Group<R>>() };
         if g.is_offline() {
             return self.flush(g, n);
         }
@@ -220,7 +220,7 @@ impl<R: RawMutex> Tree<R> {
         if s.bytes != 0 {
             // SAFETY: the stock's bytes are charged to its group, which
             // they keep alive.
-            self.flush(unsafe { &*(s.owner as *const Group<R>) }, s.bytes);
+            self.flush(unsafe { &*s.owner.cast::<Group<R>>() }, s.bytes);
         }
     }
 

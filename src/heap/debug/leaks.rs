@@ -56,7 +56,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// allocation path.
     ///
     /// For a charged cache, `owner` picks one group's objects (its key).
-    pub(crate) fn leak_sizes(&self, cache: &MagCache<R>, owner: Option<usize>) -> LeakSizes {
+    pub(crate) fn leak_sizes(&self, cache: &MagCache<R>, owner: Option<*mut ()>) -> LeakSizes {
         let mut sizes = LeakSizes::EMPTY;
         if !self.checks_objects() {
             return sizes;
