@@ -12,32 +12,32 @@ use crate::{CacheFlags, Cgroup, Kmem, PageSource};
 use crate::{Error, PAGE_SIZE};
 
 #[cfg(not(miri))]
-type K = Kmem<OsPages>;
+pub(super) type K = Kmem<OsPages>;
 /// Miri has no partial `munmap`: a region instead of the OS.
 #[cfg(miri)]
-type K = Kmem<crate::platform::Region>;
+pub(super) type K = Kmem<crate::platform::Region>;
 
 #[cfg(not(miri))]
-fn kmem() -> &'static K {
+pub(super) fn kmem() -> &'static K {
     Box::leak(Box::new(Kmem::new(OsPages::new())))
 }
 
 #[cfg(miri)]
-fn kmem() -> &'static K {
+pub(super) fn kmem() -> &'static K {
     let k: &'static K = Box::leak(Box::new(Kmem::new(crate::platform::Region::new())));
     k.source().add(crate::testutil::arena(64 << 20), 0).unwrap();
     k
 }
 
 /// A fresh allocator and a child of its root named `name`.
-fn kmem_with_child(name: &str) -> (&'static K, Cgroup<'static, K>) {
+pub(super) fn kmem_with_child(name: &str) -> (&'static K, Cgroup<'static, K>) {
     let k = kmem();
     (k, k.root().create_child(name).unwrap())
 }
 
 /// Shrinks `k`, asserts that none of `groups` is still charged, and checks
 /// the accounting equations.
-fn assert_uncharged_after_shrink(k: &K, groups: &[&Cgroup<'_, K>]) {
+pub(super) fn assert_uncharged_after_shrink(k: &K, groups: &[&Cgroup<'_, K>]) {
     k.shrink();
     for g in groups {
         assert_eq!(g.usage(), 0, "group {} still charged", g.name());
@@ -47,14 +47,14 @@ fn assert_uncharged_after_shrink(k: &K, groups: &[&Cgroup<'_, K>]) {
 
 /// Runs `f` on a thread of its own, which starts with no current group and
 /// whose guards and resets touch no other test's thread.
-fn on_own_thread(f: impl FnOnce() + Send) {
+pub(super) fn on_own_thread(f: impl FnOnce() + Send) {
     thread::scope(|s| {
         s.spawn(f);
     });
 }
 
 /// Calls `alloc` until it fails: what it gave, and the error.
-fn alloc_until_err<T>(mut alloc: impl FnMut() -> Result<T, Error>) -> (Vec<T>, Error) {
+pub(super) fn alloc_until_err<T>(mut alloc: impl FnMut() -> Result<T, Error>) -> (Vec<T>, Error) {
     let mut held = Vec::new();
     loop {
         match alloc() {
@@ -66,7 +66,7 @@ fn alloc_until_err<T>(mut alloc: impl FnMut() -> Result<T, Error>) -> (Vec<T>, E
 
 /// Allocates `n` blocks of `layout` (not zero-sized) for the current group:
 /// their addresses.
-fn alloc_blocks(k: &K, layout: Layout, n: usize) -> Vec<usize> {
+pub(super) fn alloc_blocks(k: &K, layout: Layout, n: usize) -> Vec<usize> {
     assert_ne!(layout.size(), 0, "GlobalAlloc::alloc needs a non-zero size");
     // SAFETY: a valid layout of non-zero size.
     (0..n).map(|_| unsafe { k.alloc(layout) } as usize).collect()
@@ -76,7 +76,7 @@ fn alloc_blocks(k: &K, layout: Layout, n: usize) -> Vec<usize> {
 ///
 /// # Safety
 /// Each address is a live block of `k` with that layout, freed nowhere else.
-unsafe fn free_blocks(k: &K, ptrs: impl IntoIterator<Item = usize>, layout: Layout) {
+pub(super) unsafe fn free_blocks(k: &K, ptrs: impl IntoIterator<Item = usize>, layout: Layout) {
     for p in ptrs {
         // SAFETY: the caller's contract.
         unsafe { k.dealloc(p as *mut u8, layout) };
@@ -88,7 +88,12 @@ unsafe fn free_blocks(k: &K, ptrs: impl IntoIterator<Item = usize>, layout: Layo
 ///
 /// # Safety
 /// Each address is a live block of `k` with that layout, freed nowhere else.
-unsafe fn free_on_threads(k: &K, ptrs: &[usize], threads: usize, layout_of: impl Fn(usize) -> Layout + Sync) {
+pub(super) unsafe fn free_on_threads(
+    k: &K,
+    ptrs: &[usize],
+    threads: usize,
+    layout_of: impl Fn(usize) -> Layout + Sync,
+) {
     let layout_of = &layout_of;
     thread::scope(|s| {
         for part in ptrs.chunks(ptrs.len() / threads + 1) {
@@ -104,13 +109,13 @@ unsafe fn free_on_threads(k: &K, ptrs: &[usize], threads: usize, layout_of: impl
 
 /// How many group records `k` holds (live, removed but referenced, or
 /// pinned).
-fn group_records(k: &K) -> usize {
+pub(super) fn group_records(k: &K) -> usize {
     k.tree().groups.stats().active_objects
 }
 
 /// Runs `f` and asserts that, after a shrink, `k` holds one group record
 /// fewer than before it (`why` says what released it).
-fn assert_frees_one_group_record(k: &K, why: &str, f: impl FnOnce()) {
+pub(super) fn assert_frees_one_group_record(k: &K, why: &str, f: impl FnOnce()) {
     let before = group_records(k);
     f();
     k.shrink();
@@ -471,193 +476,6 @@ fn accounting_invariants_under_threaded_random_groups() {
     assert_uncharged_after_shrink(k, &groups.each_ref());
 }
 
-#[test]
-fn removal_bad_input() {
-    let k = kmem();
-    let root = k.root();
-    assert_eq!(root.remove(), Err(Error::RootGroup));
-    let p = root.create_child("p").unwrap();
-    let c = p.create_child("c").unwrap();
-    assert_eq!(p.remove(), Err(Error::Busy), "a group with children");
-    c.remove().unwrap();
-    assert!(c.is_removed());
-    assert_eq!(c.remove(), Err(Error::Removed));
-    assert_eq!(c.set_max(1 << 20), Err(Error::Removed));
-    assert_eq!(c.set_high(1 << 20), Err(Error::Removed));
-    assert_eq!(c.create_child("x").err(), Some(Error::Removed));
-    // Reads of a removed group's handle still work.
-    assert_eq!(c.usage(), 0);
-    assert_eq!(c.name(), "c");
-    let _ = c.stat().to_string();
-    // Its name is free again among the parent's children.
-    let c2 = p.create_child("c").unwrap();
-    drop(c2);
-    // A thread still inside a removed group charges the nearest online
-    // ancestor.
-    let g = p.create_child("g").unwrap();
-    let guard = g.enter();
-    g.remove().unwrap();
-    let layout = Layout::from_size_align(200, 8).unwrap();
-    // SAFETY: valid layout.
-    let q = unsafe { k.alloc(layout) };
-    assert!(!q.is_null());
-    assert_eq!(g.usage(), 0, "a removed group takes no new charges");
-    assert!(p.usage() > 0, "the parent was charged instead");
-    // SAFETY: freed once.
-    unsafe { k.dealloc(q, layout) };
-    drop(guard);
-    assert_uncharged_after_shrink(k, &[&p]);
-}
-
-#[test]
-fn seed_001_a_removed_group_keeps_only_its_objects_and_goes_with_the_last() {
-    let (k, parent) = kmem_with_child("parent");
-    let g = parent.create_child("dying").unwrap();
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let objs: Vec<usize> = {
-        let _in = g.enter();
-        let v = alloc_blocks(k, layout, 20_000);
-        // Free every other one: magazines and partial slabs fill up.
-        // SAFETY: live blocks of `layout`, each freed once.
-        unsafe { free_blocks(k, v.iter().step_by(2).copied(), layout) };
-        v.into_iter().skip(1).step_by(2).collect()
-    };
-    let before = parent.usage();
-    assert_eq!(before, g.usage());
-    g.remove().unwrap();
-    // Removal took the group's stocks: what stays charged is what its live
-    // objects need, whole pages of their bytes, and the parent still
-    // counts it.
-    let pages = (objs.len() * 64).div_ceil(PAGE_SIZE);
-    assert_eq!(g.usage(), pages * PAGE_SIZE, "a removed group keeps only its objects' pages");
-    assert_eq!(parent.usage(), g.usage(), "the parent keeps counting the removed group's objects");
-    assert!(g.usage() <= before);
-    // Free the rest from other threads, racing each other.
-    // SAFETY: live, freed once.
-    unsafe { free_on_threads(k, &objs, 4, |_| layout) };
-    assert_eq!(g.usage(), 0);
-    assert_eq!(parent.usage(), 0, "no charge lost or left");
-    // The group goes with the last handle.
-    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
-    k.check_accounting();
-}
-
-/// Slow-path operations that went to a depot or the slabs, over all slots.
-fn slot_misses(k: &K) -> usize {
-    (0..crate::MAX_CPUS).map(|s| k.slot_stats(s).misses).sum()
-}
-
-/// Seed 001: frees of a removed group's objects stay on the fast path
-/// (magazines of the charged cache every group shares); only their
-/// uncharge differs, straight to the group's spare.
-#[test]
-fn seed_001_frees_after_removal_stay_on_the_fast_path() {
-    let (k, g) = kmem_with_child("dying");
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let n = scaled(40_000, 20);
-    on_own_thread(|| {
-        let objs = {
-            let _in = g.enter();
-            alloc_blocks(k, layout, n)
-        };
-        g.remove().unwrap();
-        let before = slot_misses(k);
-        // SAFETY: live blocks of `layout`, each freed once.
-        unsafe { free_blocks(k, objs, layout) };
-        let slow = slot_misses(k) - before;
-        // A miss per magazine of 64 (4 under Miri).
-        assert!(slow < n / 2, "{slow} of {n} frees after removal took the slow path");
-    });
-    assert_eq!(g.usage(), 0);
-    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
-    k.check_accounting();
-}
-
-/// A removed group goes with its last object while another thread's slot
-/// is busy: no stock keeps its bytes.
-#[test]
-fn a_removed_group_goes_with_its_last_object_while_another_slot_is_busy() {
-    let (k, g) = kmem_with_child("dying");
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let objs = {
-        let g = &g;
-        let mut objs = Vec::new();
-        on_own_thread(|| {
-            let _in = g.enter();
-            objs = alloc_blocks(k, layout, scaled(20_000, 20));
-        });
-        objs
-    };
-    g.remove().unwrap();
-    let (few, rest) = objs.split_at(3);
-    let barrier = Barrier::new(2);
-    let usage = thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: live blocks of `layout`, each freed once.
-            unsafe { free_blocks(k, few.iter().copied(), layout) };
-            barrier.wait();
-            // This thread keeps its slot (and its buffer) until the other
-            // has freed the rest.
-            barrier.wait();
-        });
-        barrier.wait();
-        // SAFETY: as above.
-        unsafe { free_blocks(k, rest.iter().copied(), layout) };
-        let seen = g.usage();
-        barrier.wait();
-        seen
-    });
-    assert_eq!(usage, 0, "the removed group is still charged");
-    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
-    k.check_accounting();
-}
-
-#[test]
-fn zombie_groups_leave_nothing_behind() {
-    let k = kmem();
-    let layout = Layout::from_size_align(100, 8).unwrap();
-    let typed = k.create_cache::<[u8; 300]>("zombie-objs", CacheFlags::ACCOUNT).unwrap();
-    k.shrink();
-    let baseline = k.stats().source.pages_in_use;
-    let mut leftovers: Vec<usize> = Vec::new();
-    let mut boxes = Vec::new();
-    for i in 0..10_000 {
-        let g = k.root().create_child(&std::format!("z{i}")).unwrap();
-        {
-            let _in = g.enter();
-            leftovers.extend(alloc_blocks(k, layout, 3));
-            if i % 10 == 0 {
-                boxes.push(typed.alloc([i as u8; 300]).unwrap());
-                // A large object too.
-                // SAFETY: valid layout.
-                leftovers.push(unsafe { k.alloc(Layout::from_size_align(20_000, 8).unwrap()) } as usize);
-            }
-        }
-        g.remove().unwrap();
-    }
-    assert_eq!(k.root().stat().failcnt, 0);
-    // Free everything later, from other threads.
-    // Large objects are the page-aligned ones.
-    let layout_of =
-        |p: usize| if p.is_multiple_of(PAGE_SIZE) { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
-    // SAFETY: live, freed once with its layout.
-    unsafe { free_on_threads(k, &leftovers, 2, layout_of) };
-    drop(boxes);
-    k.shrink();
-    assert_eq!(group_records(k), 0, "group metadata left behind");
-    let mut n = 0;
-    k.tree().for_each_group(|_| n += 1);
-    assert_eq!(n, 0, "groups still listed");
-    assert_eq!(k.root().usage() % PAGE_SIZE, 0);
-    drop(typed);
-    k.shrink();
-    assert!(
-        k.stats().source.pages_in_use <= baseline,
-        "pages not back to the baseline: {} > {baseline}",
-        k.stats().source.pages_in_use
-    );
-}
-
 /// Issue 13, item 7: group names are path components in reports, so `/`,
 /// `.` and `..` are refused (a child named `/` read like the root).
 #[test]
@@ -669,109 +487,6 @@ fn group_names_that_read_as_paths_are_refused() {
     for good in ["a.b", "...", ".a", "a..b"] {
         k.root().create_child(good).unwrap().remove().unwrap();
     }
-}
-
-/// Issue 13, item 1: guards dropped out of order used to leave the thread's
-/// current group at `a` with no reference held, so after `a` was removed
-/// and freed, its memory was reused by a new group that the thread's
-/// allocations were then charged to (a use-after-free from safe code).
-/// Now the current group is referenced for as long as it is current.
-#[test]
-fn guards_dropped_out_of_order_keep_the_current_group_alive() {
-    let k = kmem();
-    on_own_thread(|| {
-        let a = k.root().create_child("a").unwrap();
-        let b = k.root().create_child("b").unwrap();
-        let ga = a.enter();
-        let gb = b.enter();
-        drop(ga);
-        drop(gb);
-        assert_eq!(k.current_group().name(), "a", "the last dropped guard restored a");
-        a.remove().unwrap();
-        drop(a);
-        b.remove().unwrap();
-        drop(b);
-        k.shrink();
-        // New groups may reuse freed group memory; `a`'s is not freed.
-        let fresh: Vec<_> = (0..32).map(|i| k.root().create_child(&std::format!("c{i}")).unwrap()).collect();
-        let layout = Layout::from_size_align(4000, 8).unwrap();
-        // SAFETY: valid layout.
-        let p = unsafe { k.alloc(layout) };
-        assert!(!p.is_null());
-        for c in &fresh {
-            assert_eq!(c.usage(), 0, "{} was charged for an allocation of a thread that never entered it", c.name());
-        }
-        assert_eq!(k.current_group().name(), "/", "a removed current group charges its online ancestor");
-        // SAFETY: allocated above with this layout.
-        unsafe { k.dealloc(p, layout) };
-        for c in fresh {
-            c.remove().unwrap();
-        }
-    });
-    k.check_accounting();
-}
-
-/// Forgotten guards pin their group; nothing dangles.
-#[test]
-fn forgotten_guards_pin_their_group() {
-    let k = kmem();
-    on_own_thread(|| {
-        let a = k.root().create_child("a").unwrap();
-        core::mem::forget(a.enter());
-        a.remove().unwrap();
-        drop(a);
-        k.shrink();
-        let fresh = k.root().create_child("fresh").unwrap();
-        let layout = Layout::from_size_align(64, 8).unwrap();
-        // SAFETY: valid layout.
-        let p = unsafe { k.alloc(layout) };
-        assert_eq!(fresh.usage(), 0);
-        // SAFETY: allocated above with this layout.
-        unsafe { k.dealloc(p, layout) };
-        // Guards made after a forgotten one still nest.
-        {
-            let _in = fresh.enter();
-            assert_eq!(k.current_group().name(), "fresh");
-        }
-        assert_eq!(k.current_group().name(), "/");
-        fresh.remove().unwrap();
-        drop(fresh);
-        // `a` is still pinned; resetting lets it go.
-        k.shrink();
-        assert!(group_records(k) >= 1);
-        assert_frees_one_group_record(k, "the reset released the pinned group", || k.reset_current_group());
-    });
-    k.check_accounting();
-}
-
-/// Guards of two allocators interleaved out of order: each release goes to
-/// the allocator that made the group.
-#[test]
-fn guards_of_two_allocators_dropped_out_of_order() {
-    let (k1, a) = kmem_with_child("a");
-    let (k2, b) = kmem_with_child("b");
-    on_own_thread(|| {
-        let ga = a.enter();
-        let gb = b.enter();
-        assert_eq!(k1.current_group().name(), "/", "another allocator's token is not k1's group");
-        assert_eq!(k2.current_group().name(), "b");
-        drop(ga);
-        assert_eq!(k2.current_group().name(), "/");
-        drop(gb);
-        assert_eq!(k1.current_group().name(), "a");
-        // Out of order again: `a`'s reference is released to k1, `b`
-        // (k2's) stays current.
-        let gb = b.enter();
-        let groot = k1.root().enter();
-        drop(gb);
-        drop(groot);
-        assert_eq!(k1.current_group().name(), "/");
-        assert_eq!(k2.current_group().name(), "b");
-        a.remove().unwrap();
-        b.remove().unwrap();
-    });
-    k1.check_accounting();
-    k2.check_accounting();
 }
 
 /// Issue 13, item 4: only 21 accounted typed caches could ever be created
@@ -862,32 +577,6 @@ fn create_cache_does_not_walk_dropped_caches() {
     assert_eq!(n, 0, "dropped descriptors stay in the registry");
 }
 
-/// `reset_current_group` with a guard still alive: the reset releases the
-/// group, the guard later restores what it saved; every reference is
-/// released exactly once, so the removed group is reclaimed. Resetting
-/// with nothing current, or twice, does nothing.
-#[test]
-fn reset_current_group_with_a_live_guard_and_twice() {
-    let k = kmem();
-    on_own_thread(|| {
-        k.reset_current_group();
-        k.reset_current_group();
-        assert_eq!(k.current_group().name(), "/");
-        let a = k.root().create_child("a").unwrap();
-        k.shrink();
-        assert_frees_one_group_record(k, "a was released once and reclaimed", || {
-            let guard = a.enter();
-            k.reset_current_group();
-            assert_eq!(k.current_group().name(), "/", "the reset made the root current");
-            drop(guard);
-            assert_eq!(k.current_group().name(), "/", "the guard restored the root it saved");
-            a.remove().unwrap();
-            drop(a);
-        });
-    });
-    k.check_accounting();
-}
-
 /// Two threads creating and dropping accounted typed caches at once, with
 /// allocations in between: indices and descriptors are recycled under the
 /// registry lock, so neither runs out and nothing stays charged.
@@ -938,34 +627,4 @@ fn the_same_name_created_from_two_threads_is_one_group() {
         won.into_iter().next().unwrap().unwrap().remove().unwrap();
         k.root().create_child(&name).unwrap().remove().unwrap();
     }
-}
-
-/// A shrink with no group left frees the size classes' charged caches
-/// (an allocator whose groups are gone keeps none of their memory), and a
-/// group made afterwards gets them anew; while a group exists they stay.
-#[test]
-fn charged_caches_go_with_the_last_group_and_come_back() {
-    let (k, g) = kmem_with_child("first");
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let objs = {
-        let _in = g.enter();
-        alloc_blocks(k, layout, 100)
-    };
-    // SAFETY: live blocks of `layout`, each freed once.
-    unsafe { free_blocks(k, objs, layout) };
-    k.shrink();
-    assert_eq!(k.tree().charged_caches.stats().active_objects, 1, "a group exists: its class's charged cache stays");
-    g.remove().unwrap();
-    drop(g);
-    k.shrink();
-    assert_eq!(k.tree().charged_caches.stats().active_objects, 0, "no group left: charged caches freed");
-    let h = k.root().create_child("second").unwrap();
-    let objs = {
-        let _in = h.enter();
-        alloc_blocks(k, layout, 100)
-    };
-    assert!(h.usage() >= 100 * 64);
-    // SAFETY: as above.
-    unsafe { free_blocks(k, objs, layout) };
-    assert_uncharged_after_shrink(k, &[&h]);
 }

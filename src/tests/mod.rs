@@ -39,6 +39,8 @@ mod events;
 #[cfg(not(loom))]
 mod groups;
 #[cfg(not(loom))]
+mod guards;
+#[cfg(not(loom))]
 mod heap;
 #[cfg(loom)]
 mod loom_counter;
@@ -55,4 +57,8 @@ mod protection;
 #[cfg(not(loom))]
 mod reclaim;
 #[cfg(not(loom))]
+mod removal;
+#[cfg(not(loom))]
 mod throttle;
+#[cfg(not(loom))]
+mod typed;

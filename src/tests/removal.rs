@@ -1,0 +1,233 @@
+//! Removing groups: what a removed group keeps (its objects' charges,
+//! until they are freed), what it lets go (stocks, metadata), and its
+//! frees (seed 001).
+
+use core::alloc::{GlobalAlloc, Layout};
+use std::string::ToString;
+use std::sync::Barrier;
+use std::thread;
+use std::vec::Vec;
+
+use super::groups::{
+    K, alloc_blocks, assert_frees_one_group_record, assert_uncharged_after_shrink, free_blocks, free_on_threads,
+    group_records, kmem, kmem_with_child, on_own_thread,
+};
+use crate::testutil::scaled;
+use crate::{CacheFlags, Error, PAGE_SIZE};
+
+#[test]
+fn removal_bad_input() {
+    let k = kmem();
+    let root = k.root();
+    assert_eq!(root.remove(), Err(Error::RootGroup));
+    let p = root.create_child("p").unwrap();
+    let c = p.create_child("c").unwrap();
+    assert_eq!(p.remove(), Err(Error::Busy), "a group with children");
+    c.remove().unwrap();
+    assert!(c.is_removed());
+    assert_eq!(c.remove(), Err(Error::Removed));
+    assert_eq!(c.set_max(1 << 20), Err(Error::Removed));
+    assert_eq!(c.set_high(1 << 20), Err(Error::Removed));
+    assert_eq!(c.create_child("x").err(), Some(Error::Removed));
+    // Reads of a removed group's handle still work.
+    assert_eq!(c.usage(), 0);
+    assert_eq!(c.name(), "c");
+    let _ = c.stat().to_string();
+    // Its name is free again among the parent's children.
+    let c2 = p.create_child("c").unwrap();
+    drop(c2);
+    // A thread still inside a removed group charges the nearest online
+    // ancestor.
+    let g = p.create_child("g").unwrap();
+    let guard = g.enter();
+    g.remove().unwrap();
+    let layout = Layout::from_size_align(200, 8).unwrap();
+    // SAFETY: valid layout.
+    let q = unsafe { k.alloc(layout) };
+    assert!(!q.is_null());
+    assert_eq!(g.usage(), 0, "a removed group takes no new charges");
+    assert!(p.usage() > 0, "the parent was charged instead");
+    // SAFETY: freed once.
+    unsafe { k.dealloc(q, layout) };
+    drop(guard);
+    assert_uncharged_after_shrink(k, &[&p]);
+}
+
+#[test]
+fn seed_001_a_removed_group_keeps_only_its_objects_and_goes_with_the_last() {
+    let (k, parent) = kmem_with_child("parent");
+    let g = parent.create_child("dying").unwrap();
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let objs: Vec<usize> = {
+        let _in = g.enter();
+        let v = alloc_blocks(k, layout, 20_000);
+        // Free every other one: magazines and partial slabs fill up.
+        // SAFETY: live blocks of `layout`, each freed once.
+        unsafe { free_blocks(k, v.iter().step_by(2).copied(), layout) };
+        v.into_iter().skip(1).step_by(2).collect()
+    };
+    let before = parent.usage();
+    assert_eq!(before, g.usage());
+    g.remove().unwrap();
+    // Removal took the group's stocks: what stays charged is what its live
+    // objects need, whole pages of their bytes, and the parent still
+    // counts it.
+    let pages = (objs.len() * 64).div_ceil(PAGE_SIZE);
+    assert_eq!(g.usage(), pages * PAGE_SIZE, "a removed group keeps only its objects' pages");
+    assert_eq!(parent.usage(), g.usage(), "the parent keeps counting the removed group's objects");
+    assert!(g.usage() <= before);
+    // Free the rest from other threads, racing each other.
+    // SAFETY: live, freed once.
+    unsafe { free_on_threads(k, &objs, 4, |_| layout) };
+    assert_eq!(g.usage(), 0);
+    assert_eq!(parent.usage(), 0, "no charge lost or left");
+    // The group goes with the last handle.
+    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
+    k.check_accounting();
+}
+
+/// Slow-path operations that went to a depot or the slabs, over all slots.
+fn slot_misses(k: &K) -> usize {
+    (0..crate::MAX_CPUS).map(|s| k.slot_stats(s).misses).sum()
+}
+
+/// Seed 001: frees of a removed group's objects stay on the fast path
+/// (magazines of the charged cache every group shares); only their
+/// uncharge differs, straight to the group's spare.
+#[test]
+fn seed_001_frees_after_removal_stay_on_the_fast_path() {
+    let (k, g) = kmem_with_child("dying");
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let n = scaled(40_000, 20);
+    on_own_thread(|| {
+        let objs = {
+            let _in = g.enter();
+            alloc_blocks(k, layout, n)
+        };
+        g.remove().unwrap();
+        let before = slot_misses(k);
+        // SAFETY: live blocks of `layout`, each freed once.
+        unsafe { free_blocks(k, objs, layout) };
+        let slow = slot_misses(k) - before;
+        // A miss per magazine of 64 (4 under Miri).
+        assert!(slow < n / 2, "{slow} of {n} frees after removal took the slow path");
+    });
+    assert_eq!(g.usage(), 0);
+    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
+    k.check_accounting();
+}
+
+/// A removed group goes with its last object while another thread's slot
+/// is busy: no stock keeps its bytes.
+#[test]
+fn a_removed_group_goes_with_its_last_object_while_another_slot_is_busy() {
+    let (k, g) = kmem_with_child("dying");
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let objs = {
+        let g = &g;
+        let mut objs = Vec::new();
+        on_own_thread(|| {
+            let _in = g.enter();
+            objs = alloc_blocks(k, layout, scaled(20_000, 20));
+        });
+        objs
+    };
+    g.remove().unwrap();
+    let (few, rest) = objs.split_at(3);
+    let barrier = Barrier::new(2);
+    let usage = thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: live blocks of `layout`, each freed once.
+            unsafe { free_blocks(k, few.iter().copied(), layout) };
+            barrier.wait();
+            // This thread keeps its slot (and its buffer) until the other
+            // has freed the rest.
+            barrier.wait();
+        });
+        barrier.wait();
+        // SAFETY: as above.
+        unsafe { free_blocks(k, rest.iter().copied(), layout) };
+        let seen = g.usage();
+        barrier.wait();
+        seen
+    });
+    assert_eq!(usage, 0, "the removed group is still charged");
+    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
+    k.check_accounting();
+}
+
+#[test]
+fn zombie_groups_leave_nothing_behind() {
+    let k = kmem();
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    let typed = k.create_cache::<[u8; 300]>("zombie-objs", CacheFlags::ACCOUNT).unwrap();
+    k.shrink();
+    let baseline = k.stats().source.pages_in_use;
+    let mut leftovers: Vec<usize> = Vec::new();
+    let mut boxes = Vec::new();
+    for i in 0..10_000 {
+        let g = k.root().create_child(&std::format!("z{i}")).unwrap();
+        {
+            let _in = g.enter();
+            leftovers.extend(alloc_blocks(k, layout, 3));
+            if i % 10 == 0 {
+                boxes.push(typed.alloc([i as u8; 300]).unwrap());
+                // A large object too.
+                // SAFETY: valid layout.
+                leftovers.push(unsafe { k.alloc(Layout::from_size_align(20_000, 8).unwrap()) } as usize);
+            }
+        }
+        g.remove().unwrap();
+    }
+    assert_eq!(k.root().stat().failcnt, 0);
+    // Free everything later, from other threads.
+    // Large objects are the page-aligned ones.
+    let layout_of =
+        |p: usize| if p.is_multiple_of(PAGE_SIZE) { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
+    // SAFETY: live, freed once with its layout.
+    unsafe { free_on_threads(k, &leftovers, 2, layout_of) };
+    drop(boxes);
+    k.shrink();
+    assert_eq!(group_records(k), 0, "group metadata left behind");
+    let mut n = 0;
+    k.tree().for_each_group(|_| n += 1);
+    assert_eq!(n, 0, "groups still listed");
+    assert_eq!(k.root().usage() % PAGE_SIZE, 0);
+    drop(typed);
+    k.shrink();
+    assert!(
+        k.stats().source.pages_in_use <= baseline,
+        "pages not back to the baseline: {} > {baseline}",
+        k.stats().source.pages_in_use
+    );
+}
+
+/// A shrink with no group left frees the size classes' charged caches
+/// (an allocator whose groups are gone keeps none of their memory), and a
+/// group made afterwards gets them anew; while a group exists they stay.
+#[test]
+fn charged_caches_go_with_the_last_group_and_come_back() {
+    let (k, g) = kmem_with_child("first");
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let objs = {
+        let _in = g.enter();
+        alloc_blocks(k, layout, 100)
+    };
+    // SAFETY: live blocks of `layout`, each freed once.
+    unsafe { free_blocks(k, objs, layout) };
+    k.shrink();
+    assert_eq!(k.tree().charged_caches.stats().active_objects, 1, "a group exists: its class's charged cache stays");
+    g.remove().unwrap();
+    drop(g);
+    k.shrink();
+    assert_eq!(k.tree().charged_caches.stats().active_objects, 0, "no group left: charged caches freed");
+    let h = k.root().create_child("second").unwrap();
+    let objs = {
+        let _in = h.enter();
+        alloc_blocks(k, layout, 100)
+    };
+    assert!(h.usage() >= 100 * 64);
+    // SAFETY: as above.
+    unsafe { free_blocks(k, objs, layout) };
+    assert_uncharged_after_shrink(k, &[&h]);
+}
