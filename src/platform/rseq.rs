@@ -1,0 +1,552 @@
+//! `Rseq`: per-CPU slots on Linux through restartable sequences (feature
+//! `std`, x86_64 with glibc 2.35 or later); [`Threads`]' per-thread slots
+//! wherever rseq is missing.
+//!
+//! # Why
+//!
+//! `Threads` gives each *thread* a slot: magazine memory grows with the
+//! threads that ever allocated (up to [`MAX_CPUS`] slots' worth), and
+//! once threads outnumber slots they take turns (rotation, revocation,
+//! sleeping waiters). A CPU runs one thread at a time, so a slot per CPU
+//! is enough, and is what the magazine design (Bonwick & Adams) assumes;
+//! what a host program lacks is a way to know it still runs on the CPU it
+//! read, which restartable sequences (Linux 4.18) give: a *critical
+//! section* registered with the kernel is aborted (the thread resumes at
+//! its abort handler) if the thread is preempted, migrated or signalled
+//! before the section's last instruction, its *commit*.
+//!
+//! # The design: a fence-free per-CPU lock
+//!
+//! Each CPU `c` below [`MAX_CPUS`] has a lock word `locks[c]`; the slot a
+//! holder gets is the CPU's index, and the magazine layer's slot protocol
+//! is unchanged: the slots are *locks* (`Platform::slots_are_locks`,
+//! contract point 7), as `PerCpu`'s are in a kernel, so the holder
+//! neither marks nor checks anything of the handshake, and a drainer
+//! takes the lock itself (`steal`).
+//!
+//! | transition | by | how |
+//! | --- | --- | --- |
+//! | `FREE` → `HELD` | a thread running on CPU `c`, in `enter`/`try_enter` | an rseq critical section: read `cpu_id` from the thread's rseq area, load `locks[c]`, and if it is `FREE` store `HELD`: the store is the commit |
+//! | `HELD` → `FREE` | the holder, in `exit` (on whatever CPU it runs on by then) | a `Release` store |
+//! | `FREE` → `DRAIN` | a drainer's `steal` | a compare-and-swap (`Acquire`), then `membarrier(PRIVATE_EXPEDITED_RSEQ)` on CPU `c`, then a load: the slot is the drainer's iff it still reads `DRAIN` |
+//! | `DRAIN` → `FREE` | the drainer, in `unsteal`; or its `steal` undoing a failed barrier | a `Release` store; a compare-and-swap from `DRAIN` |
+//!
+//! Why a plain load and store give mutual exclusion among threads: a
+//! section commits only if its thread ran on CPU `c` without preemption
+//! from its read of `cpu_id` to the commit. Two such sections of two
+//! threads cannot overlap (one CPU runs one thread at a time, and being
+//! switched out aborts the other), and the second reads the first's
+//! store, made on the same CPU, so at most one thread moves a lock from
+//! `FREE` to `HELD`; a thread that holds a lock and is then migrated
+//! keeps it (the lock, not the CPU, is what it holds) and gives it back
+//! from wherever it runs, while threads that now run on `c` find it
+//! `HELD` and take the shared path for that one operation. The holder's
+//! load of the lock is an acquire on x86 (loads are not reordered with
+//! later loads and stores), so a holder sees what the last holder or
+//! drainer wrote before its `Release` store of `FREE`; and the compiler
+//! sees the section as an opaque block that may read and write any
+//! memory, so it moves no magazine access across it.
+//!
+//! Why a drainer can take the lock with a compare-and-swap racing the
+//! plain stores of sections: a section on CPU `c` may have read `FREE`
+//! before the drainer's compare-and-swap and commit its `HELD` after it.
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`, aimed at CPU `c`
+//! (`MEMBARRIER_CMD_FLAG_CPU`), returns only once CPU `c` has run a full
+//! barrier and any critical section it was running has been restarted:
+//! a section that had not committed by then is aborted, and when it runs
+//! again it reads `DRAIN`; a section that had committed has its `HELD`
+//! visible to the drainer's load after the barrier. So if that load
+//! still reads `DRAIN`, no section committed over it and none will: the
+//! drainer owns the slot. If it reads anything else, a holder overwrote
+//! `DRAIN` and owns the slot; the drainer owns nothing, writes nothing,
+//! and tries again later (the holder's `exit` frees it). Only the
+//! drainer ever writes `DRAIN` (drainers of one slot are serialised by
+//! the magazine layer's `drainers` flag), so a `DRAIN` read after the
+//! barrier is its own.
+//!
+//! The same load-then-store section serves `enter` (the slow paths) and
+//! `try_enter` (the fast paths): there is nothing to claim, nothing to
+//! count and no per-thread state, so a hit costs the section (one
+//! thread-pointer-relative store of the section's descriptor, the
+//! `cpu_id` load, the lock's load and store) and `exit`'s store: no
+//! atomic read-modify-write and no hardware fence. Rotation and
+//! revocation are gone: with a hundred threads on eight CPUs, every
+//! thread that runs holds its CPU's slot for each operation.
+//!
+//! # Registration, and the fallback
+//!
+//! glibc (2.35+) registers every thread's rseq area itself and exposes
+//! its place as `__rseq_offset` (from the thread pointer) and
+//! `__rseq_size` (0 when it did not register, e.g. with the tunable
+//! `glibc.pthread.rseq=0`). Only the documented fields of the original
+//! ABI are used: `cpu_id` (offset 4) and `rseq_cs` (offset 8); the
+//! abort handler is preceded by glibc's signature, `RSEQ_SIG`
+//! (`0x53053053` on x86). `mm_cid` (a dense per-process id, Linux 6.3) is
+//! not used: glibc 2.36 registers 20 bytes (`__rseq_size == 20`), without
+//! it.
+//!
+//! The mode is settled once, on the first call that needs it, before any
+//! slot is handed out: *rseq* if glibc registered (`__rseq_size >= 20`
+//! and this thread's `cpu_id` is a CPU) and
+//! `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ` succeeds; else
+//! *threads*, and every method forwards to [`Threads`] for good (also
+//! under Miri, on other architectures and C libraries; under loom `Rseq`
+//! is the model `Threads`). A thread whose own registration failed
+//! (glibc leaves `cpu_id` at `RSEQ_CPU_ID_REGISTRATION_FAILED`) and a CPU
+//! whose index is [`MAX_CPUS`] or more read a `cpu_id` the section
+//! refuses, and take the shared path.
+//!
+//! # After `fork`
+//!
+//! The child's only thread is the one that forked, outside the allocator.
+//! A lock that another thread of the parent held at the fork stays held
+//! in the child (nobody there will free it): that CPU's slot is lost to
+//! the child, whose threads take the shared path on it, and its magazines
+//! stay stranded. That is safe; clearing the lock would not be (the
+//! holder may have been part way through a magazine update). The child
+//! registers for membarrier again (a `pthread_atfork` handler).
+//!
+//! # Atomics
+//!
+//! | atomic | written by | ordering | paired with |
+//! | --- | --- | --- | --- |
+//! | `locks[c]` | see the table above | the section's plain load and store (x86: acquire and release), `Release` stores, `Acquire` compare-and-swap | each other: every holder and drainer sees what the previous one wrote to the slot's magazines |
+//! | `limit` | `init`, once, after `MODE` | `Release`; read by the section's plain load (x86: acquire) | a thread that reads `MAX_CPUS` there sees `MODE` settled to rseq |
+//! | `MODE` | `init`, once | `Release`; `Relaxed` loads once settled | `Acquire` in `mode` before anything relies on it |
+
+use core::mem::{offset_of, size_of};
+
+use crossbeam_utils::CachePadded;
+
+use super::cpu::{MAX_CPUS, Platform};
+use super::threads::Threads;
+use crate::sync::{AtomicU8, AtomicU32, AtomicUsize, Ordering, atomic_u8, atomic_usize, spin_hint};
+
+/// `locks[c]`: nobody holds CPU `c`'s slot.
+const FREE: usize = 0;
+/// `locks[c]`: a thread holds it (taken on CPU `c` by an rseq section).
+const HELD: usize = 1;
+/// `locks[c]`: a drainer holds it, or is finding out whether it does.
+const DRAIN: usize = 2;
+
+/// `MODE`: not settled yet.
+const UNKNOWN: u8 = 0;
+/// `MODE`: slots are CPUs, held through rseq sections.
+const RSEQ: u8 = 1;
+/// `MODE`: everything forwards to `Threads`.
+const THREADS: u8 = 2;
+/// `MODE`: being settled by a thread in `init`.
+const SETTLING: u8 = 3;
+
+/// What the rseq section reads, in one static so that it takes one base
+/// register: the limit on its own line (read-mostly), then the locks.
+#[repr(C)]
+struct State {
+    /// The lowest `cpu_id` the section refuses: 0 until the rseq mode is
+    /// settled (so no slot is handed out before), [`MAX_CPUS`] after. A
+    /// `u32`, compared with the 32-bit `cpu_id`.
+    limit: CachePadded<AtomicU32>,
+    /// The lock word of each CPU's slot, a cache line each (a holder
+    /// writes it twice per operation, on its own CPU).
+    locks: [CachePadded<AtomicUsize>; MAX_CPUS],
+}
+
+static STATE: State = State {
+    limit: CachePadded::new(AtomicU32::new(0)),
+    locks: [const { CachePadded::new(atomic_usize(FREE)) }; MAX_CPUS],
+};
+
+/// The mode: [`UNKNOWN`], [`SETTLING`], [`RSEQ`] or [`THREADS`].
+static MODE: AtomicU8 = atomic_u8(UNKNOWN);
+
+/// log2 of a lock's stride in `State::locks`.
+const LOCK_SHIFT: u32 = size_of::<CachePadded<AtomicUsize>>().trailing_zeros();
+/// Where the locks start in `State`.
+const LOCKS_OFF: usize = offset_of!(State, locks);
+static_assertions::const_assert!(size_of::<CachePadded<AtomicUsize>>().is_power_of_two());
+static_assertions::const_assert!(offset_of!(State, limit) == 0 && LOCKS_OFF < 1 << 20);
+static_assertions::const_assert!(MAX_CPUS <= u32::MAX as usize);
+
+/// Whether this build can use rseq at all.
+const SUPPORTED: bool = cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)));
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 8;
+const MEMBARRIER_CMD_FLAG_CPU: libc::c_long = 1 << 0;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)))]
+unsafe extern "C" {
+    /// glibc: the offset of this thread's `struct rseq` from the thread
+    /// pointer (`fs` base on x86_64); fixed for the process.
+    static __rseq_offset: isize;
+    /// glibc: the size of the area it registered, 0 if it did not.
+    static __rseq_size: u32;
+}
+
+/// Per-CPU slots through restartable sequences where the kernel and
+/// glibc offer them, per-thread slots ([`Threads`]) elsewhere. See the
+/// module docs.
+///
+/// Opt-in: `Kmem::with_platform(OsPages::new(), Rseq::new())`. Its state
+/// is process-wide (one lock per CPU), so several allocators may use it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Rseq;
+
+impl Rseq {
+    /// The platform (all state is process-wide).
+    pub const fn new() -> Self {
+        Rseq
+    }
+
+    /// Whether slots are CPUs held through rseq in this process (settles
+    /// the mode if nobody asked yet): `false` means every method forwards
+    /// to [`Threads`].
+    pub fn per_cpu(&self) -> bool {
+        mode() == RSEQ
+    }
+}
+
+/// The settled mode ([`RSEQ`] or [`THREADS`]), settling it first if
+/// needed.
+#[inline]
+fn mode() -> u8 {
+    // Acquire: pairs with `init`'s Release, so what `init` did (the
+    // membarrier registration, `limit`) happened before.
+    match MODE.load(Ordering::Acquire) {
+        m @ (RSEQ | THREADS) => m,
+        _ => init(),
+    }
+}
+
+/// Settles the mode, once; others wait for the thread doing it.
+#[cold]
+#[inline(never)]
+fn init() -> u8 {
+    loop {
+        match MODE.compare_exchange(UNKNOWN, SETTLING, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => {
+                let m = if SUPPORTED && registered() && register() { RSEQ } else { THREADS };
+                if m == RSEQ {
+                    // Failure (out of memory) only leaves a child of a
+                    // fork unregistered: its drains then stop the program
+                    // (see `restart`).
+                    // SAFETY: registers a handler for a fork's child: an
+                    // `extern "C"` fn that never unwinds and makes one
+                    // syscall (async-signal-safe).
+                    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+                }
+                MODE.store(m, Ordering::Release);
+                if m == RSEQ {
+                    // Release: a section that reads it also sees `MODE`.
+                    STATE.limit.store(MAX_CPUS as u32, Ordering::Release);
+                }
+                return m;
+            }
+            Err(m @ (RSEQ | THREADS)) => return m,
+            Err(_) => spin_hint(),
+        }
+    }
+}
+
+/// Whether glibc registered this thread's rseq area with the fields we
+/// use.
+fn registered() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)))]
+    {
+        // SAFETY: plain reads of glibc's constants.
+        let size = unsafe { __rseq_size };
+        // `cpu_id` ends at 8, `rseq_cs` at 16; the original ABI is 20.
+        size >= 20 && cpu_id() < u32::MAX - 16
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri))))]
+    false
+}
+
+/// This thread's `cpu_id` field (a single-copy atomic read of a field
+/// only the kernel writes).
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)))]
+fn cpu_id() -> u32 {
+    let id: u32;
+    // SAFETY: glibc keeps every thread's rseq area at `__rseq_offset` from
+    // the thread pointer (the TCB), registered or not; a 4-byte read of
+    // its `cpu_id` touches nothing else.
+    unsafe {
+        core::arch::asm!(
+            "mov {id:e}, dword ptr fs:[{off} + 4]",
+            off = in(reg) __rseq_offset,
+            id = out(reg) id,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    id
+}
+
+/// Registers the process for `membarrier(PRIVATE_EXPEDITED_RSEQ)`.
+fn register() -> bool {
+    // SAFETY: the registration touches no memory of ours; failure means
+    // "not available".
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0 }
+}
+
+/// In the child of a `fork`: registers the child's process again.
+extern "C" fn after_fork_child() {
+    register();
+}
+
+/// Restarts any rseq critical section running on CPU `cpu` and makes it
+/// run a full barrier; returns once it has. Falls back to every CPU if the
+/// kernel refuses the one (a CPU index it does not know), and stops the
+/// program if it refuses both: the process registered in `init`, so only
+/// a kernel bug, or a child of a fork whose registration failed, gets
+/// there, and a drain cannot go on without the barrier.
+fn restart(cpu: usize) {
+    // SAFETY: membarrier touches no memory of ours.
+    let r = unsafe {
+        libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)
+    };
+    if r == 0 {
+        return;
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0, 0) };
+    if r != 0 {
+        super::fatal("kmemcg: membarrier(PRIVATE_EXPEDITED_RSEQ) failed; per-CPU slots cannot be drained");
+    }
+}
+
+/// The rseq hold: CPU `c`'s slot if this thread runs on CPU `c`, `c` is
+/// below `limit` and `locks[c]` is free; else a value of at least
+/// [`MAX_CPUS`].
+///
+/// # Safety
+///
+/// The caller holds no slot of this platform (the lock would be its own,
+/// held: it would only be refused, but `exit` must pair with a hold).
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)))]
+#[inline(always)]
+unsafe fn hold() -> usize {
+    let slot: usize;
+    // SAFETY: (1) the section writes only this thread's own `rseq_cs`
+    // field (the descriptor's address, as the ABI asks) and the lock
+    // word of the CPU it runs on, an `AtomicUsize` of `locks` (an aligned
+    // 8-byte `mov`, single-copy atomic, as an atomic store is); (2) the
+    // descriptor lies in `__rseq_cs`, a writable data section (its
+    // addresses take relocations), 32-byte aligned as the ABI requires,
+    // version 0, no flags, the abort handler outside the section and
+    // preceded by glibc's signature; (3) the lock's address is
+    // `locks + c * stride` for a `c` below `limit <= MAX_CPUS`; (4) the
+    // block may read and write memory, so the compiler keeps the
+    // magazine accesses of the hold after it.
+    unsafe {
+        core::arch::asm!(
+            // The descriptor (`struct rseq_cs`): version 0, flags 0, the
+            // section's start, its length up to the commit included, and
+            // the abort handler.
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "9:",
+            ".long 0, 0",
+            ".quad 3f, 5f - 3f, 6f",
+            ".popsection",
+            "2:",
+            "lea {tmp}, [rip + 9b]",
+            "mov qword ptr fs:[{off} + 8], {tmp}",
+            "3:",
+            "mov {slot:e}, dword ptr fs:[{off} + 4]",
+            "cmp {slot:e}, dword ptr [{state}]",
+            "jae 8f",
+            "mov {tmp}, {slot}",
+            "shl {tmp}, {shift}",
+            "cmp qword ptr [{state} + {tmp} + {locks}], {free}",
+            "jne 8f",
+            "mov qword ptr [{state} + {tmp} + {locks}], {held}",
+            "5:",
+            // Off the hit path: the abort handler, after glibc's
+            // signature, starts again (the kernel cleared `rseq_cs`);
+            // a refusal returns `u32::MAX`.
+            ".pushsection .text.unlikely.kmemcg_rseq, \"ax\"",
+            ".long 0x53053053",
+            "6:",
+            "jmp 2b",
+            "8:",
+            "mov {slot:e}, -1",
+            "jmp 5b",
+            ".popsection",
+            off = in(reg) __rseq_offset,
+            state = in(reg) &raw const STATE,
+            shift = const LOCK_SHIFT,
+            locks = const LOCKS_OFF,
+            free = const FREE,
+            held = const HELD,
+            slot = out(reg) slot,
+            tmp = out(reg) _,
+            options(nostack),
+        );
+    }
+    slot
+}
+
+/// Without rseq: never a slot.
+///
+/// # Safety
+///
+/// None needed; `unsafe` to match the rseq build.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri))))]
+#[inline(always)]
+unsafe fn hold() -> usize {
+    MAX_CPUS
+}
+
+impl Rseq {
+    /// `try_enter`'s and `enter`'s way without an rseq slot: `Threads` in
+    /// the threads mode, the shared path in the rseq mode (busy lock, CPU
+    /// out of range, thread not registered), and settling the mode first
+    /// if nobody has.
+    #[cold]
+    #[inline(never)]
+    fn enter_other(&self, fast: bool) -> Option<usize> {
+        match mode() {
+            // SAFETY: the caller's contract (no slot held) is `enter`'s.
+            THREADS if fast => unsafe { Threads.try_enter() },
+            // SAFETY: as above.
+            THREADS => unsafe { Threads.enter() },
+            _ => {
+                // Settled just now: try the section once more.
+                // SAFETY: the caller holds no slot.
+                let s = unsafe { hold() };
+                (s < MAX_CPUS).then_some(s)
+            }
+        }
+    }
+}
+
+// SAFETY: in the threads mode every slot method forwards to `Threads`,
+// whose guarantees hold; the mode is settled before the first slot is
+// handed out (`limit` is 0 until then, so `hold` refuses every CPU) and
+// never changes. In the rseq mode: (1) a slot is CPU `c`'s, below
+// `MAX_CPUS`, held from the commit of the section that moved `locks[c]`
+// from `FREE` to `HELD` to the holder's `exit`, and nobody else can take
+// it meanwhile (the module docs: only sections on CPU `c` write `HELD`,
+// one at a time; a drainer's `DRAIN` is its own only if no section
+// overwrote it before its barrier); a signal handler that interrupts a
+// hold finds the lock held and takes the shared path. (2) node 0. (3)
+// asymmetric from the settling on; `try_enter` hands out slots only
+// after it (`limit`); `heavy_barrier` takes and gives back every slot's
+// lock through `steal`, which waits out each hold. (4) `steal` returns
+// `true` only when its `DRAIN` survived the barrier, which no section
+// can then overwrite, and `enter` cannot take the slot until `unsteal`
+// stores `FREE`. (5) atomics, thread-locals (through `Threads`), the
+// rseq section, and membarrier, which does not allocate; `fatal` only if
+// the kernel refuses a barrier it accepted the registration for. (6) the
+// group token is `Threads`' per-thread cell. (7) `slots_are_locks` is
+// settled with the mode; holders are ordered by the lock's acquire load
+// (the section's, on x86) and `Release` store, drainers by their
+// `Acquire` compare-and-swap and `Release` store, and `steal` takes a
+// lock nobody holds unless a section racing it commits (then a context
+// holds it).
+unsafe impl Platform for Rseq {
+    #[inline(always)]
+    fn current_group(&self) -> *const () {
+        Threads.current_group()
+    }
+
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
+        // SAFETY: forwarded.
+        unsafe { Threads.set_current_group(token) }
+    }
+
+    #[inline(always)]
+    unsafe fn enter(&self) -> Option<usize> {
+        // SAFETY: the caller holds no slot.
+        let s = unsafe { hold() };
+        if s < MAX_CPUS { Some(s) } else { self.enter_other(false) }
+    }
+
+    #[inline(always)]
+    unsafe fn try_enter(&self) -> Option<usize> {
+        // SAFETY: the caller holds no slot.
+        let s = unsafe { hold() };
+        if s < MAX_CPUS { Some(s) } else { self.enter_other(true) }
+    }
+
+    #[inline(always)]
+    unsafe fn exit(&self, slot: usize) {
+        // In the threads mode the lock words are never taken, and storing
+        // `FREE` into one changes nothing; `Threads::exit` does nothing.
+        // Release: the next holder or drainer sees our magazine writes.
+        // SAFETY: slots are below MAX_CPUS (contract point 1).
+        unsafe { crate::sync::at(&STATE.locks, slot) }.store(FREE, Ordering::Release);
+    }
+
+    #[inline(always)]
+    fn asymmetric(&self) -> bool {
+        match mode() {
+            RSEQ => true,
+            _ => Threads.asymmetric(),
+        }
+    }
+
+    #[inline(always)]
+    fn slots_are_locks(&self) -> bool {
+        // Relaxed: a holder got its slot after the mode was settled (and
+        // saw it: `limit`'s or `mode`'s acquire); a drainer settles it.
+        match MODE.load(Ordering::Relaxed) {
+            RSEQ => true,
+            THREADS => false,
+            _ => mode() == RSEQ,
+        }
+    }
+
+    fn heavy_barrier(&self) {
+        if mode() != RSEQ {
+            return Threads.heavy_barrier();
+        }
+        for slot in 0..MAX_CPUS {
+            // SAFETY: taken and given back at once, touching nothing.
+            while !unsafe { self.steal(slot) } {
+                spin_hint();
+            }
+            // SAFETY: stolen just above.
+            unsafe { self.unsteal(slot) };
+        }
+    }
+
+    fn now_ms(&self) -> Option<u64> {
+        Threads.now_ms()
+    }
+
+    unsafe fn steal(&self, slot: usize) -> bool {
+        if mode() != RSEQ {
+            // SAFETY: forwarded.
+            return unsafe { Threads.steal(slot) };
+        }
+        let Some(lock) = STATE.locks.get(slot) else { return false };
+        // Acquire: the last holder's magazine writes.
+        if lock.compare_exchange(FREE, DRAIN, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        restart(slot);
+        // Acquire: after the barrier, a section that committed `HELD`
+        // over our `DRAIN` shows here (and the slot is its holder's).
+        lock.load(Ordering::Acquire) == DRAIN
+    }
+
+    unsafe fn unsteal(&self, slot: usize) {
+        if mode() != RSEQ {
+            // SAFETY: forwarded.
+            return unsafe { Threads.unsteal(slot) };
+        }
+        // Release: the next holder sees the drained magazines.
+        STATE.locks[slot].store(FREE, Ordering::Release);
+    }
+
+    fn throttle(&self, ns: u64) {
+        Threads.throttle(ns)
+    }
+}
+
+/// The lock words, for tests: `FREE`, `HELD` or `DRAIN` of each slot.
+#[cfg(all(test, not(miri)))]
+pub(crate) fn lock_state(slot: usize) -> usize {
+    STATE.locks[slot].load(Ordering::Relaxed)
+}
