@@ -129,17 +129,17 @@ fn holds_exclude_each_other() {
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     // SAFETY: this thread holds no slot of `plat`.
-                    let slot = unsafe { if i % 2 == 0 { plat.try_enter() } else { plat.enter() } };
+                    let slot = unsafe { if i.is_multiple_of(2) { plat.try_enter() } else { plat.enter() } };
                     let Some(slot) = slot else { continue };
                     assert!(slot < MAX_CPUS);
                     take(slot, who);
                     held.fetch_add(1, Ordering::Relaxed);
-                    if i % 997 == 0 {
+                    if i.is_multiple_of(997) {
                         // Migrate while holding: the lock, not the CPU,
                         // is what the thread holds.
                         move_to(cpus[rng.below(cpus.len())]);
                         migrated_holding.fetch_add(1, Ordering::Relaxed);
-                    } else if i % 61 == 0 {
+                    } else if i.is_multiple_of(61) {
                         std::thread::yield_now();
                     }
                     for _ in 0..rng.below(32) {
@@ -148,7 +148,7 @@ fn holds_exclude_each_other() {
                     give(slot, who);
                     // SAFETY: entered above, not exited since.
                     unsafe { plat.exit(slot) };
-                    if i % 1013 == 0 {
+                    if i.is_multiple_of(1013) {
                         if rng.below(3) == 0 {
                             move_anywhere(cpus);
                         } else {
@@ -271,7 +271,7 @@ fn objects_are_handed_out_once() {
             let (alloc, free, cpus) = (&alloc, &free, &cpus);
             let (handoff, stop, start, served) = (&handoff, &stop, &start, &served);
             s.spawn(move || {
-                let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (t as u64 + 1) * 0x9e37);
+                let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ ((t as u64 + 1) * 0x9e37));
                 let mut mine: Vec<Obj> = Vec::with_capacity(512);
                 let tag = t as u8 + 1;
                 start.wait();
@@ -297,9 +297,9 @@ fn objects_are_handed_out_once() {
                         _ if !mine.is_empty() => free(mine.swap_remove(rng.below(mine.len()))),
                         _ => {}
                     }
-                    if i % 4099 == 0 {
+                    if i.is_multiple_of(4099) {
                         move_to(cpus[rng.below(cpus.len())]);
-                    } else if i % 8191 == 0 {
+                    } else if i.is_multiple_of(8191) {
                         move_anywhere(cpus);
                     }
                 }

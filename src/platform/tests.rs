@@ -559,3 +559,41 @@ fn fork_child_follows_no_dead_threads_word() {
     done.wait();
     t.join().unwrap();
 }
+
+/// `Rseq`'s lock words: a hold sets its CPU's `HELD` and `exit` clears
+/// it; a held slot cannot be stolen, a free one can (`DRAIN`), and while
+/// every slot is stolen no hold is granted.
+#[cfg(all(feature = "std", not(loom), not(miri)))]
+#[test]
+fn rseq_lock_words_follow_holds_and_steals() {
+    let p = Rseq::new();
+    if !p.per_cpu() {
+        // The fallback is `Threads`, tested on its own.
+        return;
+    }
+    assert!(p.slots_are_locks() && p.asymmetric());
+    // SAFETY: this thread holds no slot of `p` (nothing else in this
+    // test binary uses `Rseq`).
+    let s = unsafe { p.enter() }.expect("a CPU slot");
+    assert_eq!(rseq::lock_state(s), 1);
+    // SAFETY: a steal that must fail; nothing to give back.
+    assert!(!unsafe { p.steal(s) }, "a held slot was stolen");
+    // SAFETY: entered above.
+    unsafe { p.exit(s) };
+    assert_eq!(rseq::lock_state(s), 0);
+    for slot in 0..MAX_CPUS {
+        // SAFETY: nobody holds a slot; given back below.
+        assert!(unsafe { p.steal(slot) }, "free slot {slot} not stolen");
+        assert_eq!(rseq::lock_state(slot), 2);
+    }
+    // SAFETY: this thread holds no slot.
+    assert_eq!(unsafe { p.try_enter() }, None);
+    // SAFETY: as above.
+    assert_eq!(unsafe { p.enter() }, None);
+    for slot in 0..MAX_CPUS {
+        // SAFETY: stolen above.
+        unsafe { p.unsteal(slot) };
+        assert_eq!(rseq::lock_state(slot), 0);
+    }
+    p.heavy_barrier();
+}
