@@ -70,6 +70,10 @@ impl Rng {
     }
 }
 
+/// Serialises the racing tests: each has more threads than this host has
+/// CPUs, and a reap waits for every preempted holder.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 /// How long each racing phase runs.
 const RUN: Duration = Duration::from_millis(1500);
 
@@ -93,6 +97,7 @@ fn rseq_is_used_on_this_host() {
 
 #[test]
 fn holds_exclude_each_other() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let plat = Rseq::new();
     let cpus = allowed_cpus();
     let owners: Vec<AtomicUsize> = (0..MAX_CPUS).map(|_| AtomicUsize::new(0)).collect();
@@ -203,12 +208,12 @@ fn holds_exclude_each_other() {
     }
     // Every slot is free again: a steal takes each at once.
     for slot in 0..MAX_CPUS.min(cpus.iter().max().map_or(0, |m| m + 1)) {
-        // SAFETY: nothing holds a slot any more.
+        // SAFETY: a drain's steal (waiting out the other tests' holds).
         if unsafe { plat.steal(slot) } {
             // SAFETY: stolen just above.
             unsafe { plat.unsteal(slot) };
         } else {
-            assert!(!plat.per_cpu(), "slot {slot} was left taken");
+            panic!("slot {slot} was left taken");
         }
     }
 }
@@ -240,6 +245,7 @@ fn check(o: Obj) {
 
 #[test]
 fn objects_are_handed_out_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cpus = allowed_cpus();
     let live: Mutex<HashSet<usize>> = Mutex::new(HashSet::new());
     let handoff: Mutex<Vec<Obj>> = Mutex::new(Vec::new());
@@ -311,13 +317,20 @@ fn objects_are_handed_out_once() {
         let (stop, start, reaps) = (&stop, &start, &reaps);
         s.spawn(move || {
             start.wait();
+            let mut in_reap = Duration::ZERO;
+            let mut worst = Duration::ZERO;
             while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
                 KMEM.reap();
+                let d = t0.elapsed();
+                in_reap += d;
+                worst = worst.max(d);
                 if reaps.fetch_add(1, Ordering::Relaxed) % 8 == 0 {
                     KMEM.shrink();
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
+            eprintln!("in reap {in_reap:?}, worst {worst:?}");
         });
         start.wait();
         let end = Instant::now() + RUN;
@@ -331,6 +344,7 @@ fn objects_are_handed_out_once() {
     }
     assert!(live.lock().unwrap().is_empty());
     assert!(served.load(Ordering::Relaxed) > 10_000, "only {} objects served", served.load(Ordering::Relaxed));
+    eprintln!("reaps {} served {}", reaps.load(Ordering::Relaxed), served.load(Ordering::Relaxed));
     assert!(reaps.load(Ordering::Relaxed) > 10);
     KMEM.shrink();
     if Rseq::new().per_cpu() {

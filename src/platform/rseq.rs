@@ -27,9 +27,10 @@
 //! | transition | by | how |
 //! | --- | --- | --- |
 //! | `FREE` → `HELD` | a thread running on CPU `c`, in `enter`/`try_enter` | an rseq critical section: read `cpu_id` from the thread's rseq area, load `locks[c]`, and if it is `FREE` store `HELD`: the store is the commit |
+//! | `FREE` → `HELD` | threads mode only: the thread `Threads` gave slot `c` | a compare-and-swap (`Acquire`) |
 //! | `HELD` → `FREE` | the holder, in `exit` (on whatever CPU it runs on by then) | a `Release` store |
-//! | `FREE` → `DRAIN` | a drainer's `steal` | a compare-and-swap (`Acquire`), then `membarrier(PRIVATE_EXPEDITED_RSEQ)` on CPU `c`, then a load: the slot is the drainer's iff it still reads `DRAIN` |
-//! | `DRAIN` → `FREE` | the drainer, in `unsteal`; or its `steal` undoing a failed barrier | a `Release` store; a compare-and-swap from `DRAIN` |
+//! | `FREE` → `DRAIN` | a drainer's `steal` | a compare-and-swap (`Acquire`), then (rseq mode) `membarrier(PRIVATE_EXPEDITED_RSEQ)` on CPU `c` and a load: the slot is the drainer's iff it still reads `DRAIN` |
+//! | `DRAIN` → `FREE` | the drainer, in `unsteal` | a `Release` store |
 //!
 //! Why a plain load and store give mutual exclusion among threads: a
 //! section commits only if its thread ran on CPU `c` without preemption
@@ -89,9 +90,13 @@
 //! slot is handed out: *rseq* if glibc registered (`__rseq_size >= 20`
 //! and this thread's `cpu_id` is a CPU) and
 //! `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ` succeeds; else
-//! *threads*, and every method forwards to [`Threads`] for good (also
-//! under Miri, on other architectures and C libraries; under loom `Rseq`
-//! is the model `Threads`). A thread whose own registration failed
+//! *threads* for good (also under Miri, on other architectures and C
+//! libraries; under loom `Rseq` is the model `Threads`): a thread's slot
+//! is then the one [`Threads`] gives it (per thread, with its rotation),
+//! and each hold also takes that slot's lock word by compare-and-swap,
+//! so that slots are locks in both modes and the magazine layer's fast
+//! path never asks which mode it is in (one atomic read-modify-write per
+//! operation, only where rseq is missing). A thread whose own registration failed
 //! (glibc leaves `cpu_id` at `RSEQ_CPU_ID_REGISTRATION_FAILED`) and a CPU
 //! whose index is [`MAX_CPUS`] or more read a `cpu_id` the section
 //! refuses, and take the shared path.
@@ -120,23 +125,43 @@ use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform};
 use super::threads::Threads;
-use crate::sync::{AtomicU8, AtomicU32, AtomicUsize, Ordering, atomic_u8, atomic_usize, spin_hint};
+use crate::sync::{AtomicU8, AtomicU32, Ordering, atomic_u8, spin_hint};
 
 /// `locks[c]`: nobody holds CPU `c`'s slot.
-const FREE: usize = 0;
+const FREE: u8 = 0;
 /// `locks[c]`: a thread holds it (taken on CPU `c` by an rseq section).
-const HELD: usize = 1;
+const HELD: u8 = 1;
 /// `locks[c]`: a drainer holds it, or is finding out whether it does.
-const DRAIN: usize = 2;
+const DRAIN: u8 = 2;
 
 /// `MODE`: not settled yet.
 const UNKNOWN: u8 = 0;
 /// `MODE`: slots are CPUs, held through rseq sections.
 const RSEQ: u8 = 1;
-/// `MODE`: everything forwards to `Threads`.
+/// `MODE`: slots are `Threads`', each also a lock taken by
+/// compare-and-swap.
 const THREADS: u8 = 2;
 /// `MODE`: being settled by a thread in `init`.
 const SETTLING: u8 = 3;
+
+/// One CPU's lock: its state, and the drainers waiting for it.
+///
+/// The section reads both bytes with one 2-byte load and takes the lock
+/// only if both are 0; `exit` stores the `state` byte alone, so a
+/// drainer's `want` survives the holder's release.
+#[repr(C, align(2))]
+struct Lock {
+    /// `FREE`, `HELD` or `DRAIN` (see the module docs).
+    state: AtomicU8,
+    /// Drainers inside `steal` for this lock (a count, wrapping at 256
+    /// of them at once, which only weakens the hint): while it is not 0
+    /// no new hold starts, so a drainer waits only for the hold in
+    /// progress instead of racing every holder of a busy CPU for the
+    /// moment the lock is free (seen: a reap waited 1.5 s behind six
+    /// threads that took two CPUs' locks in a tight loop). A hint for
+    /// progress only: no one relies on it for exclusion.
+    want: AtomicU8,
+}
 
 /// What the rseq section reads, in one static so that it takes one base
 /// register: the limit on its own line (read-mostly), then the locks.
@@ -148,22 +173,23 @@ struct State {
     limit: CachePadded<AtomicU32>,
     /// The lock word of each CPU's slot, a cache line each (a holder
     /// writes it twice per operation, on its own CPU).
-    locks: [CachePadded<AtomicUsize>; MAX_CPUS],
+    locks: [CachePadded<Lock>; MAX_CPUS],
 }
 
 static STATE: State = State {
     limit: CachePadded::new(AtomicU32::new(0)),
-    locks: [const { CachePadded::new(atomic_usize(FREE)) }; MAX_CPUS],
+    locks: [const { CachePadded::new(Lock { state: atomic_u8(FREE), want: atomic_u8(0) }) }; MAX_CPUS],
 };
 
 /// The mode: [`UNKNOWN`], [`SETTLING`], [`RSEQ`] or [`THREADS`].
 static MODE: AtomicU8 = atomic_u8(UNKNOWN);
 
 /// log2 of a lock's stride in `State::locks`.
-const LOCK_SHIFT: u32 = size_of::<CachePadded<AtomicUsize>>().trailing_zeros();
+const LOCK_SHIFT: u32 = size_of::<CachePadded<Lock>>().trailing_zeros();
 /// Where the locks start in `State`.
 const LOCKS_OFF: usize = offset_of!(State, locks);
-static_assertions::const_assert!(size_of::<CachePadded<AtomicUsize>>().is_power_of_two());
+static_assertions::const_assert!(size_of::<CachePadded<Lock>>().is_power_of_two());
+static_assertions::const_assert!(offset_of!(Lock, state) == 0 && offset_of!(Lock, want) == 1);
 static_assertions::const_assert!(offset_of!(State, limit) == 0 && LOCKS_OFF < 1 << 20);
 static_assertions::const_assert!(MAX_CPUS <= u32::MAX as usize);
 
@@ -199,8 +225,8 @@ impl Rseq {
     }
 
     /// Whether slots are CPUs held through rseq in this process (settles
-    /// the mode if nobody asked yet): `false` means every method forwards
-    /// to [`Threads`].
+    /// the mode if nobody asked yet): `false` means they are the
+    /// per-thread slots of [`Threads`].
     pub fn per_cpu(&self) -> bool {
         mode() == RSEQ
     }
@@ -357,9 +383,10 @@ unsafe fn hold() -> usize {
             "jae 8f",
             "mov {tmp}, {slot}",
             "shl {tmp}, {shift}",
-            "cmp qword ptr [{state} + {tmp} + {locks}], {free}",
+            // `state` and `want` both 0: free, and no drainer waiting.
+            "cmp word ptr [{state} + {tmp} + {locks}], 0",
             "jne 8f",
-            "mov qword ptr [{state} + {tmp} + {locks}], {held}",
+            "mov byte ptr [{state} + {tmp} + {locks}], {held}",
             "5:",
             // Off the hit path: the abort handler, after glibc's
             // signature, starts again (the kernel cleared `rseq_cs`);
@@ -376,7 +403,6 @@ unsafe fn hold() -> usize {
             state = in(reg) &raw const STATE,
             shift = const LOCK_SHIFT,
             locks = const LOCKS_OFF,
-            free = const FREE,
             held = const HELD,
             slot = out(reg) slot,
             tmp = out(reg) _,
@@ -398,52 +424,63 @@ unsafe fn hold() -> usize {
 }
 
 impl Rseq {
-    /// `try_enter`'s and `enter`'s way without an rseq slot: `Threads` in
-    /// the threads mode, the shared path in the rseq mode (busy lock, CPU
-    /// out of range, thread not registered), and settling the mode first
-    /// if nobody has.
+    /// `try_enter`'s and `enter`'s way without an rseq slot. In the
+    /// threads mode: the slot `Threads` gives this thread, whose lock it
+    /// then takes by compare-and-swap (failing only while a drainer has
+    /// it). In the rseq mode: the shared path (a busy lock, a CPU out of
+    /// range, a thread glibc could not register), after one more try if
+    /// the mode was settled just now.
     #[cold]
     #[inline(never)]
     fn enter_other(&self, fast: bool) -> Option<usize> {
-        match mode() {
-            // SAFETY: the caller's contract (no slot held) is `enter`'s.
-            THREADS if fast => unsafe { Threads.try_enter() },
-            // SAFETY: as above.
-            THREADS => unsafe { Threads.enter() },
-            _ => {
-                // Settled just now: try the section once more.
-                // SAFETY: the caller holds no slot.
-                let s = unsafe { hold() };
-                (s < MAX_CPUS).then_some(s)
+        if mode() == THREADS {
+            // SAFETY: the caller holds no slot (`enter`'s contract).
+            let s = unsafe { if fast { Threads.try_enter() } else { Threads.enter() } }?;
+            // Acquire: the last holder's (or drainer's) magazine writes.
+            let lock = &STATE.locks[s];
+            // Relaxed: `want` only steers (see `Lock`).
+            if lock.want.load(Ordering::Relaxed) == 0
+                && lock.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                return Some(s);
             }
+            // SAFETY: `Threads` handed `s` out just above.
+            unsafe { Threads.exit(s) };
+            return None;
         }
+        // SAFETY: the caller holds no slot.
+        let s = unsafe { hold() };
+        (s < MAX_CPUS).then_some(s)
     }
 }
 
-// SAFETY: in the threads mode every slot method forwards to `Threads`,
-// whose guarantees hold; the mode is settled before the first slot is
-// handed out (`limit` is 0 until then, so `hold` refuses every CPU) and
-// never changes. In the rseq mode: (1) a slot is CPU `c`'s, below
-// `MAX_CPUS`, held from the commit of the section that moved `locks[c]`
-// from `FREE` to `HELD` to the holder's `exit`, and nobody else can take
-// it meanwhile (the module docs: only sections on CPU `c` write `HELD`,
-// one at a time; a drainer's `DRAIN` is its own only if no section
-// overwrote it before its barrier); a signal handler that interrupts a
-// hold finds the lock held and takes the shared path. (2) node 0. (3)
-// asymmetric from the settling on; `try_enter` hands out slots only
-// after it (`limit`); `heavy_barrier` takes and gives back every slot's
-// lock through `steal`, which waits out each hold. (4) `steal` returns
-// `true` only when its `DRAIN` survived the barrier, which no section
-// can then overwrite, and `enter` cannot take the slot until `unsteal`
-// stores `FREE`. (5) atomics, thread-locals (through `Threads`), the
-// rseq section, and membarrier, which does not allocate; `fatal` only if
-// the kernel refuses a barrier it accepted the registration for. (6) the
-// group token is `Threads`' per-thread cell. (7) `slots_are_locks` is
-// settled with the mode; holders are ordered by the lock's acquire load
-// (the section's, on x86) and `Release` store, drainers by their
-// `Acquire` compare-and-swap and `Release` store, and `steal` takes a
-// lock nobody holds unless a section racing it commits (then a context
-// holds it).
+// SAFETY: slots are always locks (`locks[s]`), taken by rseq sections
+// in the rseq mode and by compare-and-swap over `Threads`' slots in the
+// threads mode; the mode is settled before the first slot is handed out
+// (`limit` is 0 until then, so `hold` refuses every CPU) and never
+// changes. (1) Rseq mode: a slot is CPU `c`'s, below `MAX_CPUS`, held
+// from the commit of the section that moved `locks[c]` from `FREE` to
+// `HELD` to the holder's `exit`, and nobody else can take it meanwhile
+// (the module docs: only sections on CPU `c` write `HELD`, one at a
+// time; a drainer's `DRAIN` is its own only if no section overwrote it
+// before its barrier); a signal handler that interrupts a hold finds the
+// lock held and takes the shared path. Threads mode: `Threads` gives
+// slot `s` to one thread at a time (its point 1), which takes
+// `locks[s]` by compare-and-swap (a drainer may have it) until `exit`.
+// (2) node 0. (3) always asymmetric; `heavy_barrier` takes and gives
+// back every lock through `steal`, which waits out each hold. (4)
+// `steal` returns `true` only when it moved the lock to `DRAIN` and, in
+// the rseq mode, that `DRAIN` survived the barrier, which no section can
+// then overwrite; no `enter` takes the lock until `unsteal` stores
+// `FREE`. (5) atomics, thread-locals (through `Threads`), the rseq
+// section, and membarrier, which does not allocate; `fatal` only if the
+// kernel refuses a barrier it accepted the registration for. (6) the
+// group token is `Threads`' per-thread cell. (7) always locks; holders
+// are ordered by the lock's acquire (the section's load, on x86, or the
+// compare-and-swap) and `exit`'s `Release` store, drainers by their
+// `Acquire` compare-and-swap and `Release` store; `steal` takes a lock
+// nobody holds, unless a section racing it commits (then a context holds
+// it).
 unsafe impl Platform for Rseq {
     #[inline(always)]
     fn current_group(&self) -> *const () {
@@ -471,43 +508,30 @@ unsafe impl Platform for Rseq {
 
     #[inline(always)]
     unsafe fn exit(&self, slot: usize) {
-        // In the threads mode the lock words are never taken, and storing
-        // `FREE` into one changes nothing; `Threads::exit` does nothing.
         // Release: the next holder or drainer sees our magazine writes.
+        // (`Threads::exit`, in the threads mode, does nothing.)
         // SAFETY: slots are below MAX_CPUS (contract point 1).
-        unsafe { crate::sync::at(&STATE.locks, slot) }.store(FREE, Ordering::Release);
+        unsafe { crate::sync::at(&STATE.locks, slot) }.state.store(FREE, Ordering::Release);
     }
 
     #[inline(always)]
     fn asymmetric(&self) -> bool {
-        match mode() {
-            RSEQ => true,
-            _ => Threads.asymmetric(),
-        }
+        true
     }
 
     #[inline(always)]
     fn slots_are_locks(&self) -> bool {
-        // Relaxed: a holder got its slot after the mode was settled (and
-        // saw it: `limit`'s or `mode`'s acquire); a drainer settles it.
-        match MODE.load(Ordering::Relaxed) {
-            RSEQ => true,
-            THREADS => false,
-            _ => mode() == RSEQ,
-        }
+        true
     }
 
     fn heavy_barrier(&self) {
-        if mode() != RSEQ {
-            return Threads.heavy_barrier();
-        }
         for slot in 0..MAX_CPUS {
-            // SAFETY: taken and given back at once, touching nothing.
-            while !unsafe { self.steal(slot) } {
-                spin_hint();
+            // SAFETY: taken (waiting for it) and given back at once,
+            // touching nothing.
+            if unsafe { self.steal(slot) } {
+                // SAFETY: stolen just above.
+                unsafe { self.unsteal(slot) };
             }
-            // SAFETY: stolen just above.
-            unsafe { self.unsteal(slot) };
         }
     }
 
@@ -515,29 +539,40 @@ unsafe impl Platform for Rseq {
         Threads.now_ms()
     }
 
+    /// Waits until it has the slot (a drain's `steal` is retried until
+    /// it succeeds anyway, where slots are locks): raises `want` so that
+    /// no new hold starts, and waits out the hold in progress, yielding
+    /// the CPU (its holder may be preempted, and wait for this very CPU).
     unsafe fn steal(&self, slot: usize) -> bool {
-        if mode() != RSEQ {
-            // SAFETY: forwarded.
-            return unsafe { Threads.steal(slot) };
-        }
         let Some(lock) = STATE.locks.get(slot) else { return false };
-        // Acquire: the last holder's magazine writes.
-        if lock.compare_exchange(FREE, DRAIN, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            return false;
+        // Settled first, so that a section cannot start committing after
+        // the check below found the threads mode.
+        let rseq = mode() == RSEQ;
+        // Relaxed: a hint (see `Lock`); holders see it soon enough.
+        lock.want.fetch_add(1, Ordering::Relaxed);
+        loop {
+            // Acquire: the last holder's magazine writes.
+            if lock.state.compare_exchange(FREE, DRAIN, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                if !rseq {
+                    break;
+                }
+                restart(slot);
+                // Acquire: after the barrier, a section that committed
+                // `HELD` over our `DRAIN` shows here (and the slot is its
+                // holder's until its `exit`).
+                if lock.state.load(Ordering::Acquire) == DRAIN {
+                    break;
+                }
+            }
+            std::thread::yield_now();
         }
-        restart(slot);
-        // Acquire: after the barrier, a section that committed `HELD`
-        // over our `DRAIN` shows here (and the slot is its holder's).
-        lock.load(Ordering::Acquire) == DRAIN
+        lock.want.fetch_sub(1, Ordering::Relaxed);
+        true
     }
 
     unsafe fn unsteal(&self, slot: usize) {
-        if mode() != RSEQ {
-            // SAFETY: forwarded.
-            return unsafe { Threads.unsteal(slot) };
-        }
         // Release: the next holder sees the drained magazines.
-        STATE.locks[slot].store(FREE, Ordering::Release);
+        STATE.locks[slot].state.store(FREE, Ordering::Release);
     }
 
     fn throttle(&self, ns: u64) {
@@ -545,8 +580,14 @@ unsafe impl Platform for Rseq {
     }
 }
 
+/// The drainers waiting for slot `slot`, for tests.
+#[cfg(all(test, not(miri)))]
+pub(crate) fn lock_want(slot: usize) -> usize {
+    STATE.locks[slot].want.load(Ordering::Relaxed) as usize
+}
+
 /// The lock words, for tests: `FREE`, `HELD` or `DRAIN` of each slot.
 #[cfg(all(test, not(miri)))]
 pub(crate) fn lock_state(slot: usize) -> usize {
-    STATE.locks[slot].load(Ordering::Relaxed)
+    STATE.locks[slot].state.load(Ordering::Relaxed) as usize
 }

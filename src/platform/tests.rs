@@ -561,11 +561,12 @@ fn fork_child_follows_no_dead_threads_word() {
 }
 
 /// `Rseq`'s lock words: a hold sets its CPU's `HELD` and `exit` clears
-/// it; a held slot cannot be stolen, a free one can (`DRAIN`), and while
-/// every slot is stolen no hold is granted.
+/// it; a steal of a held slot waits (with `want` raised) until the hold
+/// ends; while every slot is stolen no hold is granted.
 #[cfg(all(feature = "std", not(loom), not(miri)))]
 #[test]
 fn rseq_lock_words_follow_holds_and_steals() {
+    use std::sync::atomic::AtomicBool as StdBool;
     let p = Rseq::new();
     if !p.per_cpu() {
         // The fallback is `Threads`, tested on its own.
@@ -576,11 +577,23 @@ fn rseq_lock_words_follow_holds_and_steals() {
     // test binary uses `Rseq`).
     let s = unsafe { p.enter() }.expect("a CPU slot");
     assert_eq!(rseq::lock_state(s), 1);
-    // SAFETY: a steal that must fail; nothing to give back.
-    assert!(!unsafe { p.steal(s) }, "a held slot was stolen");
-    // SAFETY: entered above.
-    unsafe { p.exit(s) };
-    assert_eq!(rseq::lock_state(s), 0);
+    let stolen = StdBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            // SAFETY: a drain's steal, given back at once.
+            assert!(unsafe { p.steal(s) });
+            stolen.store(true, std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: stolen just above.
+            unsafe { p.unsteal(s) };
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!stolen.load(std::sync::atomic::Ordering::SeqCst), "a held slot was stolen");
+        assert_eq!(rseq::lock_want(s), 1, "the waiting drainer raised want");
+        // SAFETY: entered above.
+        unsafe { p.exit(s) };
+    });
+    assert!(stolen.into_inner());
+    assert_eq!((rseq::lock_state(s), rseq::lock_want(s)), (0, 0));
     for slot in 0..MAX_CPUS {
         // SAFETY: nobody holds a slot; given back below.
         assert!(unsafe { p.steal(slot) }, "free slot {slot} not stolen");
