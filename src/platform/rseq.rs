@@ -65,6 +65,17 @@
 //! the magazine layer's `drainers` flag), so a `DRAIN` read after the
 //! barrier is its own.
 //!
+//! A drainer waits for the slot inside `steal` (the magazine layer calls
+//! it until it succeeds anyway), and while it waits it counts itself in
+//! the lock's `want` byte, which the section also reads: no new hold
+//! starts, so the drainer waits for the hold in progress only, instead
+//! of racing every thread of a busy CPU for the instant the lock is free.
+//! It yields the CPU between tries: the holder may have been preempted
+//! and be waiting for this very CPU. `want` is a hint for progress; no
+//! exclusion rests on it. (A drain therefore waits for a preempted holder
+//! to run again; the fast path never waits: a busy lock sends the
+//! operation to the shared path.)
+//!
 //! The same load-then-store section serves `enter` (the slow paths) and
 //! `try_enter` (the fast paths): there is nothing to claim, nothing to
 //! count and no per-thread state, so a hit costs the section (one
@@ -115,7 +126,8 @@
 //!
 //! | atomic | written by | ordering | paired with |
 //! | --- | --- | --- | --- |
-//! | `locks[c]` | see the table above | the section's plain load and store (x86: acquire and release), `Release` stores, `Acquire` compare-and-swap | each other: every holder and drainer sees what the previous one wrote to the slot's magazines |
+//! | `locks[c].want` | drainers in `steal` (increment, decrement) | `Relaxed` read-modify-writes; the section's plain load | nothing: a hint that keeps new holds from starting while a drainer waits |
+//! | `locks[c]` (its `state`) | see the table above | the section's plain load and store (x86: acquire and release), `Release` stores, `Acquire` compare-and-swap | each other: every holder and drainer sees what the previous one wrote to the slot's magazines |
 //! | `limit` | `init`, once, after `MODE` | `Release`; read by the section's plain load (x86: acquire) | a thread that reads `MAX_CPUS` there sees `MODE` settled to rseq |
 //! | `MODE` | `init`, once | `Release`; `Relaxed` loads once settled | `Acquire` in `mode` before anything relies on it |
 
@@ -146,9 +158,9 @@ const SETTLING: u8 = 3;
 
 /// One CPU's lock: its state, and the drainers waiting for it.
 ///
-/// The section reads both bytes with one 2-byte load and takes the lock
-/// only if both are 0; `exit` stores the `state` byte alone, so a
-/// drainer's `want` survives the holder's release.
+/// The section takes the lock only if both bytes are 0; `exit` stores
+/// the `state` byte alone, so a drainer's `want` survives the holder's
+/// release.
 #[repr(C, align(2))]
 struct Lock {
     /// `FREE`, `HELD` or `DRAIN` (see the module docs).
@@ -353,9 +365,9 @@ fn restart(cpu: usize) {
 unsafe fn hold() -> usize {
     let slot: usize;
     // SAFETY: (1) the section writes only this thread's own `rseq_cs`
-    // field (the descriptor's address, as the ABI asks) and the lock
-    // word of the CPU it runs on, an `AtomicUsize` of `locks` (an aligned
-    // 8-byte `mov`, single-copy atomic, as an atomic store is); (2) the
+    // field (the descriptor's address, as the ABI asks) and the `state`
+    // byte of the lock of the CPU it runs on, an `AtomicU8` (a byte `mov`,
+    // single-copy atomic, as an atomic store is); (2) the
     // descriptor lies in `__rseq_cs`, a writable data section (its
     // addresses take relocations), 32-byte aligned as the ABI requires,
     // version 0, no flags, the abort handler outside the section and
@@ -383,8 +395,13 @@ unsafe fn hold() -> usize {
             "jae 8f",
             "mov {tmp}, {slot}",
             "shl {tmp}, {shift}",
-            // `state` and `want` both 0: free, and no drainer waiting.
-            "cmp word ptr [{state} + {tmp} + {locks}], 0",
+            // Free, and no drainer waiting. Two byte loads, not one of
+            // both bytes: `exit`'s byte store, likely still in the store
+            // buffer, cannot forward to a wider load (a stall that cost
+            // 10 ns a pair).
+            "cmp byte ptr [{state} + {tmp} + {locks}], 0",
+            "jne 8f",
+            "cmp byte ptr [{state} + {tmp} + {locks} + 1], 0",
             "jne 8f",
             "mov byte ptr [{state} + {tmp} + {locks}], {held}",
             "5:",
