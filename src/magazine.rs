@@ -371,6 +371,19 @@ impl<R: RawMutex> MagCache<R> {
     /// A pop from the loaded magazine, or `None` for any other case.
     #[inline(always)]
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
+        #[cfg(all(
+            feature = "std",
+            target_arch = "x86_64",
+            target_os = "linux",
+            target_env = "gnu",
+            not(miri),
+            not(loom)
+        ))]
+        if let Some(f) = cx.plat().rseq_fast() {
+            // SAFETY: `f` is `Rseq`'s (only it returns one), whose slots
+            // index `cpus` as every platform's do.
+            return NonNull::new(unsafe { cpu_mags::rseq_ops::pop(f, self.cpus.as_ptr().cast()) });
+        }
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let r = unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
@@ -461,6 +474,21 @@ impl<R: RawMutex> MagCache<R> {
     /// As for [`MagCache::free`].
     #[inline(always)]
     pub(crate) unsafe fn free_fast<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) -> bool {
+        #[cfg(all(
+            feature = "std",
+            target_arch = "x86_64",
+            target_os = "linux",
+            target_env = "gnu",
+            not(miri),
+            not(loom)
+        ))]
+        if let Some(f) = cx.plat().rseq_fast()
+            && cx.plat().nodes() <= 1
+        {
+            // SAFETY: as in `alloc_fast`; `ptr` is a live object of this
+            // cache, freed (so free) once pushed.
+            return unsafe { cpu_mags::rseq_ops::push(f, self.cpus.as_ptr().cast(), ptr.as_ptr()) };
+        }
         let Some(slot) = cx.slots().try_hold(cx.plat()) else { return false };
         // SAFETY: `ptr` is a live object of this cache.
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);

@@ -30,13 +30,13 @@ mod region;
 #[cfg(feature = "std")]
 pub(crate) mod revoke;
 #[cfg(all(feature = "std", not(loom)))]
-mod rseq;
+pub(crate) mod rseq;
 #[cfg(all(feature = "std", not(loom)))]
 mod threads;
 #[cfg(all(feature = "std", loom))]
 mod threads_model;
 
-pub use cpu::{MAX_CPUS, NoCpus, Platform};
+pub use cpu::{MAX_CPUS, NoCpus, Platform, RseqFast};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
 pub use rseq::Rseq;

@@ -176,6 +176,31 @@ pub unsafe trait Platform: Sync {
     /// `ns` at most `HIGH_DELAY_MAX_NS` (100 ms). A sleep, or a yield for
     /// as long. The default does nothing: no throttling.
     fn throttle(&self, _ns: u64) {}
+    /// Where the slots are CPUs held through restartable sequences (only
+    /// [`crate::Rseq`]'s, whose module docs give the protocol): what the
+    /// magazine layer's fast paths need to pop and push inside an rseq
+    /// critical section of their own, which checks the CPU's lock and
+    /// commits with the magazine's count. `None`, the default, elsewhere;
+    /// no other implementation can return anything else ([`RseqFast`]
+    /// cannot be built outside this crate).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn rseq_fast(&self) -> Option<RseqFast> {
+        None
+    }
+}
+
+/// What [`Platform::rseq_fast`] hands the magazine layer: glibc's rseq
+/// offset and the address of the platform's lock state (its `limit`, then
+/// the per-CPU locks). Built only by `Rseq`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct RseqFast {
+    /// `__rseq_offset`: this thread's `struct rseq` from the thread
+    /// pointer.
+    pub(crate) off: isize,
+    /// `Rseq`'s `STATE`.
+    pub(crate) state: *const u8,
 }
 
 /// A platform for one context (a single-threaded kernel or program): one

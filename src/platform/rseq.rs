@@ -135,7 +135,7 @@ use core::mem::{offset_of, size_of};
 
 use crossbeam_utils::CachePadded;
 
-use super::cpu::{MAX_CPUS, Platform};
+use super::cpu::{MAX_CPUS, Platform, RseqFast};
 use super::threads::Threads;
 use crate::sync::{AtomicU8, AtomicU32, Ordering, atomic_u8, spin_hint};
 
@@ -197,9 +197,9 @@ static STATE: State = State {
 static MODE: AtomicU8 = atomic_u8(UNKNOWN);
 
 /// log2 of a lock's stride in `State::locks`.
-const LOCK_SHIFT: u32 = size_of::<CachePadded<Lock>>().trailing_zeros();
+pub(crate) const LOCK_SHIFT: u32 = size_of::<CachePadded<Lock>>().trailing_zeros();
 /// Where the locks start in `State`.
-const LOCKS_OFF: usize = offset_of!(State, locks);
+pub(crate) const LOCKS_OFF: usize = offset_of!(State, locks);
 static_assertions::const_assert!(size_of::<CachePadded<Lock>>().is_power_of_two());
 static_assertions::const_assert!(offset_of!(Lock, state) == 0 && offset_of!(Lock, want) == 1);
 static_assertions::const_assert!(offset_of!(State, limit) == 0 && LOCKS_OFF < 1 << 20);
@@ -594,6 +594,20 @@ unsafe impl Platform for Rseq {
 
     fn throttle(&self, ns: u64) {
         Threads.throttle(ns)
+    }
+
+    /// glibc's offset and `STATE`, wherever the section is built (in the
+    /// threads mode too: `limit` is 0 there, and every section refuses).
+    #[inline(always)]
+    fn rseq_fast(&self) -> Option<RseqFast> {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)))]
+        {
+            // SAFETY: a plain read of glibc's constant.
+            let off = unsafe { __rseq_offset };
+            Some(RseqFast { off, state: (&raw const STATE).cast() })
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri))))]
+        None
     }
 }
 
