@@ -55,6 +55,16 @@
 //! of line. Loom checks the protocol with full fences on both sides
 //! (`src/tests/loom_magazine.rs`).
 //!
+//! On the `Rseq` platform (Linux x86_64; [`Platform::rseq_fast`]) a hit
+//! holds no slot at all: the pop and the push are restartable sequences
+//! of their own (`cpu_mags::rseq_ops`) that read the CPU's id, check that
+//! CPU's slot lock is free with no drainer waiting, and commit with the
+//! store of the magazine's count; the kernel restarts them if the thread
+//! is preempted, migrated or signalled first. Slow paths and drains hold
+//! the lock as on any platform where slots are locks. Loom and Miri
+//! cannot run these sequences; `tests/rseq.rs` races them against drains
+//! and forced migrations instead.
+//!
 //! # Dead caches
 //!
 //! A dead cache (its group was removed) gets no magazine to allocate from
@@ -271,8 +281,11 @@ pub(crate) struct MagCache<R: RawMutex> {
 impl<R: RawMutex> core::panic::RefUnwindSafe for MagCache<R> {}
 
 // SAFETY: a slot's `CpuMags` is touched only by the context holding the
-// slot (platform contract) or by a drainer that completed the handshake;
-// everything else is behind locks. Magazine pointers are owned by exactly
+// slot (platform contract), by a drainer that completed the handshake, or
+// (on `Rseq`) by an rseq section that found the slot's lock free and is
+// restarted by the kernel before its commit if anything else could have
+// run on that CPU (see `cpu_mags::rseq_ops`); everything else is behind
+// locks. Magazine pointers are owned by exactly
 // one of: a slot, a depot, a drainer.
 unsafe impl<R: RawMutex + Sync> Sync for MagCache<R> {}
 // SAFETY: as above; nothing is tied to the creating thread.

@@ -53,7 +53,9 @@ pub const MAX_CPUS: usize = if cfg!(loom) {
 ///    same way), and `steal(slot)` takes the slot's lock (the same way)
 ///    whenever no context holds it: a drain waits for a held slot by
 ///    calling `steal` until it succeeds, so holders and drainers are
-///    ordered by those locks alone.
+///    ordered by those locks alone;
+/// 8. `rseq_fast` returns `None` (the default, and all an implementation
+///    outside this crate can return).
 pub unsafe trait Platform: Sync {
     /// The calling context's current group token (null: the root group).
     /// A token is opaque to the platform: it only stores it.
