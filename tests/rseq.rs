@@ -5,6 +5,8 @@
 //! * `holds_exclude_each_other`: threads hold slots as the allocator does
 //!   (`try_enter`/`enter` ... `exit`) while drainers `steal` them; a
 //!   shadow owner per slot must be free at every hold and steal.
+//! * `magazine_memory_follows_cpus`: after 100 threads, the pages a `Kmem`
+//!   on `Rseq` keeps and the slots it used, against one on `Threads`.
 //! * `objects_are_handed_out_once`: a `Kmem` on `Rseq` (not the global
 //!   allocator, so the harness's allocations stay out of it) serves
 //!   threads that allocate, fill, check and free objects, hand some to
@@ -355,5 +357,59 @@ fn objects_are_handed_out_once() {
                 assert!(cpus.contains(&slot), "slot {slot} is no CPU of this process");
             }
         }
+    }
+}
+
+static KMEM_THREADS: Kmem<OsPages, DefaultRawMutex, kmemcg::Threads> =
+    Kmem::with_platform(OsPages::new(), kmemcg::Threads::new());
+static KMEM_CPUS: Kmem<OsPages, DefaultRawMutex, Rseq> = Kmem::with_platform(OsPages::new(), Rseq::new());
+
+/// 100 threads each allocate 300 objects of six sizes and free them, 20
+/// times over, through `a`.
+fn hundred_threads<A: GlobalAlloc + Sync>(a: &A) {
+    std::thread::scope(|s| {
+        for _ in 0..100 {
+            s.spawn(|| {
+                for round in 0..20 {
+                    let mut v = Vec::with_capacity(300);
+                    for i in 0..300usize {
+                        let l = Layout::from_size_align(16 << (i % 6), 8).unwrap();
+                        // SAFETY: a valid, non-zero layout.
+                        let p = unsafe { a.alloc(l) };
+                        assert!(!p.is_null());
+                        v.push((p, l));
+                    }
+                    for (p, l) in v {
+                        // SAFETY: allocated above with `l`.
+                        unsafe { a.dealloc(p, l) };
+                    }
+                    if round % 5 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Magazine memory follows the CPUs, not the threads: after 100 threads
+/// allocated and freed everything, the pages still out of the source
+/// (slabs that magazines and depots keep, and the magazines) and the
+/// slots used, `Threads` against `Rseq`.
+#[test]
+fn magazine_memory_follows_cpus() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    hundred_threads(&KMEM_THREADS);
+    hundred_threads(&KMEM_CPUS);
+    let used = |k: &dyn Fn(usize) -> kmemcg::SlotStats| (0..MAX_CPUS).filter(|&s| k(s).hits + k(s).misses > 0).count();
+    let (t, r) = (KMEM_THREADS.stats().source, KMEM_CPUS.stats().source);
+    let (ts, rs) = (used(&|s| KMEM_THREADS.slot_stats(s)), used(&|s| KMEM_CPUS.slot_stats(s)));
+    eprintln!(
+        "Threads: {} pages in use, {ts} slots used; Rseq: {} pages in use, {rs} slots used",
+        t.pages_in_use, r.pages_in_use
+    );
+    if Rseq::new().per_cpu() {
+        assert!(rs <= allowed_cpus().len(), "{rs} slots used on {} CPUs", allowed_cpus().len());
+        assert!(r.pages_in_use < t.pages_in_use, "Rseq kept {} pages, Threads {}", r.pages_in_use, t.pages_in_use);
     }
 }
