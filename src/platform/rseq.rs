@@ -116,8 +116,11 @@
 //! is then the one [`Threads`] gives it (per thread, with its rotation),
 //! and each hold also takes that slot's lock word by compare-and-swap,
 //! so that slots are locks in both modes and the magazine layer's fast
-//! path never asks which mode it is in (one atomic read-modify-write per
-//! operation, only where rseq is missing). A thread whose own registration failed
+//! path never asks which mode it is in. That makes the fallback slow:
+//! the fast path's own sections refuse (`limit` is 0), so every operation
+//! takes the slow path (a call, `Threads`' slot, a compare-and-swap); it
+//! is there to be correct where rseq is missing, not fast. A thread whose
+//! own registration failed
 //! (glibc leaves `cpu_id` at `RSEQ_CPU_ID_REGISTRATION_FAILED`) and a CPU
 //! whose index is [`MAX_CPUS`] or more read a `cpu_id` the section
 //! refuses, and take the shared path.
