@@ -48,7 +48,11 @@ pub const MAX_CPUS: usize = if cfg!(loom) {
 ///    with its provenance), or null if it never did;
 /// 7. if `slots_are_locks()` returns `true`, it always does, `asymmetric()`
 ///    is `true`, a context holds a slot from an acquiring read-modify-write
-///    in `enter` or `try_enter` to a releasing store in `exit`, and
+///    in `enter` or `try_enter` (for [`crate::Rseq`], an rseq critical
+///    section whose commit stores the lock, which only a context running
+///    on the slot's CPU can make; its `steal` follows its compare-and-swap
+///    with a barrier that restarts such sections, see its module) to a
+///    releasing store in `exit`, and
 ///    `heavy_barrier` takes and releases every slot's lock in turn (the
 ///    same way), and `steal(slot)` takes the slot's lock (the same way)
 ///    whenever no context holds it: a drain waits for a held slot by
