@@ -132,8 +132,13 @@
 //! in the child (nobody there will free it): that CPU's slot is lost to
 //! the child, whose threads take the shared path on it, and its magazines
 //! stay stranded. That is safe; clearing the lock would not be (the
-//! holder may have been part way through a magazine update). The child
-//! registers for membarrier again (a `pthread_atfork` handler).
+//! holder may have been part way through a magazine update). Likewise a
+//! `want` count of a drainer that was inside `steal` at the fork stays
+//! raised, and that CPU's slot is lost to the child the same way. A drain
+//! in the child of a slot lost so waits forever, as it would for a lock
+//! of the allocator that another thread held at the fork: a child of a
+//! multithreaded program should only `exec`, or allocate little. The
+//! child registers for membarrier again (a `pthread_atfork` handler).
 //!
 //! # Atomics
 //!
