@@ -143,12 +143,21 @@ impl CpuMags {
 pub(super) mod rseq_ops {
     use core::mem::offset_of;
 
-    use super::{CpuMags, Magazine};
+    use super::{CpuMags, Magazine, cpu_index};
     use crate::platform::rseq::{LOCK_SHIFT, LOCKS_OFF};
     use crate::platform::{MAX_CPUS, RseqFast};
 
-    const HALF: usize = MAX_CPUS / 2;
-    static_assertions::const_assert!(HALF.is_power_of_two());
+    /// `cpu_index(c) * size_of::<CpuMags>()` for each CPU `c`: where a
+    /// CPU's `CpuMags` lie in a cache's array, one load away.
+    static OFFSETS: [u32; MAX_CPUS] = {
+        let mut t = [0u32; MAX_CPUS];
+        let mut c = 0;
+        while c < MAX_CPUS {
+            t[c] = (cpu_index(c) * core::mem::size_of::<CpuMags>()) as u32;
+            c += 1;
+        }
+        t
+    };
     static_assertions::const_assert_eq!(core::mem::size_of::<CpuMags>(), 32);
     static_assertions::const_assert_eq!(
         core::mem::size_of::<crate::sync::UnsafeCell<CpuMags>>(),
@@ -176,8 +185,8 @@ pub(super) mod rseq_ops {
         // it ran on throughout, whose lock it found free (see above);
         // (2) the descriptor as in `platform::rseq::hold`; (3) `count`
         // is non-zero, so `loaded` is a live magazine with `count`
-        // rounds (the invariant of `CpuMags`); (4) the index is
-        // `cpu_index(c)` for `c < limit <= MAX_CPUS`.
+        // rounds (the invariant of `CpuMags`); (4) `OFFSETS[c]` and the
+        // `CpuMags` it locates are in bounds for `c < limit <= MAX_CPUS`.
         unsafe {
             core::arch::asm!(
                 ".pushsection __rseq_cs, \"aw\"",
@@ -195,16 +204,13 @@ pub(super) mod rseq_ops {
                 "jae 8f",
                 "mov {t}, {c}",
                 "shl {t}, {shift}",
-                "cmp byte ptr [{state} + {t} + {locks}], 0",
+                // `state` and `want` both 0, in one load: no byte store
+                // to them is likely in flight (only slow paths and
+                // drains write them), so the load is not held up.
+                "cmp word ptr [{state} + {t} + {locks}], 0",
                 "jne 8f",
-                "cmp byte ptr [{state} + {t} + {locks} + 1], 0",
-                "jne 8f",
-                // `cpu_index(c)` * 32: (c % HALF) * 2 + c / HALF.
-                "mov {t}, {c}",
-                "and {t}, {halfmask}",
-                "shr {c}, {halfshift}",
-                "lea {t}, [{c} + {t} * 2]",
-                "shl {t}, 5",
+                // `cpu_index(c)`'s `CpuMags`.
+                "mov {t:e}, dword ptr [{table} + {c} * 4]",
                 "add {t}, {mags}",
                 "mov {c}, qword ptr [{t} + {count}]",
                 "test {c}, {c}",
@@ -227,8 +233,7 @@ pub(super) mod rseq_ops {
                 mags = in(reg) mags,
                 shift = const LOCK_SHIFT,
                 locks = const LOCKS_OFF,
-                halfmask = const HALF - 1,
-                halfshift = const HALF.trailing_zeros(),
+                table = in(reg) OFFSETS.as_ptr(),
                 count = const COUNT,
                 loaded = const LOADED,
                 rounds = const ROUNDS,
@@ -270,15 +275,12 @@ pub(super) mod rseq_ops {
                 "jae 8f",
                 "mov {t}, {c}",
                 "shl {t}, {shift}",
-                "cmp byte ptr [{state} + {t} + {locks}], 0",
+                // `state` and `want` both 0, in one load: no byte store
+                // to them is likely in flight (only slow paths and
+                // drains write them), so the load is not held up.
+                "cmp word ptr [{state} + {t} + {locks}], 0",
                 "jne 8f",
-                "cmp byte ptr [{state} + {t} + {locks} + 1], 0",
-                "jne 8f",
-                "mov {t}, {c}",
-                "and {t}, {halfmask}",
-                "shr {c}, {halfshift}",
-                "lea {t}, [{c} + {t} * 2]",
-                "shl {t}, 5",
+                "mov {t:e}, dword ptr [{table} + {c} * 4]",
                 "add {t}, {mags}",
                 "mov {c}, qword ptr [{t} + {count}]",
                 "cmp {c}, qword ptr [{t} + {cap}]",
@@ -304,8 +306,7 @@ pub(super) mod rseq_ops {
                 p = in(reg) p,
                 shift = const LOCK_SHIFT,
                 locks = const LOCKS_OFF,
-                halfmask = const HALF - 1,
-                halfshift = const HALF.trailing_zeros(),
+                table = in(reg) OFFSETS.as_ptr(),
                 count = const COUNT,
                 cap = const CAP,
                 loaded = const LOADED,
