@@ -85,10 +85,10 @@
 //! of the magazine's count. Every other writer of that CPU's magazines
 //! holds its lock, and could only have taken it on that CPU (aborting
 //! the section) or as a drainer (whose barrier aborts it, or finds it
-//! committed). So a hit costs the section, about the instructions of a
-//! hold alone (about 90 a 64-byte pair through `GlobalAlloc`, counted
-//! from the disassembly, against `Threads`' 85 under callgrind): no
-//! atomic read-modify-write, no hardware fence, two stores. Rotation and
+//! committed). So a hit costs the section alone (about 78 instructions
+//! a 64-byte pair through `GlobalAlloc`, counted from the disassembly,
+//! against `Threads`' 85 under callgrind): no atomic read-modify-write,
+//! no hardware fence, two stores. Rotation and
 //! revocation are gone: with a hundred threads on eight CPUs, every
 //! thread that runs uses its CPU's slot for each operation. Only slow
 //! paths hold the lock, and a thread that finds its CPU's lock taken (a
