@@ -566,7 +566,7 @@ fn fork_child_follows_no_dead_threads_word() {
 #[cfg(all(feature = "std", not(loom), not(miri)))]
 #[test]
 fn rseq_lock_words_follow_holds_and_steals() {
-    use std::sync::atomic::AtomicBool as StdBool;
+    use crate::sync::{AtomicBool, Ordering};
     let p = Rseq::new();
     if !p.per_cpu() {
         // The fallback is `Threads`, tested on its own.
@@ -577,17 +577,17 @@ fn rseq_lock_words_follow_holds_and_steals() {
     // test binary uses `Rseq`).
     let s = unsafe { p.enter() }.expect("a CPU slot");
     assert_eq!(rseq::lock_state(s), 1);
-    let stolen = StdBool::new(false);
+    let stolen = AtomicBool::new(false);
     std::thread::scope(|sc| {
         sc.spawn(|| {
             // SAFETY: a drain's steal, given back at once.
             assert!(unsafe { p.steal(s) });
-            stolen.store(true, std::sync::atomic::Ordering::SeqCst);
+            stolen.store(true, Ordering::SeqCst);
             // SAFETY: stolen just above.
             unsafe { p.unsteal(s) };
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!stolen.load(std::sync::atomic::Ordering::SeqCst), "a held slot was stolen");
+        assert!(!stolen.load(Ordering::SeqCst), "a held slot was stolen");
         assert_eq!(rseq::lock_want(s), 1, "the waiting drainer raised want");
         // SAFETY: entered above.
         unsafe { p.exit(s) };
