@@ -201,6 +201,18 @@ pub unsafe trait Platform: Sync {
 /// the per-CPU locks). Built only by `Rseq`.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
+// Its fields are read only where the fast paths' sections are built.
+#[cfg_attr(
+    not(all(
+        feature = "std",
+        target_arch = "x86_64",
+        target_os = "linux",
+        target_env = "gnu",
+        not(miri),
+        not(loom)
+    )),
+    allow(dead_code)
+)]
 pub struct RseqFast {
     /// `__rseq_offset`: this thread's `struct rseq` from the thread
     /// pointer.
