@@ -36,7 +36,9 @@ mod threads;
 #[cfg(all(feature = "std", loom))]
 mod threads_model;
 
-pub use cpu::{MAX_CPUS, NoCpus, Platform, RseqFast};
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use cpu::RseqFast;
+pub use cpu::{MAX_CPUS, NoCpus, Platform};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
 pub use rseq::Rseq;

@@ -203,14 +203,7 @@ pub unsafe trait Platform: Sync {
 #[derive(Clone, Copy, Debug)]
 // Its fields are read only where the fast paths' sections are built.
 #[cfg_attr(
-    not(all(
-        feature = "std",
-        target_arch = "x86_64",
-        target_os = "linux",
-        target_env = "gnu",
-        not(miri),
-        not(loom)
-    )),
+    not(all(feature = "std", target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri), not(loom))),
     allow(dead_code)
 )]
 pub struct RseqFast {
