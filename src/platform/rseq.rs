@@ -60,10 +60,12 @@
 //! still reads `DRAIN`, no section committed over it and none will: the
 //! drainer owns the slot. If it reads anything else, a holder overwrote
 //! `DRAIN` and owns the slot; the drainer owns nothing, writes nothing,
-//! and tries again later (the holder's `exit` frees it). Only the
-//! drainer ever writes `DRAIN` (drainers of one slot are serialised by
-//! the magazine layer's `drainers` flag), so a `DRAIN` read after the
-//! barrier is its own.
+//! and tries again (the holder's `exit` frees it). Stealers of one lock
+//! take turns (its `stealing` flag, held for the whole of `steal`: the
+//! magazine layer serialises the drainers of one slot of one `Kmem`, but
+//! not those of two `Kmem`s on `Rseq`, nor a caller of `heavy_barrier`),
+//! and the owner of a `DRAIN` writes only `FREE`, so a `DRAIN` read after
+//! the barrier is the reader's own.
 //!
 //! A drainer waits for the slot inside `steal` (the magazine layer calls
 //! it until it succeeds anyway), and while it waits it counts itself in
@@ -144,6 +146,7 @@
 //!
 //! | atomic | written by | ordering | paired with |
 //! | --- | --- | --- | --- |
+//! | `locks[c].stealing` | stealers of `c` (compare-and-swap false → true, store false) | `Acquire` CAS, `Release` store | each other: one stealer at a time, each seeing where the last left the lock |
 //! | `locks[c].want` | drainers in `steal` (increment, decrement) | `Relaxed` read-modify-writes; the section's plain load | nothing: a hint that keeps new holds from starting while a drainer waits |
 //! | `locks[c]` (its `state`) | see the table above | the section's plain load and store (x86: acquire and release), `Release` stores, `Acquire` compare-and-swap | each other: every holder and drainer sees what the previous one wrote to the slot's magazines |
 //! | `limit` | `init`, once, after `MODE` | `Release`; read by the section's plain load (x86: acquire) | a thread that reads `MAX_CPUS` there sees `MODE` settled to rseq |
@@ -155,7 +158,7 @@ use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform, RseqFast};
 use super::threads::Threads;
-use crate::sync::{AtomicU8, AtomicU32, Ordering, atomic_u8, spin_hint};
+use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Ordering, atomic_bool, atomic_u8, spin_hint};
 
 /// `locks[c]`: nobody holds CPU `c`'s slot.
 const FREE: u8 = 0;
@@ -191,6 +194,15 @@ struct Lock {
     /// threads that took two CPUs' locks in a tight loop). A hint for
     /// progress only: no one relies on it for exclusion.
     want: AtomicU8,
+    /// Set while a thread is inside `steal` for this lock: stealers take
+    /// turns, so that a `DRAIN` a stealer reads after its barrier is its
+    /// own. Without it, two stealers (two `Kmem`s on `Rseq` draining the
+    /// same CPU, or a caller of the safe `heavy_barrier` beside a drain)
+    /// could interleave: A's `DRAIN` overwritten by a section's `HELD`,
+    /// that holder's `exit`, B's `DRAIN`, and A's check after its barrier
+    /// reads B's `DRAIN`: A and B would both own the slot. The section
+    /// does not read this byte.
+    stealing: AtomicBool,
 }
 
 /// What the rseq section reads, in one static so that it takes one base
@@ -208,7 +220,8 @@ struct State {
 
 static STATE: State = State {
     limit: CachePadded::new(AtomicU32::new(0)),
-    locks: [const { CachePadded::new(Lock { state: atomic_u8(FREE), want: atomic_u8(0) }) }; MAX_CPUS],
+    locks: [const { CachePadded::new(Lock { state: atomic_u8(FREE), want: atomic_u8(0), stealing: atomic_bool(false) }) };
+        MAX_CPUS],
 };
 
 /// The mode: [`UNKNOWN`], [`SETTLING`], [`RSEQ`] or [`THREADS`].
@@ -506,7 +519,8 @@ impl Rseq {
 // back every lock through `steal`, which waits out each hold. (4)
 // `steal` returns `true` only when it moved the lock to `DRAIN` and, in
 // the rseq mode, that `DRAIN` survived the barrier, which no section can
-// then overwrite; no `enter` takes the lock until `unsteal` stores
+// then overwrite (stealers take turns under `stealing`, so the `DRAIN`
+// it reads is its own); no `enter` takes the lock until `unsteal` stores
 // `FREE`. (5) atomics, thread-locals (through `Threads`), the rseq
 // section, and membarrier, which does not allocate; `fatal` only if the
 // kernel refuses a barrier it accepted the registration for. (6) the
@@ -585,6 +599,11 @@ unsafe impl Platform for Rseq {
         let rseq = mode() == RSEQ;
         // Relaxed: a hint (see `Lock`); holders see it soon enough.
         lock.want.fetch_add(1, Ordering::Relaxed);
+        // One stealer at a time (see `Lock::stealing`). Acquire/Release:
+        // the next stealer sees where this one left the lock.
+        while lock.stealing.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
         loop {
             // Acquire: the last holder's magazine writes.
             if lock.state.compare_exchange(FREE, DRAIN, Ordering::Acquire, Ordering::Relaxed).is_ok() {
@@ -601,6 +620,7 @@ unsafe impl Platform for Rseq {
             }
             std::thread::yield_now();
         }
+        lock.stealing.store(false, Ordering::Release);
         lock.want.fetch_sub(1, Ordering::Relaxed);
         true
     }
