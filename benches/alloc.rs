@@ -25,7 +25,7 @@ use std::alloc::{Layout, System};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use kmemcg::{Kmem, OsPages};
+use kmemcg::{DefaultRawMutex, Kmem, OsPages, Rseq};
 use mimalloc::MiMalloc;
 use talc::TalcLock;
 use talc::source::GlobalAllocSource;
@@ -33,13 +33,23 @@ use tikv_jemallocator::Jemalloc;
 use workloads::{Alloc, Rng, batch_phase, pair, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+/// kmemcg on per-CPU slots through rseq (`Rseq`; `Threads`' slots where
+/// rseq is missing).
+static KMEM_RSEQ: Kmem<OsPages, DefaultRawMutex, Rseq> = Kmem::with_platform(OsPages::new(), Rseq::new());
 static TALC: TalcLock<spin::mutex::SpinMutex<()>, GlobalAllocSource<System>> =
     TalcLock::new(GlobalAllocSource::new(System));
 
 const SIZES: [usize; 5] = [64, 128, 256, 512, 1024];
 
-fn allocators() -> [(&'static str, Alloc); 5] {
-    [("kmemcg", &KMEM), ("jemalloc", &Jemalloc), ("mimalloc", &MiMalloc), ("system", &System), ("talc", &TALC)]
+fn allocators() -> [(&'static str, Alloc); 6] {
+    [
+        ("kmemcg", &KMEM),
+        ("kmemcg-rseq", &KMEM_RSEQ),
+        ("jemalloc", &Jemalloc),
+        ("mimalloc", &MiMalloc),
+        ("system", &System),
+        ("talc", &TALC),
+    ]
 }
 
 fn pair_64(c: &mut Criterion) {

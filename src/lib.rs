@@ -425,7 +425,7 @@ pub use platform::{
 };
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]
-pub use platform::{NumaThreads, Threads};
+pub use platform::{NumaThreads, Rseq, Threads};
 pub use slab::CacheStats;
 pub use slab::classes::MAX_CLASS_SIZE;
 #[cfg(loom)]

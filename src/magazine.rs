@@ -55,6 +55,16 @@
 //! of line. Loom checks the protocol with full fences on both sides
 //! (`src/tests/loom_magazine.rs`).
 //!
+//! On the `Rseq` platform (Linux x86_64; [`Platform::rseq_fast`]) a hit
+//! holds no slot at all: the pop and the push are restartable sequences
+//! of their own (`cpu_mags::rseq_ops`) that read the CPU's id, check that
+//! CPU's slot lock is free with no drainer waiting, and commit with the
+//! store of the magazine's count; the kernel restarts them if the thread
+//! is preempted, migrated or signalled first. Slow paths and drains hold
+//! the lock as on any platform where slots are locks. Loom and Miri
+//! cannot run these sequences; `tests/rseq.rs` races them against drains
+//! and forced migrations instead.
+//!
 //! Accounting equation per cache: objects out of the slabs = objects in
 //! loaded/previous magazines + objects in depot magazines + live objects.
 
@@ -240,8 +250,11 @@ pub(crate) struct MagCache<R: RawMutex> {
 impl<R: RawMutex> core::panic::RefUnwindSafe for MagCache<R> {}
 
 // SAFETY: a slot's `CpuMags` is touched only by the context holding the
-// slot (platform contract) or by a drainer that completed the handshake;
-// everything else is behind locks. Magazine pointers are owned by exactly
+// slot (platform contract), by a drainer that completed the handshake, or
+// (on `Rseq`) by an rseq section that found the slot's lock free and is
+// restarted by the kernel before its commit if anything else could have
+// run on that CPU (see `cpu_mags::rseq_ops`); everything else is behind
+// locks. Magazine pointers are owned by exactly
 // one of: a slot, a depot, a drainer.
 unsafe impl<R: RawMutex + Sync> Sync for MagCache<R> {}
 // SAFETY: as above; nothing is tied to the creating thread.
@@ -332,6 +345,19 @@ impl<R: RawMutex> MagCache<R> {
     /// A pop from the loaded magazine, or `None` for any other case.
     #[inline(always)]
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
+        #[cfg(all(
+            feature = "std",
+            target_arch = "x86_64",
+            target_os = "linux",
+            target_env = "gnu",
+            not(miri),
+            not(loom)
+        ))]
+        if let Some(f) = cx.plat().rseq_fast() {
+            // SAFETY: `f` is `Rseq`'s (only it returns one), whose slots
+            // index `cpus` as every platform's do.
+            return NonNull::new(unsafe { cpu_mags::rseq_ops::pop(f, self.cpus.as_ptr().cast()) });
+        }
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let r = unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
@@ -464,6 +490,21 @@ impl<R: RawMutex> MagCache<R> {
     /// As for [`MagCache::free`].
     #[inline(always)]
     pub(crate) unsafe fn free_fast<E: Env<R>>(&self, cx: &E, ptr: NonNull<u8>) -> bool {
+        #[cfg(all(
+            feature = "std",
+            target_arch = "x86_64",
+            target_os = "linux",
+            target_env = "gnu",
+            not(miri),
+            not(loom)
+        ))]
+        if let Some(f) = cx.plat().rseq_fast()
+            && cx.plat().nodes() <= 1
+        {
+            // SAFETY: as in `alloc_fast`; `ptr` is a live object of this
+            // cache, freed (so free) once pushed.
+            return unsafe { cpu_mags::rseq_ops::push(f, self.cpus.as_ptr().cast(), ptr.as_ptr()) };
+        }
         let Some(slot) = cx.slots().try_hold(cx.plat()) else { return false };
         // SAFETY: `ptr` is a live object of this cache.
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);

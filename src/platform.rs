@@ -30,12 +30,18 @@ mod region;
 #[cfg(feature = "std")]
 pub(crate) mod revoke;
 #[cfg(all(feature = "std", not(loom)))]
+pub(crate) mod rseq;
+#[cfg(all(feature = "std", not(loom)))]
 mod threads;
 #[cfg(all(feature = "std", loom))]
 mod threads_model;
 
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use cpu::RseqFast;
 pub use cpu::{MAX_CPUS, NoCpus, Platform};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};
+#[cfg(all(feature = "std", not(loom)))]
+pub use rseq::Rseq;
 #[cfg(all(feature = "std", not(loom)))]
 pub use threads::{NumaThreads, Threads};
 /// Under loom, `Threads` is a model build with the same API (see its
@@ -45,6 +51,10 @@ pub use threads_model::Threads;
 /// Under loom, the model `Threads` (one node), with the same API.
 #[cfg(all(feature = "std", loom))]
 pub type NumaThreads = Threads;
+/// Under loom, the model `Threads`: `Rseq` falls back to `Threads`
+/// wherever rseq is missing, and loom has none.
+#[cfg(all(feature = "std", loom))]
+pub type Rseq = Threads;
 
 /// The platform `Kmem::new` uses: per-thread slots with `std`, one slot for
 /// one context without.

@@ -115,6 +115,212 @@ impl CpuMags {
     }
 }
 
+/// The fast paths of the `Rseq` platform: a pop and a push that are
+/// rseq critical sections of their own (x86_64, glibc), so a hit takes no
+/// lock at all: the section reads `cpu_id`, checks that CPU's lock is
+/// free with no drainer waiting (as the platform's own hold does), and
+/// commits with the store of the CPU's `count`.
+///
+/// Why it is enough (the lock protocol is in `platform::rseq`): every
+/// other writer of CPU `c`'s magazines holds `c`'s lock — a slow path
+/// (its section took the lock on CPU `c`) or a drainer (whose
+/// compare-and-swap is followed by a barrier that restarts any section
+/// running on `c`). A section that found the lock free runs to its
+/// commit only if its thread ran on `c` throughout: a slow path cannot
+/// take the lock meanwhile (it would have to run on `c`, which aborts
+/// this section), and a drainer touches nothing before its barrier,
+/// which aborts this section or finds it committed. A section that
+/// started later reads the lock taken and refuses. So the section's
+/// loads see a consistent `CpuMags` and its stores race nothing. The
+/// push stores its round before the commit; if the section is aborted,
+/// that store lands past `count`, where no one reads.
+///
+/// These holds leave no `USED` mark for reap (`Slots::unhold`): a CPU
+/// that only ever hits looks idle to a reap, which then empties its
+/// magazines once per reap interval.
+#[cfg(all(feature = "std", target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
+pub(super) mod rseq_ops {
+    use core::mem::offset_of;
+
+    use super::{CpuMags, Magazine, cpu_index};
+    use crate::platform::rseq::{LOCK_SHIFT, LOCKS_OFF};
+    use crate::platform::{MAX_CPUS, RseqFast};
+
+    /// `cpu_index(c) * size_of::<CpuMags>()` for each CPU `c`: where a
+    /// CPU's `CpuMags` lie in a cache's array, one load away.
+    static OFFSETS: [u32; MAX_CPUS] = {
+        let mut t = [0u32; MAX_CPUS];
+        let mut c = 0;
+        while c < MAX_CPUS {
+            t[c] = (cpu_index(c) * core::mem::size_of::<CpuMags>()) as u32;
+            c += 1;
+        }
+        t
+    };
+    static_assertions::const_assert_eq!(core::mem::size_of::<CpuMags>(), 32);
+    static_assertions::const_assert_eq!(
+        core::mem::size_of::<crate::sync::UnsafeCell<CpuMags>>(),
+        core::mem::size_of::<CpuMags>()
+    );
+    const COUNT: usize = offset_of!(CpuMags, count);
+    const CAP: usize = offset_of!(CpuMags, cap);
+    const LOADED: usize = offset_of!(CpuMags, loaded);
+    const ROUNDS: usize = offset_of!(Magazine, rounds);
+
+    /// A round off the loaded magazine of the CPU the thread runs on;
+    /// null if there is none, the CPU's lock is taken or wanted, or the
+    /// platform is not in its rseq mode.
+    ///
+    /// # Safety
+    ///
+    /// `f` comes from `Rseq::rseq_fast`, and `mags` points to a cache's
+    /// `[UnsafeCell<CpuMags>; MAX_CPUS]`, indexed by `cpu_index`, whose
+    /// slots are `Rseq`'s (every other access to them holds the slot).
+    #[inline(always)]
+    pub(in crate::magazine) unsafe fn pop(f: RseqFast, mags: *const CpuMags) -> *mut u8 {
+        let p: *mut u8;
+        // SAFETY: (1) the section writes only this thread's `rseq_cs`
+        // (as the ABI asks) and, at its commit, the `count` of the CPU
+        // it ran on throughout, whose lock it found free (see above);
+        // (2) the descriptor as in `platform::rseq::hold`; (3) `count`
+        // is non-zero, so `loaded` is a live magazine with `count`
+        // rounds (the invariant of `CpuMags`); (4) `OFFSETS[c]` and the
+        // `CpuMags` it locates are in bounds for `c < limit <= MAX_CPUS`.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "9:",
+                ".long 0, 0",
+                ".quad 3f, 5f - 3f, 6f",
+                ".popsection",
+                "2:",
+                "lea {t}, [rip + 9b]",
+                "mov qword ptr fs:[{off} + 8], {t}",
+                "3:",
+                "mov {c:e}, dword ptr fs:[{off} + 4]",
+                "cmp {c:e}, dword ptr [{state}]",
+                "jae 8f",
+                "mov {t}, {c}",
+                "shl {t}, {shift}",
+                // `state` and `want` both 0, in one load: no byte store
+                // to them is likely in flight (only slow paths and
+                // drains write them), so the load is not held up.
+                "cmp word ptr [{state} + {t} + {locks}], 0",
+                "jne 8f",
+                // `cpu_index(c)`'s `CpuMags`.
+                "mov {t:e}, dword ptr [{table} + {c} * 4]",
+                "add {t}, {mags}",
+                "mov {c}, qword ptr [{t} + {count}]",
+                "test {c}, {c}",
+                "jz 8f",
+                "mov {p}, qword ptr [{t} + {loaded}]",
+                "mov {p}, qword ptr [{p} + {c} * 8 + {rounds} - 8]",
+                "dec {c}",
+                "mov qword ptr [{t} + {count}], {c}",
+                "5:",
+                ".pushsection .text.unlikely.kmemcg_rseq, \"ax\"",
+                ".long 0x53053053",
+                "6:",
+                "jmp 2b",
+                "8:",
+                "xor {p:e}, {p:e}",
+                "jmp 5b",
+                ".popsection",
+                off = in(reg) f.off,
+                state = in(reg) f.state,
+                mags = in(reg) mags,
+                shift = const LOCK_SHIFT,
+                locks = const LOCKS_OFF,
+                table = in(reg) OFFSETS.as_ptr(),
+                count = const COUNT,
+                loaded = const LOADED,
+                rounds = const ROUNDS,
+                p = out(reg) p,
+                c = out(reg) _,
+                t = out(reg) _,
+                options(nostack),
+            );
+        }
+        p
+    }
+
+    /// Pushes `p` onto the loaded magazine of the CPU the thread runs on;
+    /// `false` if it is full or missing, the CPU's lock is taken or
+    /// wanted, or the platform is not in its rseq mode.
+    ///
+    /// # Safety
+    ///
+    /// As for [`pop`]; `p` is a free object of the cache.
+    #[inline(always)]
+    pub(in crate::magazine) unsafe fn push(f: RseqFast, mags: *const CpuMags, p: *mut u8) -> bool {
+        let ok: u32;
+        // SAFETY: as in `pop`; `count < cap` means `loaded` is live with
+        // room at `count` (`cap` is its rounds).
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "9:",
+                ".long 0, 0",
+                ".quad 3f, 5f - 3f, 6f",
+                ".popsection",
+                "2:",
+                "lea {t}, [rip + 9b]",
+                "mov qword ptr fs:[{off} + 8], {t}",
+                "3:",
+                "mov {c:e}, dword ptr fs:[{off} + 4]",
+                "cmp {c:e}, dword ptr [{state}]",
+                "jae 8f",
+                "mov {t}, {c}",
+                "shl {t}, {shift}",
+                // `state` and `want` both 0, in one load: no byte store
+                // to them is likely in flight (only slow paths and
+                // drains write them), so the load is not held up.
+                "cmp word ptr [{state} + {t} + {locks}], 0",
+                "jne 8f",
+                "mov {t:e}, dword ptr [{table} + {c} * 4]",
+                "add {t}, {mags}",
+                "mov {c}, qword ptr [{t} + {count}]",
+                "cmp {c}, qword ptr [{t} + {cap}]",
+                "jae 8f",
+                "mov {m}, qword ptr [{t} + {loaded}]",
+                "mov qword ptr [{m} + {c} * 8 + {rounds}], {p}",
+                "inc {c}",
+                "mov qword ptr [{t} + {count}], {c}",
+                "5:",
+                "mov {ok:e}, 1",
+                "7:",
+                ".pushsection .text.unlikely.kmemcg_rseq, \"ax\"",
+                ".long 0x53053053",
+                "6:",
+                "jmp 2b",
+                "8:",
+                "xor {ok:e}, {ok:e}",
+                "jmp 7b",
+                ".popsection",
+                off = in(reg) f.off,
+                state = in(reg) f.state,
+                mags = in(reg) mags,
+                p = in(reg) p,
+                shift = const LOCK_SHIFT,
+                locks = const LOCKS_OFF,
+                table = in(reg) OFFSETS.as_ptr(),
+                count = const COUNT,
+                cap = const CAP,
+                loaded = const LOADED,
+                rounds = const ROUNDS,
+                ok = out(reg) ok,
+                c = out(reg) _,
+                t = out(reg) _,
+                m = out(reg) _,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

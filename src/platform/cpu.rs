@@ -48,12 +48,18 @@ pub const MAX_CPUS: usize = if cfg!(loom) {
 ///    with its provenance), or null if it never did;
 /// 7. if `slots_are_locks()` returns `true`, it always does, `asymmetric()`
 ///    is `true`, a context holds a slot from an acquiring read-modify-write
-///    in `enter` or `try_enter` to a releasing store in `exit`, and
+///    in `enter` or `try_enter` (for [`crate::Rseq`], an rseq critical
+///    section whose commit stores the lock, which only a context running
+///    on the slot's CPU can make; its `steal` follows its compare-and-swap
+///    with a barrier that restarts such sections, see its module) to a
+///    releasing store in `exit`, and
 ///    `heavy_barrier` takes and releases every slot's lock in turn (the
 ///    same way), and `steal(slot)` takes the slot's lock (the same way)
 ///    whenever no context holds it: a drain waits for a held slot by
 ///    calling `steal` until it succeeds, so holders and drainers are
-///    ordered by those locks alone.
+///    ordered by those locks alone;
+/// 8. `rseq_fast` returns `None` (the default, and all an implementation
+///    outside this crate can return).
 pub unsafe trait Platform: Sync {
     /// The calling context's current group token (null: the root group).
     /// A token is opaque to the platform: it only stores it.
@@ -176,6 +182,36 @@ pub unsafe trait Platform: Sync {
     /// `ns` at most `HIGH_DELAY_MAX_NS` (100 ms). A sleep, or a yield for
     /// as long. The default does nothing: no throttling.
     fn throttle(&self, _ns: u64) {}
+    /// Where the slots are CPUs held through restartable sequences (only
+    /// [`crate::Rseq`]'s, whose module docs give the protocol): what the
+    /// magazine layer's fast paths need to pop and push inside an rseq
+    /// critical section of their own, which checks the CPU's lock and
+    /// commits with the magazine's count. `None`, the default, elsewhere;
+    /// no other implementation can return anything else ([`RseqFast`]
+    /// cannot be built outside this crate).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn rseq_fast(&self) -> Option<RseqFast> {
+        None
+    }
+}
+
+/// What [`Platform::rseq_fast`] hands the magazine layer: glibc's rseq
+/// offset and the address of the platform's lock state (its `limit`, then
+/// the per-CPU locks). Built only by `Rseq`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+// Its fields are read only where the fast paths' sections are built.
+#[cfg_attr(
+    not(all(feature = "std", target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri), not(loom))),
+    allow(dead_code)
+)]
+pub struct RseqFast {
+    /// `__rseq_offset`: this thread's `struct rseq` from the thread
+    /// pointer.
+    pub(crate) off: isize,
+    /// `Rseq`'s `STATE`.
+    pub(crate) state: *const u8,
 }
 
 /// A platform for one context (a single-threaded kernel or program): one

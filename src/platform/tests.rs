@@ -559,3 +559,54 @@ fn fork_child_follows_no_dead_threads_word() {
     done.wait();
     t.join().unwrap();
 }
+
+/// `Rseq`'s lock words: a hold sets its CPU's `HELD` and `exit` clears
+/// it; a steal of a held slot waits (with `want` raised) until the hold
+/// ends; while every slot is stolen no hold is granted.
+#[cfg(all(feature = "std", not(loom), not(miri)))]
+#[test]
+fn rseq_lock_words_follow_holds_and_steals() {
+    use crate::sync::{AtomicBool, Ordering};
+    let p = Rseq::new();
+    if !p.per_cpu() {
+        // The fallback is `Threads`, tested on its own.
+        return;
+    }
+    assert!(p.slots_are_locks() && p.asymmetric());
+    // SAFETY: this thread holds no slot of `p` (nothing else in this
+    // test binary uses `Rseq`).
+    let s = unsafe { p.enter() }.expect("a CPU slot");
+    assert_eq!(rseq::lock_state(s), 1);
+    let stolen = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            // SAFETY: a drain's steal, given back at once.
+            assert!(unsafe { p.steal(s) });
+            stolen.store(true, Ordering::SeqCst);
+            // SAFETY: stolen just above.
+            unsafe { p.unsteal(s) };
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!stolen.load(Ordering::SeqCst), "a held slot was stolen");
+        assert_eq!(rseq::lock_want(s), 1, "the waiting drainer raised want");
+        // SAFETY: entered above.
+        unsafe { p.exit(s) };
+    });
+    assert!(stolen.into_inner());
+    assert_eq!((rseq::lock_state(s), rseq::lock_want(s)), (0, 0));
+    for slot in 0..MAX_CPUS {
+        // SAFETY: nobody holds a slot; given back below.
+        assert!(unsafe { p.steal(slot) }, "free slot {slot} not stolen");
+        assert_eq!(rseq::lock_state(slot), 2);
+    }
+    // SAFETY: this thread holds no slot.
+    assert_eq!(unsafe { p.try_enter() }, None);
+    // SAFETY: as above.
+    assert_eq!(unsafe { p.enter() }, None);
+    for slot in 0..MAX_CPUS {
+        // SAFETY: stolen above.
+        unsafe { p.unsteal(slot) };
+        assert_eq!(rseq::lock_state(slot), 0);
+    }
+    p.heavy_barrier();
+}
