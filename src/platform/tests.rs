@@ -524,7 +524,6 @@ fn fork_child_follows_no_dead_threads_word() {
     let k: &'static crate::Kmem<OsPages> = leak(crate::Kmem::new(OsPages::new()));
     let l = Layout::new::<[u64; 4]>();
     let published = || (0..MAX_CPUS).filter(|&s| !threads::published(s).is_null()).count();
-    let before = published();
     // A thread that holds a slot (and so, with membarrier, publishes its
     // word) while the fork happens.
     let (holding, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
@@ -540,8 +539,9 @@ fn fork_child_follows_no_dead_threads_word() {
     holding.wait();
     // SAFETY: as above.
     unsafe { k.dealloc(k.alloc(l), l) };
-    let mine = (0..MAX_CPUS).map(threads::published).filter(|p| !p.is_null()).count();
-    assert!(mine > before, "the thread published its word (membarrier is available here)");
+    // At least these two threads' words (other tests' threads come and
+    // go meanwhile, so no count from before is compared: that flaked).
+    assert!(published() >= 2, "the threads published their words (membarrier is available here)");
     // SAFETY: the child only loads atomics and calls `_exit`.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
