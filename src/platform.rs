@@ -37,6 +37,7 @@ mod threads;
 mod threads_model;
 
 #[cfg(all(feature = "std", not(loom)))]
+#[cfg_attr(miri, allow(unused_imports))] // the rseq sections are not built under Miri
 pub(crate) use cpu::RseqFast;
 pub use cpu::{MAX_CPUS, NoCpus, Platform};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};

@@ -228,6 +228,7 @@ static STATE: State = State {
 static MODE: AtomicU8 = atomic_u8(UNKNOWN);
 
 /// log2 of a lock's stride in `State::locks`.
+#[cfg_attr(miri, allow(dead_code))] // read by the rseq sections, not built under Miri
 pub(crate) const LOCK_SHIFT: u32 = size_of::<CachePadded<Lock>>().trailing_zeros();
 /// Where the locks start in `State`.
 pub(crate) const LOCKS_OFF: usize = offset_of!(State, locks);

@@ -202,21 +202,29 @@ fn zombie_groups_leave_nothing_behind() {
     );
 }
 
-/// A shrink with no group left frees the size classes' charged caches
-/// (an allocator whose groups are gone keeps none of their memory), and a
-/// group made afterwards gets them anew; while a group exists they stay.
+/// A shrink with no group left frees the charged caches, the size
+/// classes' and a live typed cache's (an allocator whose groups are gone
+/// keeps none of their memory: the fuzzer's `cgroup_tree` target found a
+/// typed cache's kept), and a group made afterwards gets them anew; while
+/// a group exists they stay.
 #[test]
 fn charged_caches_go_with_the_last_group_and_come_back() {
     let (k, g) = kmem_with_child("first");
+    let typed = k.create_cache::<[u64; 3]>("kept", CacheFlags::ACCOUNT).unwrap();
     let layout = Layout::from_size_align(64, 8).unwrap();
     let objs = {
         let _in = g.enter();
         alloc_blocks(k, layout, 100)
     };
+    drop(typed.alloc_in(&g, [1; 3]).unwrap());
     // SAFETY: live blocks of `layout`, each freed once.
     unsafe { free_blocks(k, objs, layout) };
     k.shrink();
-    assert_eq!(k.tree().charged_caches.stats().active_objects, 1, "a group exists: its class's charged cache stays");
+    assert_eq!(
+        k.tree().charged_caches.stats().active_objects,
+        2,
+        "a group exists: its class's and the typed cache's charged caches stay"
+    );
     g.remove().unwrap();
     drop(g);
     k.shrink();
@@ -227,6 +235,9 @@ fn charged_caches_go_with_the_last_group_and_come_back() {
         alloc_blocks(k, layout, 100)
     };
     assert!(h.usage() >= 100 * 64);
+    let b = typed.alloc_in(&h, [2; 3]).unwrap();
+    assert_eq!(k.tree().charged_caches.stats().active_objects, 2, "made anew");
+    drop(b);
     // SAFETY: as above.
     unsafe { free_blocks(k, objs, layout) };
     assert_uncharged_after_shrink(k, &[&h]);

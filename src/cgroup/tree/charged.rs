@@ -79,39 +79,45 @@ impl<R: RawMutex> Tree<R> {
         }
     }
 
-    /// Frees the size classes' charged caches once no group is left (a
-    /// `shrink`), so an allocator whose groups are all gone holds none of
-    /// their memory. Safe then without a grace period: every path that
-    /// uses a charged cache holds a reference on a group, and every
-    /// charged object keeps its group, so with no group in the tree
-    /// (checked under the tree lock, which creation takes) nobody uses
-    /// them and they hold no object; a group made after the lock is let
-    /// go makes them anew. A typed cache's goes with its descriptor.
+    /// Frees the charged caches once no group is left (a `shrink`), so an
+    /// allocator whose groups are all gone holds none of their memory.
+    /// Safe then without a grace period: every path that uses a charged
+    /// cache holds a reference on a group, and every charged object keeps
+    /// its group, so with no group in the tree (checked under the tree
+    /// lock, which creation takes) nobody uses them and they hold no
+    /// object; a group made after the lock is let go makes them anew.
+    /// (Typed caches' too: a destroy waits for the tree lock, then finds
+    /// its descriptor's pointer null.)
     pub(crate) fn release_charged<E: Env<R>>(&self, env: &E) {
         let mut limbo = self.lock.lock();
         if !self.all_groups.load(Ordering::Acquire).is_null() {
             return;
         }
-        for slot in self.charged.iter() {
-            let Some(c) = NonNull::new(slot.load(Ordering::Acquire)) else { continue };
+        let mut release = |slot: &AtomicPtr<MagCache<R>>| {
+            let Some(c) = NonNull::new(slot.load(Ordering::Acquire)) else { return };
             // SAFETY: published, and nobody else uses it (above).
             let cache = unsafe { c.as_ref() };
             Self::drain_and_shrink(env, |f| f(cache));
             if cache.cache.nslabs() != 0 {
                 // Cannot be (no group, no charged object); keep it if so.
-                continue;
+                return;
             }
             slot.store(core::ptr::null_mut(), Ordering::Release);
             // Freed once no iteration (`for_each_charged` under a read
             // guard) can still reach it.
             limbo.retire_cache(c);
-        }
+        };
+        self.charged.iter().for_each(&mut release);
+        self.for_each_desc(|d| release(&d.charged));
         self.reclaim_groups(env, &mut limbo);
     }
 
     /// Calls `f` on every charged cache with the name of the cache it
     /// charges for: the size classes', then the typed caches'.
     pub(crate) fn for_each_charged(&self, mut f: impl FnMut(Name, &MagCache<R>)) {
+        // A shrink with no group left frees charged caches once no reader
+        // holds a guard (`release_charged`): a report may run without one.
+        let _read = self.read_guard();
         for c in 0..NCLASSES {
             if let Some(cache) = self.class_charged(c) {
                 f(class_name(c), cache);

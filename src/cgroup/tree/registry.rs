@@ -153,9 +153,13 @@ impl<R: RawMutex> Tree<R> {
     /// Calls `f` on the cache of `desc` and on its charged cache, if it has
     /// one.
     pub(crate) fn for_each_cache_part(&self, desc: &CacheDesc<R>, mut f: impl FnMut(&MagCache<R>)) {
+        // The charged cache may be freed by a shrink with no group left
+        // (`release_charged`), once no read guard is held.
+        let _read = self.read_guard();
         f(&desc.cache);
-        // SAFETY: published; freed only with the descriptor, which the
-        // caller's handle (or iteration) keeps.
+        // SAFETY: published; freed only with the descriptor (which the
+        // caller's handle or iteration keeps) or once no read guard is
+        // held.
         if let Some(c) = unsafe { desc.charged.load(Ordering::Acquire).as_ref() } {
             f(c);
         }
