@@ -186,6 +186,7 @@ pub(super) mod rseq_ops {
         // is non-zero, so `loaded` is a live magazine with `count`
         // rounds (the invariant of `CpuMags`); (4) `OFFSETS[c]` and the
         // `CpuMags` it locates are in bounds for `c < limit <= MAX_CPUS`.
+        // SAFETY: by the argument just above.
         unsafe {
             core::arch::asm!(
                 ".pushsection __rseq_cs, \"aw\"",
@@ -257,6 +258,7 @@ pub(super) mod rseq_ops {
         let ok: u32;
         // SAFETY: as in `pop`; `count < cap` means `loaded` is live with
         // room at `count` (`cap` is its rounds).
+        // SAFETY: by the argument just above.
         unsafe {
             core::arch::asm!(
                 ".pushsection __rseq_cs, \"aw\"",

@@ -340,6 +340,7 @@ fn cpu_id() -> u32 {
     // SAFETY: glibc keeps every thread's rseq area at `__rseq_offset` from
     // the thread pointer (the TCB), registered or not; a 4-byte read of
     // its `cpu_id` touches nothing else.
+    // SAFETY: by the argument just above.
     unsafe {
         core::arch::asm!(
             "mov {id:e}, dword ptr fs:[{off} + 4]",
@@ -407,6 +408,7 @@ unsafe fn hold() -> usize {
     // `locks + c * stride` for a `c` below `limit <= MAX_CPUS`; (4) the
     // block may read and write memory, so the compiler keeps the
     // magazine accesses of the hold after it.
+    // SAFETY: by the argument just above.
     unsafe {
         core::arch::asm!(
             // The descriptor (`struct rseq_cs`): version 0, flags 0, the
