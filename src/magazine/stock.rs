@@ -59,15 +59,6 @@ impl Stocks {
         }
     }
 
-    /// Runs `f` on the caller's slot's stock, under the slot (claimed if
-    /// need be: slow paths); `None` (and `f` not run) without one. `f`
-    /// must not call out of the allocator or block.
-    #[inline]
-    pub(crate) fn with<R: RawMutex, E: Env<R>, T>(&self, cx: &E, f: impl FnOnce(&mut Stock) -> T) -> Option<T> {
-        let slot = cx.slots().hold(cx.plat())?;
-        Some(self.held(cx, slot, f))
-    }
-
     /// Runs `f` with the caller's slot, held (claimed if need be), or
     /// `None` without one. `f` must not call out of the allocator or block.
     #[inline]
@@ -76,14 +67,6 @@ impl Stocks {
         let r = f(slot);
         cx.slots().unhold(cx.plat(), slot);
         Some(r)
-    }
-
-    #[inline(always)]
-    fn held<R: RawMutex, E: Env<R>, T>(&self, cx: &E, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
-        // SAFETY: we hold the slot.
-        let r = unsafe { self.under(slot, f) };
-        cx.slots().unhold(cx.plat(), slot);
-        r
     }
 
     /// Runs `f` on slot `slot`'s stock, which the caller holds (a

@@ -153,6 +153,22 @@ impl<R: RawMutex> Tree<R> {
             return self.flush(g, n);
         }
         // SAFETY: forwarded.
+        unsafe { self.put_at(slot, g, n) }
+    }
+
+    /// Puts `n` bytes charged to `g` (online when the caller looked) into
+    /// the stock of `slot`, which the caller holds: added to it if it holds
+    /// `g`'s (whole pages past a page flushed), else in place of the stock
+    /// there, which is flushed; then, a full fence later, `g` checked still
+    /// online, and the stock taken back if not (see the module docs,
+    /// *Removal*). Lock-free; calls nothing outside the allocator.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`.
+    unsafe fn put_at(&self, slot: usize, g: &Group<R>, n: usize) {
+        let owner = g.key();
+        // SAFETY: forwarded.
         let (out, swapped) = unsafe {
             self.stocks.under(slot, |s| {
                 if s.owner == owner {
@@ -180,37 +196,11 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Puts `bytes` charged to `g` beyond its objects into the slot's
-    /// stock (or its spare without a slot).
+    /// stock ([`Tree::put_at`]), or its spare without a slot.
     fn stash<E: Env<R>>(&self, env: &E, g: &Group<R>, bytes: usize) {
-        let key = g.key();
-        let out = self.stocks.with(env, |s| {
-            if s.owner == key {
-                s.bytes += bytes;
-                None
-            } else {
-                Some(core::mem::replace(s, Stock { owner: key, bytes }))
-            }
-        });
-        match out {
-            None => self.flush(g, bytes),
-            Some(None) => {}
-            Some(Some(old)) => {
-                self.flush_stock(old);
-                self.still_online(env, g);
-            }
-        }
-    }
-
-    /// After `g` went into the slot's stock: if a removal started since,
-    /// takes the stock back (see the module docs, *Removal*).
-    fn still_online<E: Env<R>>(&self, env: &E, g: &Group<R>) {
-        // Pairs with the fence in `remove`.
-        fence(Ordering::SeqCst);
-        if g.is_offline() {
-            let key = g.key();
-            if let Some(s) = self.stocks.with(env, |s| if s.owner == key { s.take() } else { Stock::EMPTY }) {
-                self.flush_stock(s);
-            }
+        // SAFETY: the closure runs under the hold of `slot`.
+        if self.stocks.with_slot(env, |slot| unsafe { self.put_at(slot, g, bytes) }).is_none() {
+            self.flush(g, bytes);
         }
     }
 
