@@ -611,3 +611,49 @@ fn a_shrinker_may_change_the_list_from_inside_its_call() {
     k.unregister_shrinker(next);
     g.remove().unwrap();
 }
+
+/// A shrinker that calls `shrink()` from inside its scan (which drains
+/// every slot's byte stock and may free charged caches under the tree
+/// lock): the refused charge that called it still fails cleanly at the
+/// max, nothing deadlocks, and everything is uncharged after.
+#[test]
+fn a_shrinker_that_shrinks_the_allocator_from_inside_its_scan() {
+    struct Shrinking(&'static K, AtomicUsize);
+    impl Shrinker for Shrinking {
+        fn count(&self, _sc: &ShrinkControl) -> usize {
+            1
+        }
+        fn scan(&self, _sc: &ShrinkControl, _nr: usize) -> usize {
+            self.1.fetch_add(1, O::Relaxed);
+            self.0.shrink();
+            0
+        }
+    }
+    let k = kmem(16 * MB);
+    let s: &'static Shrinking = Box::leak(Box::new(Shrinking(k, AtomicUsize::new(0))));
+    k.register_shrinker(s).unwrap();
+    let g = capped_child(k, "shrunk", 64 << 10);
+    let l = Layout::from_size_align(OBJ, 8).unwrap();
+    let mut held = Vec::new();
+    {
+        let _in = g.enter();
+        for _ in 0..1000 {
+            // SAFETY: valid layout.
+            let p = unsafe { k.alloc(l) };
+            if p.is_null() {
+                break;
+            }
+            held.push(p);
+        }
+    }
+    assert!(s.1.load(O::Relaxed) > 0, "the refused charge called the shrinker");
+    assert!(held.len() * OBJ <= 64 << 10 && g.usage() <= 64 << 10);
+    for p in held {
+        // SAFETY: allocated above with `l`, freed once.
+        unsafe { k.dealloc(p, l) };
+    }
+    k.unregister_shrinker(s);
+    k.shrink();
+    assert_eq!(g.usage(), 0);
+    k.check_accounting();
+}

@@ -242,3 +242,36 @@ fn charged_caches_go_with_the_last_group_and_come_back() {
     unsafe { free_blocks(k, objs, layout) };
     assert_uncharged_after_shrink(k, &[&h]);
 }
+
+/// The extremes of one object's charge: the largest size class (16 KiB,
+/// four pages for one object, more than a stock holds) and the smallest
+/// (8 bytes), from two threads at once in one group: usage follows the
+/// live bytes in whole pages, and nothing stays charged once all is freed.
+#[test]
+fn largest_and_smallest_classes_charge_and_uncharge_exactly() {
+    let (k, g) = kmem_with_child("extremes");
+    let (big, small) = (Layout::from_size_align(16384, 8).unwrap(), Layout::from_size_align(8, 8).unwrap());
+    let n = scaled(64, 8);
+    let (bigs, smalls) = thread::scope(|s| {
+        let b = s.spawn(|| {
+            let _in = g.enter();
+            alloc_blocks(k, big, n)
+        });
+        let t = s.spawn(|| {
+            let _in = g.enter();
+            alloc_blocks(k, small, n)
+        });
+        (b.join().unwrap(), t.join().unwrap())
+    });
+    assert!(bigs.iter().chain(&smalls).all(|&p| p != 0));
+    let live = n * 16384 + n * 8;
+    // At least the live bytes; at most a page more per slot's stock.
+    assert!(g.usage() >= live, "{} < {live}", g.usage());
+    assert!(g.usage() <= live.next_multiple_of(PAGE_SIZE) + 64 * PAGE_SIZE, "{}", g.usage());
+    // SAFETY: live blocks of their layouts, each freed once.
+    unsafe {
+        free_blocks(k, bigs, big);
+        free_blocks(k, smalls, small);
+    }
+    assert_uncharged_after_shrink(k, &[&g]);
+}
