@@ -277,6 +277,14 @@ fn moved() -> ! {
     )
 }
 
+/// [`moved`], typed to return, so that a caller can tail-call it (see
+/// `Kmem::at_home`).
+#[cold]
+#[inline(never)]
+fn moved_here() {
+    moved()
+}
+
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
 const SPECIAL: usize = mode::ARMED | mode::INJECT | mode::ENV | mode::BYTES;
 
@@ -377,6 +385,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         &self.tree
     }
 
+    /// The group tree, unchecked, for a caller whose borrow of this `Kmem`
+    /// began after a use that checked it (a typed cache's handle, made
+    /// through [`Kmem::tree`]): the borrow keeps it from moving since.
+    #[inline(always)]
+    pub(crate) fn tree_borrowed(&self) -> &Tree<R> {
+        &self.tree
+    }
+
     /// Stops the program if this `Kmem` was moved after its first use;
     /// makes this address its home on first use. Every path but a
     /// magazine hit calls it first (the slow paths, the page path, frees
@@ -447,13 +463,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// [`Kmem::settle`] where the first use has certainly happened (a free
-    /// of an object this `Kmem` made): a compare and a branch to a call
-    /// that does not return, so the caller keeps no registers for it.
+    /// of an object this `Kmem` made): whether this `Kmem` is where it was
+    /// first used. A caller returns [`moved_here`] when not: a tail call,
+    /// so it keeps no registers or stack alignment for it.
     #[inline(always)]
-    fn check_home(&self) {
-        if self.home.load(Ordering::Relaxed) != core::ptr::from_ref(self).addr() {
-            moved()
-        }
+    fn at_home(&self) -> bool {
+        self.home.load(Ordering::Relaxed) == core::ptr::from_ref(self).addr()
     }
 
     /// The node new slabs and runs should come from when no slot is held.

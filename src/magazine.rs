@@ -194,6 +194,20 @@ pub(crate) enum ChargedPop {
     Uncharged,
 }
 
+/// What [`MagCache::free_fast_charged`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChargedPush {
+    /// Uncharged and pushed: done.
+    Pushed,
+    /// Uncharged, but not pushed: the object is the caller's to free.
+    Uncharged,
+    /// The stock could not take the bytes: nothing done, and the caller
+    /// still holds this slot.
+    Refused(usize),
+    /// Nothing done: no slot.
+    NoSlot,
+}
+
 /// Magazine counters of a cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MagazineStats {
@@ -392,21 +406,38 @@ impl<R: RawMutex> MagCache<R> {
 
     /// [`MagCache::free_fast`] for an object charged one by one: under the
     /// same hold of the slot, `uncharge(slot)` first (into the slot's byte
-    /// stock), then the push. Returns `None` (nothing done) without a
-    /// slot, else whether it pushed.
+    /// stock, `false` if it cannot take it there), then the push. Whatever
+    /// it does not finish is the caller's, out of line.
     ///
     /// # Safety
     ///
-    /// As for [`MagCache::free`].
+    /// As for [`MagCache::free`]. On [`ChargedPush::Refused`] the caller
+    /// holds the slot, and ends the hold with [`MagCache::push_held`].
     #[inline(always)]
     pub(crate) unsafe fn free_fast_charged<E: Env<R>>(
         &self,
         cx: &E,
         ptr: NonNull<u8>,
-        uncharge: impl FnOnce(usize),
-    ) -> Option<bool> {
-        let slot = cx.slots().try_hold(cx.plat())?;
-        uncharge(slot);
+        uncharge: impl FnOnce(usize) -> bool,
+    ) -> ChargedPush {
+        let Some(slot) = cx.slots().try_hold(cx.plat()) else { return ChargedPush::NoSlot };
+        if !uncharge(slot) {
+            return ChargedPush::Refused(slot);
+        }
+        // SAFETY: forwarded; we hold `slot`.
+        if unsafe { self.push_held(cx, slot, ptr) } { ChargedPush::Pushed } else { ChargedPush::Uncharged }
+    }
+
+    /// Pushes `ptr` onto the loaded magazine of `slot`, which the caller
+    /// holds, if it has room and `ptr` is of the slot's node; ends the
+    /// hold. Whether it pushed.
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::free`]; the caller holds `slot` (from the slot
+    /// handshake), and gives the hold up here.
+    #[inline(always)]
+    pub(crate) unsafe fn push_held<E: Env<R>>(&self, cx: &E, slot: usize, ptr: NonNull<u8>) -> bool {
         // SAFETY: `ptr` is a live object of this cache.
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
@@ -416,7 +447,7 @@ impl<R: RawMutex> MagCache<R> {
                 unsafe { (*m).push(ptr) }
             });
         cx.slots().unhold(cx.plat(), slot);
-        Some(pushed)
+        pushed
     }
 
     /// Everything but a hit in the loaded magazine: swap, depot, refill,

@@ -171,10 +171,12 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
             hardened_on_alloc(base, p);
             return Ok(p);
         };
-        let charged = k.tree().charged_in(k, &self.desc.charged, base).ok_or(Error::OutOfMemory)?;
+        // The handle borrows the `Kmem` since `create_cache` checked it.
+        let t = k.tree_borrowed();
+        let charged = t.charged_in(k, &self.desc.charged, base).ok_or(Error::OutOfMemory)?;
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
-        match charged.alloc_fast_charged(k, |slot| unsafe { k.tree().stock_take_at(slot, g, n) }) {
+        match charged.alloc_fast_charged(k, |slot| unsafe { t.stock_take_at(slot, g, n) }) {
             ChargedPop::Hit(p) => {
                 // SAFETY: a fresh object of a charged cache.
                 unsafe { KmemOf::<K>::set_owner(charged, p, g) };

@@ -7,7 +7,7 @@ use lock_api::RawMutex;
 
 use super::{Kmem, SPECIAL, hardened_abort, hardened_on_free};
 use crate::cgroup::mode;
-use crate::magazine::MagCache;
+use crate::magazine::{ChargedPush, MagCache};
 use crate::page::pages_for;
 use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::classes::{GEOMETRIES, class_of};
@@ -99,18 +99,43 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Frees an object of `base`'s class once groups exist: into whichever
-    /// cache (base or a group's child) owns its slab. Out of line, so the
-    /// plain free path around it stays a leaf.
+    /// cache (base or its charged cache) owns its slab. Inline: every miss
+    /// below it is a tail call with its arguments in registers, so the
+    /// free path around it stays a leaf.
     ///
     /// # Safety
     ///
     /// `ptr` is a live object of `base`'s class, in a slab of `base` or of
     /// its charged cache.
-    #[inline(never)]
+    #[inline(always)]
     pub(super) unsafe fn free_owned(&self, base: &MagCache<R>, ptr: NonNull<u8>) {
-        self.check_home();
+        if !self.at_home() {
+            return super::moved_here();
+        }
         // SAFETY: forwarded.
-        unsafe { self.free_into(Self::owner(base, ptr), ptr) }
+        let owner = unsafe { Self::owner(base, ptr) };
+        hardened_on_free(owner, ptr);
+        // SAFETY: forwarded.
+        unsafe {
+            if owner.cache.geometry().has_owners() {
+                self.free_charged(owner, ptr)
+            } else {
+                self.free_plain_out(owner, ptr)
+            }
+        }
+    }
+
+    /// [`Kmem::free_plain`] out of line: a root object's free once groups
+    /// exist, a tail call from [`Kmem::free_owned`] (inlined, its platform
+    /// calls would make every free there save registers).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_plain`].
+    #[inline(never)]
+    unsafe fn free_plain_out(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe { self.free_plain(owner, ptr) }
     }
 
     /// A free with detection on, or the environment still to read (a free
@@ -186,11 +211,24 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     pub(crate) unsafe fn free_into(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         hardened_on_free(owner, ptr);
-        let geo = owner.cache.geometry();
-        if geo.has_owners() {
-            // SAFETY: forwarded.
-            return unsafe { self.free_charged(owner, ptr) };
+        // SAFETY: forwarded.
+        unsafe {
+            if owner.cache.geometry().has_owners() {
+                self.free_charged(owner, ptr)
+            } else {
+                self.free_plain(owner, ptr)
+            }
         }
+    }
+
+    /// [`Kmem::free_into`] of an object of a cache without owner words: a
+    /// magazine push inline, everything else out of line.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, freed once.
+    #[inline(always)]
+    unsafe fn free_plain(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         // SAFETY: forwarded.
         if !unsafe { owner.free_fast(self, ptr) } {
             // SAFETY: forwarded.
@@ -223,16 +261,58 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return unsafe { self.free_into_slow(owner, ptr) };
         }
         // SAFETY: forwarded; the closure runs under the hold of `slot`.
-        match unsafe { owner.free_fast_charged(self, ptr, |slot| self.tree.stock_give_at(slot, key, n)) } {
-            Some(true) => {}
+        match unsafe { owner.free_fast_charged(self, ptr, |slot| self.tree.stock_add_at(slot, key, n)) } {
+            ChargedPush::Pushed => {}
             // SAFETY: forwarded (uncharged).
-            Some(false) => unsafe { self.free_into_slow(owner, ptr) },
-            None => {
-                self.tree.uncharge_object(self, key, n);
-                // SAFETY: forwarded (uncharged).
-                unsafe { self.free_into_slow(owner, ptr) }
-            }
+            ChargedPush::Uncharged => unsafe { self.free_into_slow(owner, ptr) },
+            // SAFETY: forwarded; we hold `slot`.
+            ChargedPush::Refused(slot) => unsafe { self.free_charged_held(owner, ptr, key, slot) },
+            // SAFETY: forwarded.
+            ChargedPush::NoSlot => unsafe { self.free_charged_slow(owner, ptr, key) },
         }
+    }
+
+    /// [`Kmem::free_charged`] when the slot's stock did not take the
+    /// object's bytes (it holds another group's, or would pass a page, or
+    /// the group was removed): [`Tree::give_slow_at`] and the push, still
+    /// under the hold of `slot`, so frees of a removed group's objects
+    /// stay on the magazines. Out of line with its arguments in
+    /// registers, so the hit path around it saves none.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, a charged cache, freed once,
+    /// whose owner word held `key` (now cleared); the caller holds `slot`
+    /// and hands the hold over.
+    ///
+    /// [`Tree::give_slow_at`]: crate::cgroup::Tree
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_charged_held(&self, owner: &MagCache<R>, ptr: NonNull<u8>, key: *mut (), slot: usize) {
+        // SAFETY: forwarded: we hold `slot`.
+        let pushed = unsafe {
+            self.tree.give_slow_at(slot, key, owner.cache.geometry().size);
+            owner.push_held(self, slot, ptr)
+        };
+        if !pushed {
+            // SAFETY: forwarded (uncharged).
+            unsafe { self.free_into_slow(owner, ptr) }
+        }
+    }
+
+    /// [`Kmem::free_charged`] with no slot held: uncharged through
+    /// [`Tree::uncharge_object`](crate::cgroup::Tree), then freed.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, a charged cache, freed once,
+    /// whose owner word held `key` (now cleared).
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_charged_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>, key: *mut ()) {
+        self.tree.uncharge_object(self, key, owner.cache.geometry().size);
+        // SAFETY: forwarded (uncharged).
+        unsafe { self.free_into_slow(owner, ptr) }
     }
 
     /// The slow path of [`Kmem::free_into`].

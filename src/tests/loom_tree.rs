@@ -20,7 +20,7 @@ use loom::thread;
 
 use crate::cgroup::{Group, ShrinkControl, Shrinker, Tree};
 use crate::error::Name;
-use crate::magazine::{ChargedPop, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{ChargedPop, ChargedPush, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{MAX_NODES, PAGE_SIZE, Platform, Region};
 use crate::slab::Cache;
 use crate::slab::classes::class_of;
@@ -184,10 +184,19 @@ impl TreeEnv {
             // SAFETY: as above.
             unsafe { word_store(w, core::ptr::null_mut()) };
             // SAFETY: live, freed once; the closure runs under the hold.
-            match unsafe { owner.free_fast_charged(self, p, |slot| self.tree.stock_give_at(slot, key, geo.size)) } {
-                Some(true) => return,
-                Some(false) => {}
-                None => self.tree.uncharge_object(self, key, geo.size),
+            match unsafe { owner.free_fast_charged(self, p, |slot| self.tree.stock_add_at(slot, key, geo.size)) } {
+                ChargedPush::Pushed => return,
+                ChargedPush::Uncharged => {}
+                ChargedPush::Refused(slot) => {
+                    // SAFETY: we hold `slot`, and hand it over to the push.
+                    if unsafe {
+                        self.tree.give_slow_at(slot, key, geo.size);
+                        owner.push_held(self, slot, p)
+                    } {
+                        return;
+                    }
+                }
+                ChargedPush::NoSlot => self.tree.uncharge_object(self, key, geo.size),
             }
         }
         // SAFETY: live, freed once.

@@ -116,7 +116,23 @@ impl<R: RawMutex> Tree<R> {
     #[inline(always)]
     pub(crate) unsafe fn stock_give_at(&self, slot: usize, owner: *mut (), n: usize) {
         // SAFETY: forwarded.
-        let fits = unsafe {
+        if !unsafe { self.stock_add_at(slot, owner, n) } {
+            // SAFETY: forwarded.
+            unsafe { self.give_slow_at(slot, owner, n) }
+        }
+    }
+
+    /// The inline part of [`Tree::stock_give_at`]: adds `n` bytes of
+    /// `owner`'s to the stock of `slot` if it holds `owner`'s and stays
+    /// within a page; `false` (nothing done) if not.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`.
+    #[inline(always)]
+    pub(crate) unsafe fn stock_add_at(&self, slot: usize, owner: *mut (), n: usize) -> bool {
+        // SAFETY: forwarded.
+        unsafe {
             self.stocks.under(slot, |s| {
                 let fits = s.owner == owner && s.bytes + n <= PAGE_SIZE;
                 if fits {
@@ -124,10 +140,6 @@ impl<R: RawMutex> Tree<R> {
                 }
                 fits
             })
-        };
-        if !fits {
-            // SAFETY: forwarded.
-            unsafe { self.give_slow_at(slot, owner, n) }
         }
     }
 
@@ -145,7 +157,7 @@ impl<R: RawMutex> Tree<R> {
     /// The caller holds `slot`.
     #[cold]
     #[inline(never)]
-    unsafe fn give_slow_at(&self, slot: usize, owner: *mut (), n: usize) {
+    pub(crate) unsafe fn give_slow_at(&self, slot: usize, owner: *mut (), n: usize) {
         // SAFETY: the object's `n` bytes are still charged to its group,
         // which they keep alive.
         let g = unsafe { &*owner.cast::<Group<R>>() };
