@@ -100,6 +100,22 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         } else {
             self.tree.charged_for(self.platform.current_group())
         };
+        if self.platform.rseq_fast().is_some() {
+            // `Rseq`'s sections take registers: inlined, its grouped path
+            // would make every allocation save five.
+            return self.alloc_pow2_out::<NOUNWIND>(g, size, align);
+        }
+        self.alloc_pow2::<NOUNWIND>(g, size, align)
+    }
+
+    /// [`Kmem::alloc_pow2`] out of line (see [`Kmem::alloc_current`]).
+    #[inline(never)]
+    fn alloc_pow2_out<const NOUNWIND: bool>(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
         self.alloc_pow2::<NOUNWIND>(g, size, align)
     }
 

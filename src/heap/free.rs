@@ -74,6 +74,22 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: forwarded.
             return unsafe { self.free_special(ptr, size, align, class) };
         }
+        if self.platform.rseq_fast().is_some() {
+            // As in `alloc_current`: `Rseq`'s sections take registers.
+            // SAFETY: forwarded.
+            return unsafe { self.free_grouped_out(class, ptr) };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.free_grouped(class, ptr) }
+    }
+
+    /// [`Kmem::free_grouped`] out of line (see [`Kmem::free_moded`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`].
+    #[inline(never)]
+    unsafe fn free_grouped_out(&self, class: Option<usize>, ptr: NonNull<u8>) {
         // SAFETY: forwarded.
         unsafe { self.free_grouped(class, ptr) }
     }

@@ -210,7 +210,8 @@ pub(super) mod rseq_ops {
                 "cmp word ptr [{state} + {t} + {locks}], 0",
                 "jne 8f",
                 // `cpu_index(c)`'s `CpuMags`.
-                "mov {t:e}, dword ptr [{table} + {c} * 4]",
+                "lea {t}, [rip + {table}]",
+                "mov {t:e}, dword ptr [{t} + {c} * 4]",
                 "add {t}, {mags}",
                 "mov {c}, qword ptr [{t} + {count}]",
                 "test {c}, {c}",
@@ -233,7 +234,7 @@ pub(super) mod rseq_ops {
                 mags = in(reg) mags,
                 shift = const LOCK_SHIFT,
                 locks = const LOCKS_OFF,
-                table = in(reg) OFFSETS.as_ptr(),
+                table = sym OFFSETS,
                 count = const COUNT,
                 loaded = const LOADED,
                 rounds = const ROUNDS,
@@ -255,7 +256,7 @@ pub(super) mod rseq_ops {
     /// As for [`pop`]; `p` is a free object of the cache.
     #[inline(always)]
     pub(in crate::magazine) unsafe fn push(f: RseqFast, mags: *const CpuMags, p: *mut u8) -> bool {
-        let ok: u32;
+        let ok: usize;
         // SAFETY: as in `pop`; `count < cap` means `loaded` is live with
         // room at `count` (`cap` is its rounds).
         // SAFETY: by the argument just above.
@@ -281,13 +282,15 @@ pub(super) mod rseq_ops {
                 // drains write them), so the load is not held up.
                 "cmp word ptr [{state} + {t} + {locks}], 0",
                 "jne 8f",
-                "mov {t:e}, dword ptr [{table} + {c} * 4]",
+                "lea {t}, [rip + {table}]",
+                "mov {t:e}, dword ptr [{t} + {c} * 4]",
                 "add {t}, {mags}",
                 "mov {c}, qword ptr [{t} + {count}]",
                 "cmp {c}, qword ptr [{t} + {cap}]",
                 "jae 8f",
-                "mov {m}, qword ptr [{t} + {loaded}]",
-                "mov qword ptr [{m} + {c} * 8 + {rounds}], {p}",
+                // `ok` is free until the commit: the magazine.
+                "mov {ok}, qword ptr [{t} + {loaded}]",
+                "mov qword ptr [{ok} + {c} * 8 + {rounds}], {p}",
                 "inc {c}",
                 "mov qword ptr [{t} + {count}], {c}",
                 "5:",
@@ -307,7 +310,7 @@ pub(super) mod rseq_ops {
                 p = in(reg) p,
                 shift = const LOCK_SHIFT,
                 locks = const LOCKS_OFF,
-                table = in(reg) OFFSETS.as_ptr(),
+                table = sym OFFSETS,
                 count = const COUNT,
                 cap = const CAP,
                 loaded = const LOADED,
@@ -315,7 +318,6 @@ pub(super) mod rseq_ops {
                 ok = out(reg) ok,
                 c = out(reg) _,
                 t = out(reg) _,
-                m = out(reg) _,
                 options(nostack),
             );
         }
