@@ -8,6 +8,9 @@
 //! CPUs. The modules, none of which imports a sibling but [`arch`]:
 //!
 //! - [`arch`]: the [`Arch`] trait, the heap types, [`kprintln!`];
+//! - `cpu` (x86_64 and aarch64): [`Hw`](cpu::Hw), the kernels'
+//!   `kmemcg::Cpu`, over each architecture's per-CPU block
+//!   ([`CpuBlock`](cpu::CpuBlock));
 //! - [`tutorial_heap`]: a tutorial kernel's heap tests and the `heap=KIB`
 //!   parser;
 //! - [`icount`]: the `icount` mode's arithmetic and report lines;
@@ -38,6 +41,8 @@
 extern crate alloc;
 
 pub mod arch;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub mod cpu;
 pub mod failure;
 pub mod icount;
 pub mod lock;

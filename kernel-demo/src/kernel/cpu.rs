@@ -25,7 +25,7 @@ pub struct CpuLocal {
     /// This CPU's index; read through `gs:[0]` by [`index`].
     index: usize,
     /// Interrupt nesting depth: raised by interrupt handlers while they
-    /// run; read through GS by [`Hw::in_interrupt`]. Only its own CPU
+    /// run; read through GS by `Blocks::irq_depth`. Only its own CPU
     /// touches it.
     irq_depth: AtomicUsize,
     /// Allocations the timer handler made on this CPU.
@@ -141,37 +141,24 @@ pub fn get(i: usize) -> Option<&'static CpuLocal> {
     CPUS.get(i)
 }
 
-/// The hardware as kmemcg's per-CPU platform sees it.
-pub struct Hw;
+/// This kernel's per-CPU blocks, as [`Hw`] reads them.
+pub struct Blocks;
 
-// SAFETY: (1) `id` reads the index of the block GS points at: each CPU
-// points at its own block before it first allocates, indices are below
-// `MAX_SMP` (8 < `kmemcg::MAX_CPUS`) and never change. (2) the masking
-// comes from `kmemcg::arch` (`pushfq; cli` / `sti` if IF was set), which
-// nests. (3) every interrupt handler that allocates (the timer's) raises
-// the depth `in_interrupt` reads before it allocates; the other handlers
-// neither allocate nor free. (4) one node. (5) `BARRIER` is false. (6)
-// none of these allocates or panics (`index() % MAX_SMP` cannot).
-unsafe impl kmemcg::Cpu for Hw {
+// SAFETY: (1) `index` reads the index of the block GS points at: each
+// CPU points at its own block before it first allocates, indices are
+// below `MAX_SMP` (8) and never change; (2) every interrupt handler that
+// allocates (the timer's) raises the depth `irq_depth` reads before it
+// allocates (`CpuLocal::irq_enter`); the other handlers neither allocate
+// nor free; only the CPU itself writes its depth; (3) GS reads only;
+// (4) the kernel runs in ring 0.
+unsafe impl kernel_common::cpu::CpuBlock for Blocks {
     #[inline(always)]
-    fn id() -> usize {
+    fn index() -> usize {
         index()
     }
 
     #[inline(always)]
-    fn irq_save() -> usize {
-        // SAFETY: the kernel runs in ring 0.
-        unsafe { kmemcg::arch::irq_save() }
-    }
-
-    #[inline(always)]
-    unsafe fn irq_restore(saved: usize) {
-        // SAFETY: ring 0; `saved` came from `irq_save` on this CPU (caller).
-        unsafe { kmemcg::arch::irq_restore(saved) }
-    }
-
-    #[inline(always)]
-    fn in_interrupt() -> bool {
+    fn irq_depth() -> usize {
         let depth: usize;
         // SAFETY: GS points at this CPU's block; the depth field is only
         // written by this CPU, so a plain read sees its current value.
@@ -179,9 +166,12 @@ unsafe impl kmemcg::Cpu for Hw {
             asm!("mov {}, qword ptr gs:[{off}]", out(reg) depth, off = const offset_of!(CpuLocal, irq_depth),
                  options(nostack, preserves_flags, readonly))
         };
-        depth != 0
+        depth
     }
 }
+
+/// The hardware as kmemcg's per-CPU platform sees it.
+pub type Hw = kernel_common::cpu::Hw<Blocks>;
 
 /// Waits, halted, until `done()` holds; interrupts (the wake IPI, the
 /// timer) end each halt. Returns with the interrupt flag as it was.

@@ -72,40 +72,31 @@ pub fn id() -> usize {
     this().id
 }
 
-/// kmemcg's view of the CPUs: index from the per-CPU block, DAIF for
-/// masking, interrupt context from the per-CPU nesting counter.
-pub struct Hw;
+/// This kernel's per-CPU blocks, as [`Hw`] reads them.
+pub struct Blocks;
 
-// SAFETY: (1) `id` reads this CPU's block through TPIDR_EL1, set once per
-// CPU at boot to `CPUS[i]` with a distinct `i < MAX_CPUS` (8, below
-// kmemcg's 64); this kernel never migrates code between CPUs. (2)
-// `kmemcg::arch::irq_save`/`irq_restore` save DAIF, set I, and write DAIF
-// back, which nests. (3) every interrupt handler runs inside
-// `irq::irq_handler`, which raises `irq_depth` before anything else. (4)
-// one node. (5) `BARRIER` is false. (6) register and atomic accesses only.
-unsafe impl kmemcg::Cpu for Hw {
+// SAFETY: (1) `index` reads this CPU's block through TPIDR_EL1, set once
+// per CPU at boot to `CPUS[i]` with a distinct `i < MAX_CPUS` (8), before
+// the CPU runs Rust; this kernel never migrates code between CPUs; (2)
+// every interrupt handler runs inside `irq::irq_handler`, which raises
+// `irq_depth` before anything else and lowers it last; only the CPU
+// itself writes it; (3) register and atomic reads only; (4) the kernel
+// runs at EL1.
+unsafe impl kernel_common::cpu::CpuBlock for Blocks {
     #[inline(always)]
-    fn id() -> usize {
+    fn index() -> usize {
         id()
     }
 
     #[inline(always)]
-    fn irq_save() -> usize {
-        // SAFETY: the kernel runs at EL1.
-        unsafe { kmemcg::arch::irq_save() }
-    }
-
-    #[inline(always)]
-    unsafe fn irq_restore(saved: usize) {
-        // SAFETY: EL1; `saved` came from `irq_save` on this CPU (caller).
-        unsafe { kmemcg::arch::irq_restore(saved) }
-    }
-
-    #[inline(always)]
-    fn in_interrupt() -> bool {
-        this().irq_depth.load(Ordering::Relaxed) > 0
+    fn irq_depth() -> usize {
+        this().irq_depth.load(Ordering::Relaxed)
     }
 }
+
+/// kmemcg's view of the CPUs: index from the per-CPU block, DAIF for
+/// masking, interrupt context from the per-CPU nesting counter.
+pub type Hw = kernel_common::cpu::Hw<Blocks>;
 
 /// Masks IRQs on this CPU; returns the DAIF value to restore.
 #[inline(always)]
