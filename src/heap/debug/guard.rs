@@ -74,11 +74,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`ALLOCS_PER_SLOW_PATH`] of them).
     #[inline]
     pub(crate) fn sample_tick(&self) {
-        let m = self.tree.mode();
-        if m & (mode::DEBUG | mode::ARMED) != mode::DEBUG {
+        if !self.sampling() || self.tree.mode() & mode::ARMED != 0 {
             return;
         }
         self.sample_tick_slow();
+    }
+
+    /// Whether sampling is on (a rate is set), sampled objects live or
+    /// not. `Relaxed`: the settings are fixed before the first object and
+    /// ordered by the mode word's `Release`/`Acquire` pair.
+    #[inline]
+    pub(crate) fn sampling(&self) -> bool {
+        self.detect.guard_every.load(Ordering::Relaxed) != 0
     }
 
     #[cold]
@@ -97,8 +104,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.tree.set_mode(mode::ARMED, true);
     }
 
-    /// With sampling alone and no sample due (the mode word `m` is
-    /// `DEBUG`, maybe with `GROUPS`), frees `ptr` as the path without
+    /// With sampling alone, while sampled objects live, and no sample due
+    /// (the mode word `m` is `DEBUG`, maybe with `GROUPS`; while none
+    /// lives, `DEBUG` is clear and frees take the plain path), frees `ptr`
+    /// as the path without
     /// detection would, unless the block ends at a page boundary as a
     /// sampled one does; returns whether it did. Inlined into the free path
     /// past its test of a non-zero mode word, so it costs nothing with
@@ -211,7 +220,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             match q.guarded.iter_mut().find(|e| e.0.is_null()) {
                 Some(e) => {
                     *e = (p, run);
-                    self.detect.guarded_live.fetch_add(1, Ordering::Release);
+                    // The first live sample sets `DEBUG` (a no-op with red
+                    // zones or poison, where it stays set), so frees test
+                    // for sampled objects from now on: under the table's
+                    // lock, so it cannot be ordered before the clear made
+                    // when the last one was freed; before `p` is handed
+                    // out, so a free of `p` sees it.
+                    if self.detect.guarded_live.fetch_add(1, Ordering::Release) == 0 {
+                        self.tree.set_mode(mode::DEBUG, true);
+                    }
                     true
                 }
                 None => false,
@@ -270,7 +287,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             ));
         }
         *e = (core::ptr::null_mut(), core::ptr::null_mut());
-        self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed);
+        // With sampling alone, the last live sample clears `DEBUG`: frees
+        // take the plain path again (see `alloc_guarded`).
+        if self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed) == 1 && !self.checks_objects() {
+            self.tree.set_mode(mode::DEBUG, false);
+        }
         let pages = (guard.addr() - run.addr()) / PAGE_SIZE;
         // SAFETY: the run of a sampled object just freed, ours.
         if !unsafe { self.source.protect(NonNull::new_unchecked(run), pages, true) } {
