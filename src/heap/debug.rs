@@ -51,9 +51,9 @@
 //! freed objects), [`hooks`] (the quarantine checked at exit, guard-page
 //! faults reported), [`header`] (the words at the start of a checked
 //! slot), [`guard`] (sampled guard-page objects), `sites` (allocation and
-//! free sites), [`leaks`] (the requested sizes of what a cache still
-//! holds) and [`report`] (finding changed bytes and naming caches in
-//! reports).
+//! free sites) and `symbols` (their names, found when a report prints
+//! them), [`leaks`] (the requested sizes of what a cache still holds) and
+//! [`report`] (finding changed bytes and naming caches in reports).
 
 mod guard;
 mod header;
@@ -66,6 +66,8 @@ mod report;
 mod settings;
 #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
 mod sites;
+#[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+mod symbols;
 
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
