@@ -133,7 +133,8 @@ const fn padded(size: usize, align: usize) -> Option<usize> {
 /// object; atomics because the environment is read at run time) and the
 /// quarantine.
 pub(crate) struct Detector<R: RawMutex> {
-    /// `REDZONE | POISONED | SITES` while on.
+    /// `REDZONE | POISONED | SITES` while on (`SITES` alone with
+    /// sampling alone).
     flags: AtomicUsize,
     quarantine_max: AtomicUsize,
     guard_every: AtomicUsize,
@@ -169,7 +170,8 @@ impl<R: RawMutex> Drop for Detector<R> {
 
 const REDZONE: usize = 1;
 const POISONED: usize = 2;
-/// Sites recorded (only with `REDZONE` or `POISONED`).
+/// Sites recorded (only with `REDZONE` or `POISONED`, or sampling: then
+/// the sampled objects' sites).
 const SITES: usize = 4;
 
 /// The mode bits detection `d` starts with. Red zones or poison:
@@ -193,7 +195,7 @@ const fn flags_of(d: Detection) -> usize {
     let checks = d.redzone || d.poison;
     (if d.redzone { REDZONE } else { 0 })
         | (if d.poison { POISONED } else { 0 })
-        | (if d.sites && checks { SITES } else { 0 })
+        | (if d.sites && (checks || d.guard_every != 0) { SITES } else { 0 })
 }
 
 impl<R: RawMutex> Detector<R> {

@@ -162,6 +162,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         unsafe { self.free_grouped(class, ptr) }
     }
 
+    /// Whether allocation and free sites are recorded (for sampled
+    /// objects: with sampling alone too).
+    #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+    fn records_sites(&self) -> bool {
+        self.detect.flags.load(Ordering::Relaxed) & super::SITES != 0
+    }
+
     /// Whether any sampled object is live (`Acquire`: pairs with the
     /// `Release` increment made once one is in the table).
     #[inline]
@@ -242,6 +249,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         #[cfg(all(feature = "std", not(loom)))]
         self.hook_process();
+        #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+        if self.records_sites() {
+            super::sites::allocated(p);
+        }
         NonNull::new(p)
     }
 
@@ -287,6 +298,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             ));
         }
         *e = (core::ptr::null_mut(), core::ptr::null_mut());
+        #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+        if self.records_sites() {
+            super::sites::freed(p);
+        }
         // With sampling alone, the last live sample clears `DEBUG`: frees
         // take the plain path again (see `alloc_guarded`).
         if self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed) == 1 && !self.checks_objects() {
@@ -396,22 +411,28 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             let guard = self.guard_of(run);
             if (guard.addr()..guard.addr() + PAGE_SIZE).contains(&addr) {
-                report_abort(format_args!(
-                    "kmemcg: overflow onto a guard page: address {addr:#x} is byte {} of sampled object {p:p} ({} \
+                super::report::abort_at(
+                    p,
+                    format_args!(
+                        "kmemcg: overflow onto a guard page: address {addr:#x} is byte {} of sampled object {p:p} ({} \
                      bytes, its size rounded to its alignment)",
-                    addr - p.addr(),
-                    guard.addr() - p.addr()
-                ));
+                        addr - p.addr(),
+                        guard.addr() - p.addr()
+                    ),
+                );
             }
         }
         for &(p, run) in &q.retired[..q.retired_n] {
             let end = self.guard_of(run).addr() + PAGE_SIZE;
             if (run.addr()..end).contains(&addr) {
-                report_abort(format_args!(
-                    "kmemcg: use after free of a sampled object: address {addr:#x} is byte {} of object {p:p}, \
+                super::report::abort_at(
+                    p,
+                    format_args!(
+                        "kmemcg: use after free of a sampled object: address {addr:#x} is byte {} of object {p:p}, \
                      freed (its pages are kept inaccessible)",
-                    addr.wrapping_sub(p.addr()) as isize
-                ));
+                        addr.wrapping_sub(p.addr()) as isize
+                    ),
+                );
             }
         }
     }

@@ -27,13 +27,13 @@ use core::fmt::{self, Write};
 /// Standard error with a line buffer: written with `write(2)`, never
 /// allocating.
 pub(super) struct Out {
-    buf: [u8; 256],
+    buf: [u8; 128],
     n: usize,
 }
 
 impl Out {
     pub(super) const fn new() -> Self {
-        Out { buf: [0; 256], n: 0 }
+        Out { buf: [0; 128], n: 0 }
     }
 
     pub(super) fn flush(&mut self) {
@@ -63,10 +63,11 @@ impl Drop for Out {
     }
 }
 
-/// The symbol table bytes read per `pread` (170 symbols).
-const CHUNK: usize = 24 * 170;
+/// The symbol table bytes read per `pread` (64 symbols): small, as a
+/// guard-page fault's report runs on the signal stack.
+const CHUNK: usize = 24 * 64;
 /// The longest name read from a string table.
-const NAME_MAX: usize = 512;
+const NAME_MAX: usize = 256;
 
 /// Section types.
 const SHT_SYMTAB: u32 = 2;
