@@ -452,6 +452,8 @@ fn a_report_prints_the_allocation_and_free_sites() {
     assert!(alloc_site.contains(" detect::run_case::allocate_here+0x"), "the allocation site does not name it:\n{err}");
     assert!(free_site.contains(" detect::run_case::free_here+0x"), "the free site does not name it:\n{err}");
     assert!(!alloc_site.contains("::allocate_here::h"), "{err}");
+    // The standard library's v0-mangled frames are demangled too.
+    assert!(!err.contains(" _R"), "a v0 name left mangled:\n{err}");
 }
 
 /// Issue 30, item 2: a guard-page fault's report names the sampled

@@ -11,8 +11,10 @@
 //! for a shared library): its section headers, then its `.symtab`, a
 //! chunk at a time into a buffer on the stack, for the function symbol
 //! covering the address, and the name from its string table. Rust's
-//! legacy mangling (`_ZN…17h<hash>E`) is demangled on the way out
-//! (`a::b::c`, the hash dropped); other names print as they are.
+//! manglings are demangled on the way out: legacy (`_ZN…17h<hash>E`:
+//! `a::b::c`, the hash dropped) and v0 (`_R…`, the standard library's:
+//! paths, generic arguments and common types, see `v0`); other names
+//! print as they are.
 //!
 //! A stripped binary (`strip = "symbols"`, or `strip` run on it) has no
 //! `.symtab`: its frames print as module and offset, which `addr2line -e
@@ -20,6 +22,8 @@
 //! prints module and offset too. The position-independent case assumes
 //! the module's first segment is at virtual address 0, as linkers lay
 //! out shared objects and PIE programs.
+
+mod v0;
 
 use core::ffi::CStr;
 use core::fmt::{self, Write};
@@ -174,8 +178,12 @@ fn lookup(file: &File, a: u64) -> Option<(Found, u64)> {
     Some((best?, stroff))
 }
 
-/// Writes a symbol name, demangled if it is Rust's legacy mangling.
+/// Writes a symbol name, demangled if it is one of Rust's manglings
+/// (legacy, or v0 as far as `v0` reads it).
 fn write_name(out: &mut Out, name: &[u8]) {
+    if v0::write(out, name) {
+        return;
+    }
     let mut rest = match name.strip_prefix(b"_ZN") {
         Some(r) => r,
         None => {
