@@ -23,6 +23,8 @@
 //! the module's first segment is at virtual address 0, as linkers lay
 //! out shared objects and PIE programs.
 
+#[cfg(test)]
+mod tests;
 mod v0;
 
 use core::ffi::CStr;
