@@ -22,6 +22,13 @@
 //! prints module and offset too. The position-independent case assumes
 //! the module's first segment is at virtual address 0, as linkers lay
 //! out shared objects and PIE programs.
+//!
+//! A guard-page fault's report runs this in its `SIGSEGV` handler, on the
+//! signal stack (hence buffers of about 2 KB in all): `open`, `pread` and
+//! `close` are async-signal-safe; `dladdr` is not on that list (glibc
+//! takes the loader's lock), so a fault on a sampled object made while
+//! the faulting thread is inside the dynamic loader could hang the report
+//! instead of printing it.
 
 #[cfg(test)]
 mod tests;
