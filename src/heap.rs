@@ -24,8 +24,8 @@ mod large;
 mod oom;
 mod report;
 
-pub(crate) use debug::LeakSizes;
 pub use debug::{Detection, GUARDED_MAX};
+pub(crate) use debug::{LeakSizes, write_leak_site};
 pub use decay::Decay;
 pub use oom::{OomReport, OomSite};
 pub use report::{KmemStats, SlabInfo};

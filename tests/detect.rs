@@ -918,6 +918,33 @@ fn a_leak_report_gives_the_requested_sizes() {
     g.remove().unwrap();
 }
 
+/// Issue 30, item 2: with sites recorded, a leak report's row names where
+/// the first of its objects was allocated.
+#[test]
+fn a_leak_report_names_the_allocation_site() {
+    #[inline(never)]
+    fn leak_here(l: Layout) -> *mut u8 {
+        // SAFETY: a valid layout.
+        std::hint::black_box(unsafe { SITES.alloc(l) })
+    }
+    let g = SITES.root().create_child("leaky-sites").unwrap();
+    let l = Layout::from_size_align(24, 8).unwrap();
+    let p = {
+        let _in = g.enter();
+        leak_here(l)
+    };
+    let text = g.check_empty().expect_err("one object is live").to_string();
+    let row = text.find("\nleak kmalloc-64 24 1\n").unwrap_or_else(|| panic!("{text}"));
+    let rest = &text[row + 1..];
+    let site = rest.find("  allocated at:\n").unwrap_or_else(|| panic!("no site after the row:\n{text}"));
+    assert!(rest[site..].contains(" detect::a_leak_report_names_the_allocation_site::leak_here+0x"), "{text}");
+    // SAFETY: allocated above with this layout, freed once.
+    unsafe { SITES.dealloc(p, l) };
+    SITES.shrink();
+    g.assert_empty();
+    g.remove().unwrap();
+}
+
 /// Issue 30, item 1: a write after free whose object is still quarantined
 /// when the program exits is reported then.
 #[test]

@@ -174,6 +174,19 @@ const POISONED: usize = 2;
 /// the sampled objects' sites).
 const SITES: usize = 4;
 
+/// Writes the allocation site recorded for the checked object in slot
+/// `slot` (from [`LeakSizes::iter_slots`]) to `w`, for a leak report's
+/// row: nothing unless sites are recorded (`std` on glibc targets).
+pub(crate) fn write_leak_site(w: &mut impl core::fmt::Write, slot: usize) -> core::fmt::Result {
+    #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+    return sites::write_alloc(w, slot);
+    #[cfg(not(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (w, slot);
+        Ok(())
+    }
+}
+
 /// The mode bits detection `d` starts with. Red zones or poison:
 /// `DEBUG | ARMED` for good (every object is checked). Sampling alone:
 /// `ARMED` (the first allocation is a sample), and `DEBUG` only while a

@@ -75,6 +75,23 @@ pub(super) fn freed(s: *mut u8) {
     }
 }
 
+/// Writes the allocation site recorded for slot `s` (a leak report's
+/// row), if its entry is still its own, to `w`.
+pub(super) fn write_alloc(w: &mut impl core::fmt::Write, s: usize) -> core::fmt::Result {
+    let e = entry(core::ptr::without_provenance_mut(s));
+    if s == 0 || e.slot.load(Ordering::Relaxed) != s {
+        return Ok(());
+    }
+    let mut frames = e.alloc.iter().map(|f| f.load(Ordering::Relaxed)).take_while(|&a| a != 0).peekable();
+    if frames.peek().is_some() {
+        w.write_str("  allocated at:\n")?;
+    }
+    for (i, a) in frames.enumerate() {
+        super::symbols::print_frame(w, i, a);
+    }
+    Ok(())
+}
+
 /// Prints the sites recorded for slot `s` on standard error, each frame
 /// named by `symbols` (function and offset, module).
 pub(super) fn print(s: *mut u8) {

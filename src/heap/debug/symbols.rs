@@ -189,7 +189,7 @@ fn lookup(file: &File, a: u64) -> Option<(Found, u64)> {
 
 /// Writes a symbol name, demangled if it is one of Rust's manglings
 /// (legacy, or v0 as far as `v0` reads it).
-fn write_name(out: &mut Out, name: &[u8]) {
+fn write_name(out: &mut impl Write, name: &[u8]) {
     if v0::write(out, name) {
         return;
     }
@@ -221,7 +221,7 @@ fn write_name(out: &mut Out, name: &[u8]) {
 }
 
 /// One part of a legacy-mangled path, its `$..$` escapes decoded.
-fn write_part(out: &mut Out, part: &[u8]) {
+fn write_part(out: &mut impl Write, part: &[u8]) {
     // A leading `_` escapes a part that starts with `$`.
     let mut p = if part.starts_with(b"_$") { &part[1..] } else { part };
     while let Some(&b) = p.first() {
@@ -282,7 +282,7 @@ fn main_base() -> usize {
 }
 
 /// Writes one frame's line: `    #i 0x… name+0xoff (module)`.
-pub(super) fn print_frame(out: &mut Out, i: usize, addr: usize) {
+pub(super) fn print_frame(out: &mut impl Write, i: usize, addr: usize) {
     let _ = write!(out, "    #{i} {addr:#x} ");
     // SAFETY: a zeroed `Dl_info` is valid (null pointers).
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };

@@ -8,8 +8,6 @@
 
 use core::fmt::Write;
 
-use super::Out;
-
 /// How deep paths and types may nest (backreferences included), so a
 /// malformed or hostile name cannot exhaust the signal stack.
 const DEPTH_MAX: usize = 64;
@@ -20,7 +18,7 @@ struct Parser<'a, 'o> {
     s: &'a [u8],
     i: usize,
     depth: usize,
-    out: Option<&'o mut Out>,
+    out: Option<&'o mut dyn Write>,
 }
 
 /// Parse failure: the name is printed as it is.
@@ -380,7 +378,7 @@ impl<'a> Parser<'a, '_> {
 
 /// Writes the v0-mangled `name` (with its `_R`) demangled, or as it is
 /// if it is not one this parser reads; returns whether it was.
-pub(super) fn write(out: &mut Out, name: &[u8]) -> bool {
+pub(super) fn write(out: &mut dyn Write, name: &[u8]) -> bool {
     let Some(s) = name.strip_prefix(b"_R") else { return false };
     // A leading decimal is the encoding version (none: 0).
     let start = s.iter().take_while(|c| c.is_ascii_digit()).count();
