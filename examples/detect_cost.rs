@@ -8,6 +8,12 @@
 //! and `Detection::ALL` (one allocation in 256 on a guard page). Rounds
 //! interleave them; the medians and their ratios to "off" and to `System`
 //! are printed.
+//!
+//! `detect_cost random-only <off|sampled> <steps>` runs `random` alone on
+//! one of them, for instruction counts that do not move with the
+//! machine's load: under `valgrind --tool=callgrind` at N and 2N steps,
+//! (2N - N) / N is one step, start-up and the 10k first allocations
+//! cancelled.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -78,6 +84,16 @@ fn round<A: GlobalAlloc>(k: &A) -> (f64, f64) {
 
 fn main() {
     let rounds = 7;
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "random-only") {
+        let steps = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(200_000);
+        match args.get(2).map(String::as_str) {
+            Some("off") => random(&OFF, steps),
+            Some("sampled") => random(&SAMPLED, steps),
+            other => panic!("random-only: off or sampled, not {other:?}"),
+        };
+        return;
+    }
     if std::env::args().any(|a| a == "system-only") {
         // `scripts/detect-vs-asan.sh` runs this mode built with
         // `-Zsanitizer=address`, where `System` is ASan's allocator.

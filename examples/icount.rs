@@ -18,7 +18,11 @@
 //!   host `Cpu` whose interrupt masking costs nothing: the kernel path's
 //!   instructions, less the kernel's own `cli`/`popf` (or DAIF writes);
 //! * `sampled`: `generic` on a `Kmem` with guard-page sampling alone
-//!   (`Detection::SAMPLED`), the mode meant to be left on;
+//!   (`Detection::SAMPLED`), the mode meant to be left on (its first
+//!   allocation is a sample, freed at once: no sampled object lives
+//!   during the loop);
+//! * `sampled-live`: the same while one sampled object lives (kept from
+//!   the first allocation): what every free pays while one does;
 //! * `numa`: `generic` on a `Kmem` with `NumaThreads` (on a one-node
 //!   host: what asking for the node count on every free costs).
 //!
@@ -40,6 +44,8 @@ static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
 static SINGLE: Kmem<OsPages, DefaultRawMutex, NoCpus> = Kmem::with_platform(OsPages::new(), NoCpus::new());
 
 static SAMPLED: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
+
+static SAMPLED_LIVE: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
 
 static NUMA: Kmem<OsPages, DefaultRawMutex, NumaThreads> = Kmem::with_platform(OsPages::new(), NumaThreads::new());
 
@@ -109,6 +115,14 @@ fn main() {
         "sampled" => {
             SAMPLED.set_decay(Decay::OFF);
             pairs(&SAMPLED, n)
+        }
+        "sampled-live" => {
+            SAMPLED_LIVE.set_decay(Decay::OFF);
+            let layout = Layout::from_size_align(64, 8).unwrap();
+            // SAFETY: a valid layout; kept to the end of the process.
+            let kept = unsafe { SAMPLED_LIVE.alloc(layout) };
+            assert!((kept.addr() + 64).is_multiple_of(4096), "the first allocation is a sample");
+            pairs(&SAMPLED_LIVE, n)
         }
         "numa" => {
             NUMA.set_decay(Decay::OFF);

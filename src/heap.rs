@@ -24,8 +24,8 @@ mod large;
 mod oom;
 mod report;
 
-pub(crate) use debug::LeakSizes;
 pub use debug::{Detection, GUARDED_MAX};
+pub(crate) use debug::{LeakSizes, write_leak_site};
 pub use decay::Decay;
 pub use oom::{OomReport, OomSite};
 pub use report::{KmemStats, SlabInfo};
@@ -362,9 +362,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.tree.mode() & SPECIAL != 0
     }
 
-    /// Whether detection is on (after reading the environment).
+    /// Whether detection is on (after reading the environment): sampling
+    /// alone included, whose `DEBUG` bit is set only while a sampled
+    /// object lives.
     pub(crate) fn detecting(&self) -> bool {
-        self.resolve_mode() & mode::DEBUG != 0
+        self.resolve_mode() & mode::DEBUG != 0 || self.sampling()
     }
 
     /// The page source, e.g. to add regions to it.
@@ -632,7 +634,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     /// The quarantine holds freed objects, charged, in their slabs: reclaim
     /// and cache destruction empty it first (issue 26, items 7 and 8).
     fn flush_deferred(&self) {
-        if self.tree.mode() & mode::DEBUG != 0 {
+        if self.tree.mode() & mode::DEBUG != 0 || self.sampling() {
             self.flush_quarantine();
         }
     }

@@ -33,9 +33,13 @@ fn vec_in_kmem() {
 fn allocate_reports_usable_size_and_zero_size_is_dangling() {
     let k = kmem(4 << 20);
     let a = (&k).allocate(Layout::from_size_align(100, 8).unwrap()).unwrap();
-    // With detection on (KMEMCG_DEBUG), the block is exactly the request:
-    // the rest of the slot is red zone.
-    let usable = if k.detection().is_on() { 100 } else { 112 };
+    // With red zones or poison on (KMEMCG_DEBUG), the block is exactly the
+    // request: the rest of the slot is red zone. So is a block sampled
+    // onto a guard page (`KMEMCG_DEBUG=sampled`: it ends at the page);
+    // with sampling alone the others are plain objects of their class.
+    let d = k.detection();
+    let sampled = (a.cast::<u8>().as_ptr() as usize + 104).is_multiple_of(4096) && d.guard_every() != 0;
+    let usable = if d.redzones_on() || d.poison_on() || sampled { 100 } else { 112 };
     assert_eq!(a.len(), usable, "the 112-byte class");
     // SAFETY: deallocating with any size between request and usable length
     // (the usable length itself).

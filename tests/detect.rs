@@ -24,6 +24,8 @@ static SITES: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.gua
 /// Sampling alone (`guard=1`): every size-class allocation on a guard page
 /// while the table has room, nothing else checked.
 static SAMPLED: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::sampled(1));
+/// The same with the sampled objects' sites recorded.
+static SAMPLED_SITES: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::sampled(1).sites(true));
 
 /// Runs `case` in a child and returns (success, stderr).
 fn child(case: &str) -> (bool, String) {
@@ -313,6 +315,30 @@ fn run_case() {
             p.write(1);
             eprintln!("the freed page did not fault");
         },
+        // SAFETY: as above, with sites: the allocation and the free in
+        // functions of their own, never inlined nor tail calls.
+        "sampled_faults_with_sites" | "sampled_use_after_free_with_sites" => unsafe {
+            #[inline(never)]
+            fn allocate_sample(l: Layout) -> *mut u8 {
+                // SAFETY: a valid layout.
+                std::hint::black_box(unsafe { SAMPLED_SITES.alloc(l) })
+            }
+            #[inline(never)]
+            fn free_sample(p: *mut u8, l: Layout) {
+                // SAFETY: `p` is `SAMPLED_SITES`'s, of layout `l`, freed once.
+                unsafe { SAMPLED_SITES.dealloc(p, l) };
+                std::hint::black_box(p);
+            }
+            let p = allocate_sample(l);
+            assert!((p.addr() + 24).is_multiple_of(4096), "sampled");
+            if case == "sampled_faults_with_sites" {
+                p.add(24).write(1);
+            } else {
+                free_sample(p, l);
+                p.write(1);
+            }
+            eprintln!("did not fault");
+        },
         // A fault that is no sampled object's goes on to the handler
         // installed before ours: Rust's stack-overflow report.
         // SAFETY: a valid layout, freed below.
@@ -330,8 +356,22 @@ fn run_case() {
         },
         // SAFETY: deliberate misuse, as above.
         "write_after_free_with_sites" => unsafe {
-            let p = SITES.alloc(l);
-            SITES.dealloc(p, l);
+            // Functions of their own, never inlined (nor tail calls: the
+            // result goes through `black_box` after the call), so the
+            // report's sites name them.
+            #[inline(never)]
+            fn allocate_here(l: Layout) -> *mut u8 {
+                // SAFETY: a valid layout.
+                std::hint::black_box(unsafe { SITES.alloc(l) })
+            }
+            #[inline(never)]
+            fn free_here(p: *mut u8, l: Layout) {
+                // SAFETY: `p` is `SITES`'s, of layout `l`, freed once.
+                unsafe { SITES.dealloc(p, l) };
+                std::hint::black_box(p);
+            }
+            let p = allocate_here(l);
+            free_here(p, l);
             p.add(2).write(0);
             SITES.shrink();
         },
@@ -392,8 +432,9 @@ fn an_overflow_into_a_guard_page_faults_at_the_write() {
 }
 
 /// Issue 30, item 2: with sites recorded, a report prints where the
-/// object was allocated and where it was freed (return addresses, as
-/// module and offset).
+/// object was allocated and where it was freed: return addresses named
+/// by function and offset, with their module (the test binary's own
+/// functions too, which it does not export: read from its `.symtab`).
 #[test]
 fn a_report_prints_the_allocation_and_free_sites() {
     let (ok, err) = child("write_after_free_with_sites");
@@ -405,6 +446,35 @@ fn a_report_prints_the_allocation_and_free_sites() {
     let name = exe.file_name().unwrap().to_str().unwrap();
     assert!(err[alloc.unwrap()..free.unwrap()].contains(name), "no frame in the test binary:\n{err}");
     assert!(err[free.unwrap()..].contains(name), "no frame in the test binary:\n{err}");
+    // The functions that allocated and freed, by name (demangled, no
+    // hash), with an offset into them.
+    let (alloc_site, free_site) = (&err[alloc.unwrap()..free.unwrap()], &err[free.unwrap()..]);
+    assert!(alloc_site.contains(" detect::run_case::allocate_here+0x"), "the allocation site does not name it:\n{err}");
+    assert!(free_site.contains(" detect::run_case::free_here+0x"), "the free site does not name it:\n{err}");
+    assert!(!alloc_site.contains("::allocate_here::h"), "{err}");
+    // The standard library's v0-mangled frames are demangled too.
+    assert!(!err.contains(" _R"), "a v0 name left mangled:\n{err}");
+}
+
+/// Issue 30, item 2: a guard-page fault's report names the sampled
+/// object's allocation site, and a use after free its free site too,
+/// with sites recorded (`Detection::sampled(1).sites(true)`), from the
+/// signal handler.
+#[test]
+fn a_guard_page_report_prints_the_sites() {
+    let (ok, err) = child("sampled_faults_with_sites");
+    assert!(!ok && !err.contains("did not fault"), "{err}");
+    let report = err.find("kmemcg: overflow onto a guard page").unwrap_or_else(|| panic!("{err}"));
+    let alloc = err.find("  allocated at:").unwrap_or_else(|| panic!("{err}"));
+    assert!(alloc > report && err[alloc..].contains(" detect::run_case::allocate_sample+0x"), "{err}");
+    assert!(!err.contains("  freed at:"), "{err}");
+    let (ok, err) = child("sampled_use_after_free_with_sites");
+    assert!(!ok && !err.contains("did not fault"), "{err}");
+    let report = err.find("kmemcg: use after free of a sampled object").unwrap_or_else(|| panic!("{err}"));
+    let (alloc, free) = (err.find("  allocated at:"), err.find("  freed at:"));
+    assert!(alloc.is_some_and(|a| a > report) && free > alloc, "{err}");
+    assert!(err[alloc.unwrap()..free.unwrap()].contains(" detect::run_case::allocate_sample+0x"), "{err}");
+    assert!(err[free.unwrap()..].contains(" detect::run_case::free_sample+0x"), "{err}");
 }
 
 /// The handler passes faults that are not on sampled objects to the one
@@ -844,6 +914,33 @@ fn a_leak_report_gives_the_requested_sizes() {
         unsafe { KMEM.dealloc(p, l) };
     }
     drop(b);
+    g.assert_empty();
+    g.remove().unwrap();
+}
+
+/// Issue 30, item 2: with sites recorded, a leak report's row names where
+/// the first of its objects was allocated.
+#[test]
+fn a_leak_report_names_the_allocation_site() {
+    #[inline(never)]
+    fn leak_here(l: Layout) -> *mut u8 {
+        // SAFETY: a valid layout.
+        std::hint::black_box(unsafe { SITES.alloc(l) })
+    }
+    let g = SITES.root().create_child("leaky-sites").unwrap();
+    let l = Layout::from_size_align(24, 8).unwrap();
+    let p = {
+        let _in = g.enter();
+        leak_here(l)
+    };
+    let text = g.check_empty().expect_err("one object is live").to_string();
+    let row = text.find("\nleak kmalloc-64 24 1\n").unwrap_or_else(|| panic!("{text}"));
+    let rest = &text[row + 1..];
+    let site = rest.find("  allocated at:\n").unwrap_or_else(|| panic!("no site after the row:\n{text}"));
+    assert!(rest[site..].contains(" detect::a_leak_report_names_the_allocation_site::leak_here+0x"), "{text}");
+    // SAFETY: allocated above with this layout, freed once.
+    unsafe { SITES.dealloc(p, l) };
+    SITES.shrink();
     g.assert_empty();
     g.remove().unwrap();
 }

@@ -136,7 +136,9 @@ impl CacheRow {
 /// as `events_<name>` and `events_local_<name>`), then one
 /// `slab <cache> <objects> <pages>` line per cache, and with memory-error
 /// detection on, after it one `leak <cache> <bytes> <objects>` line per
-/// requested size of its live objects (see [`GroupStat::leaks`]).
+/// requested size of its live objects (see [`GroupStat::leaks`]), each
+/// followed, with [`Detection::sites`](crate::Detection::sites) on, by
+/// the allocation site of the first such object.
 #[derive(Clone, Copy)]
 pub struct GroupStat {
     /// The group's name.
@@ -264,8 +266,11 @@ impl fmt::Display for GroupStat {
         writeln!(f, "injected {}", self.injected)?;
         for r in &self.caches[..self.ncaches] {
             writeln!(f, "slab {} {} {}", r.name.as_str(), r.objects, r.pages)?;
-            for (bytes, n) in r.sizes.iter() {
+            for (bytes, n, slot) in r.sizes.iter_slots() {
                 writeln!(f, "leak {} {bytes} {n}", r.name.as_str())?;
+                // With sites recorded, where the first of them was
+                // allocated (as the table holds it when this prints).
+                crate::heap::write_leak_site(f, slot)?;
             }
             if r.sizes.other > 0 {
                 writeln!(f, "leak {} other {}", r.name.as_str(), r.sizes.other)?;

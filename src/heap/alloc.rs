@@ -166,7 +166,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if m & mode::INJECT != 0 && unsafe { g.as_ref() }.is_some_and(|g| self.tree.inject_fails(g, handle)) {
             return None;
         }
-        if m & mode::DEBUG != 0 && size != 0 {
+        if (m & mode::DEBUG != 0 || self.sampling()) && size != 0 {
             return self.alloc_checked(g, size, align);
         }
         let p = self.alloc_pow2::<false>(g, size, align)?;

@@ -48,12 +48,12 @@
 //! One file per detector: [`settings`] (what is on, and the
 //! `KMEMCG_DEBUG` syntax), [`redzone`] (trailers, tags, the checked
 //! allocation and free paths), [`quarantine`] (poison and the FIFO of
-//! freed objects), [`hooks`] (the quarantine checked at exit, guard-page faults
-//! reported), [`header`]
-//! (the words at the start of a checked slot), [`guard`]
-//! (sampled guard-page objects), `sites` (allocation and free sites), [`leaks`] (the
-//! requested sizes of what a cache still holds) and [`report`] (finding changed bytes
-//! and naming caches in reports).
+//! freed objects), [`hooks`] (the quarantine checked at exit, guard-page
+//! faults reported), [`header`] (the words at the start of a checked
+//! slot), [`guard`] (sampled guard-page objects), `sites` (allocation and
+//! free sites) and `symbols` (their names, found when a report prints
+//! them), [`leaks`] (the requested sizes of what a cache still holds) and
+//! [`report`] (finding changed bytes and naming caches in reports).
 
 mod guard;
 mod header;
@@ -66,6 +66,8 @@ mod report;
 mod settings;
 #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
 mod sites;
+#[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+mod symbols;
 
 use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
@@ -131,7 +133,8 @@ const fn padded(size: usize, align: usize) -> Option<usize> {
 /// object; atomics because the environment is read at run time) and the
 /// quarantine.
 pub(crate) struct Detector<R: RawMutex> {
-    /// `REDZONE | POISONED | SITES` while on.
+    /// `REDZONE | POISONED | SITES` while on (`SITES` alone with
+    /// sampling alone).
     flags: AtomicUsize,
     quarantine_max: AtomicUsize,
     guard_every: AtomicUsize,
@@ -167,15 +170,45 @@ impl<R: RawMutex> Drop for Detector<R> {
 
 const REDZONE: usize = 1;
 const POISONED: usize = 2;
-/// Sites recorded (only with `REDZONE` or `POISONED`).
+/// Sites recorded (only with `REDZONE` or `POISONED`, or sampling: then
+/// the sampled objects' sites).
 const SITES: usize = 4;
+
+/// Writes the allocation site recorded for the checked object in slot
+/// `slot` (from [`LeakSizes::iter_slots`]) to `w`, for a leak report's
+/// row: nothing unless sites are recorded (`std` on glibc targets).
+pub(crate) fn write_leak_site(w: &mut impl core::fmt::Write, slot: usize) -> core::fmt::Result {
+    #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+    return sites::write_alloc(w, slot);
+    #[cfg(not(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (w, slot);
+        Ok(())
+    }
+}
+
+/// The mode bits detection `d` starts with. Red zones or poison:
+/// `DEBUG | ARMED` for good (every object is checked). Sampling alone:
+/// `ARMED` (the first allocation is a sample), and `DEBUG` only while a
+/// sampled object lives (set and cleared under the table's lock, see
+/// `Kmem::alloc_guarded`), so that a free while none lives takes the
+/// plain path and pays nothing for sampling.
+const fn mode_of(d: Detection) -> usize {
+    if d.redzone || d.poison {
+        mode::DEBUG | mode::ARMED
+    } else if d.is_on() {
+        mode::ARMED
+    } else {
+        0
+    }
+}
 
 /// The flags word of `d`.
 const fn flags_of(d: Detection) -> usize {
     let checks = d.redzone || d.poison;
     (if d.redzone { REDZONE } else { 0 })
         | (if d.poison { POISONED } else { 0 })
-        | (if d.sites && checks { SITES } else { 0 })
+        | (if d.sites && (checks || d.guard_every != 0) { SITES } else { 0 })
 }
 
 impl<R: RawMutex> Detector<R> {
@@ -231,7 +264,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // The old detector holds no resources (atomics and an unlocked,
             // empty quarantine): forgotten, as a `const fn` cannot drop.
             core::mem::forget(core::mem::replace(self.detect.get_mut(), Detector::new(d)));
-            self.tree_mut().mode = atomic_usize(if d.is_on() { mode::DEBUG | mode::ARMED } else { 0 });
+            self.tree_mut().mode = atomic_usize(mode_of(d));
             self
         }
     }
@@ -261,7 +294,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     fn read_env(&self) {
         let d = env_detection(&self.detect.warned);
         self.detect.set(d);
-        self.tree.set_mode(mode::DEBUG | mode::ARMED, d.is_on());
+        self.tree.set_mode(mode_of(d), true);
         self.tree.set_mode(mode::ENV, false);
     }
 }

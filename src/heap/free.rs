@@ -167,7 +167,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let m = self.resolve_mode();
         // SAFETY: forwarded.
         unsafe {
-            if m & mode::DEBUG != 0 {
+            if m & mode::DEBUG != 0 || self.sampling() {
                 return self.free_checked(ptr, size, align);
             }
             if m & mode::BYTES != 0

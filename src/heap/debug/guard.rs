@@ -74,11 +74,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`ALLOCS_PER_SLOW_PATH`] of them).
     #[inline]
     pub(crate) fn sample_tick(&self) {
-        let m = self.tree.mode();
-        if m & (mode::DEBUG | mode::ARMED) != mode::DEBUG {
+        if !self.sampling() || self.tree.mode() & mode::ARMED != 0 {
             return;
         }
         self.sample_tick_slow();
+    }
+
+    /// Whether sampling is on (a rate is set), sampled objects live or
+    /// not. `Relaxed`: the settings are fixed before the first object and
+    /// ordered by the mode word's `Release`/`Acquire` pair.
+    #[inline]
+    pub(crate) fn sampling(&self) -> bool {
+        self.detect.guard_every.load(Ordering::Relaxed) != 0
     }
 
     #[cold]
@@ -97,8 +104,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.tree.set_mode(mode::ARMED, true);
     }
 
-    /// With sampling alone and no sample due (the mode word `m` is
-    /// `DEBUG`, maybe with `GROUPS`), frees `ptr` as the path without
+    /// With sampling alone, while sampled objects live, and no sample due
+    /// (the mode word `m` is `DEBUG`, maybe with `GROUPS`; while none
+    /// lives, `DEBUG` is clear and frees take the plain path), frees `ptr`
+    /// as the path without
     /// detection would, unless the block ends at a page boundary as a
     /// sampled one does; returns whether it did. Inlined into the free path
     /// past its test of a non-zero mode word, so it costs nothing with
@@ -151,6 +160,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     unsafe fn free_unsampled_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
         // SAFETY: forwarded.
         unsafe { self.free_grouped(class, ptr) }
+    }
+
+    /// Whether allocation and free sites are recorded (for sampled
+    /// objects: with sampling alone too).
+    #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+    fn records_sites(&self) -> bool {
+        self.detect.flags.load(Ordering::Relaxed) & super::SITES != 0
     }
 
     /// Whether any sampled object is live (`Acquire`: pairs with the
@@ -211,7 +227,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             match q.guarded.iter_mut().find(|e| e.0.is_null()) {
                 Some(e) => {
                     *e = (p, run);
-                    self.detect.guarded_live.fetch_add(1, Ordering::Release);
+                    // The first live sample sets `DEBUG` (a no-op with red
+                    // zones or poison, where it stays set), so frees test
+                    // for sampled objects from now on: under the table's
+                    // lock, so it cannot be ordered before the clear made
+                    // when the last one was freed; before `p` is handed
+                    // out, so a free of `p` sees it.
+                    if self.detect.guarded_live.fetch_add(1, Ordering::Release) == 0 {
+                        self.tree.set_mode(mode::DEBUG, true);
+                    }
                     true
                 }
                 None => false,
@@ -225,6 +249,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         #[cfg(all(feature = "std", not(loom)))]
         self.hook_process();
+        #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+        if self.records_sites() {
+            super::sites::allocated(p);
+        }
         NonNull::new(p)
     }
 
@@ -270,7 +298,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             ));
         }
         *e = (core::ptr::null_mut(), core::ptr::null_mut());
-        self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed);
+        #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
+        if self.records_sites() {
+            super::sites::freed(p);
+        }
+        // With sampling alone, the last live sample clears `DEBUG`: frees
+        // take the plain path again (see `alloc_guarded`).
+        if self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed) == 1 && !self.checks_objects() {
+            self.tree.set_mode(mode::DEBUG, false);
+        }
         let pages = (guard.addr() - run.addr()) / PAGE_SIZE;
         // SAFETY: the run of a sampled object just freed, ours.
         if !unsafe { self.source.protect(NonNull::new_unchecked(run), pages, true) } {
@@ -375,22 +411,28 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             let guard = self.guard_of(run);
             if (guard.addr()..guard.addr() + PAGE_SIZE).contains(&addr) {
-                report_abort(format_args!(
-                    "kmemcg: overflow onto a guard page: address {addr:#x} is byte {} of sampled object {p:p} ({} \
+                super::report::abort_at(
+                    p,
+                    format_args!(
+                        "kmemcg: overflow onto a guard page: address {addr:#x} is byte {} of sampled object {p:p} ({} \
                      bytes, its size rounded to its alignment)",
-                    addr - p.addr(),
-                    guard.addr() - p.addr()
-                ));
+                        addr - p.addr(),
+                        guard.addr() - p.addr()
+                    ),
+                );
             }
         }
         for &(p, run) in &q.retired[..q.retired_n] {
             let end = self.guard_of(run).addr() + PAGE_SIZE;
             if (run.addr()..end).contains(&addr) {
-                report_abort(format_args!(
-                    "kmemcg: use after free of a sampled object: address {addr:#x} is byte {} of object {p:p}, \
+                super::report::abort_at(
+                    p,
+                    format_args!(
+                        "kmemcg: use after free of a sampled object: address {addr:#x} is byte {} of object {p:p}, \
                      freed (its pages are kept inaccessible)",
-                    addr.wrapping_sub(p.addr()) as isize
-                ));
+                        addr.wrapping_sub(p.addr()) as isize
+                    ),
+                );
             }
         }
     }

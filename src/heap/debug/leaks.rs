@@ -20,6 +20,9 @@ pub(crate) const LEAK_SIZES: usize = 4;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LeakSizes {
     rows: [(usize, usize); LEAK_SIZES],
+    /// The slot of the first object met of each row (its sites, when
+    /// recorded, go with the row in a report).
+    slots: [usize; LEAK_SIZES],
     n: usize,
     /// Objects of sizes past the first [`LEAK_SIZES`].
     pub(crate) other: usize,
@@ -27,14 +30,16 @@ pub(crate) struct LeakSizes {
 
 impl LeakSizes {
     /// None.
-    pub(crate) const EMPTY: LeakSizes = LeakSizes { rows: [(0, 0); LEAK_SIZES], n: 0, other: 0 };
+    pub(crate) const EMPTY: LeakSizes =
+        LeakSizes { rows: [(0, 0); LEAK_SIZES], slots: [0; LEAK_SIZES], n: 0, other: 0 };
 
-    /// Counts one object of `size` bytes.
-    fn add(&mut self, size: usize) {
+    /// Counts one object of `size` bytes, in slot `slot`.
+    fn add(&mut self, size: usize, slot: usize) {
         if let Some(r) = self.rows[..self.n].iter_mut().find(|r| r.0 == size) {
             r.1 += 1;
         } else if self.n < LEAK_SIZES {
             self.rows[self.n] = (size, 1);
+            self.slots[self.n] = slot;
             self.n += 1;
         } else {
             self.other += 1;
@@ -44,6 +49,12 @@ impl LeakSizes {
     /// `(requested bytes, objects)` of each size kept apart.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.rows[..self.n].iter().copied()
+    }
+
+    /// `(requested bytes, objects, slot of the first)` of each size kept
+    /// apart.
+    pub(crate) fn iter_slots(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        self.rows[..self.n].iter().zip(&self.slots).map(|(&(b, n), &s)| (b, n, s))
     }
 }
 
@@ -79,7 +90,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // tells a live checked object.
             unsafe {
                 if t.read_unaligned() == tag(ALIVE, s, slot, cache.cache.birth_of(s)) {
-                    sizes.add(n.read_unaligned());
+                    sizes.add(n.read_unaligned(), s.addr());
                 }
             }
         });

@@ -8,7 +8,7 @@ use lock_api::RawMutex;
 
 use super::header::{birth_in, freed_front, tag, words};
 use super::report::{abort_at, expect_bytes, slot_name};
-use super::{ALIVE, CHECKED_ALIGN_MAX, CLEAN, FREED, HEAD, POISON, RED, W, front, padded};
+use super::{ALIVE, CHECKED_ALIGN_MAX, CLEAN, FREED, HEAD, POISON, POISONED, RED, REDZONE, W, front, padded};
 use crate::cgroup::{Group, class_name, mode};
 use crate::error::Name;
 use crate::heap::{Kmem, hardened_on_free};
@@ -23,7 +23,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// on); sampling alone leaves the others as they are.
     #[inline]
     pub(super) fn checks_objects(&self) -> bool {
-        self.detect.flags.load(Ordering::Relaxed) != 0
+        self.detect.flags.load(Ordering::Relaxed) & (REDZONE | POISONED) != 0
     }
 
     /// [`Kmem::alloc_pow2`] with detection: a sample onto a guard page

@@ -43,9 +43,12 @@ impl Detection {
     /// With the allocation and free sites of checked objects recorded
     /// (`on`) or not, for reports to print (with `std` on glibc targets:
     /// return addresses from `backtrace(3)` into a fixed table, no
-    /// allocation; printed as module and offset, which `addr2line -e`
-    /// resolves). A few microseconds per allocation and free; needs red
-    /// zones or poison.
+    /// allocation; printed as function and offset with their module,
+    /// named from the module's symbol table when the report prints). A
+    /// few microseconds per allocation and free; needs red zones or
+    /// poison, or sampling: then the sampled objects' sites, printed
+    /// with a guard-page fault's report (a few microseconds per sample
+    /// only).
     pub const fn sites(mut self, on: bool) -> Self {
         self.sites = on;
         self

@@ -2,9 +2,9 @@
 //! return addresses taken with glibc's `backtrace(3)` (which unwinds from
 //! the binary's unwind tables, so it needs no frame pointers, and, after
 //! its first call has loaded the unwinder, allocates nothing) into a
-//! fixed table keyed by slot address, and printed by a report with
-//! `backtrace_symbols_fd(3)` (module and offset, or symbol for exported
-//! ones; `addr2line -e` resolves offsets), which allocates nothing either.
+//! fixed table keyed by slot address, and printed by a report as
+//! function and offset with their module ([`symbols`](super::symbols):
+//! from the module's symbol table, read without allocating).
 //!
 //! The table is best effort: a slot hashing to the entry of a newer one
 //! loses its sites, and racing writers of one entry may mix frames; a
@@ -75,31 +75,39 @@ pub(super) fn freed(s: *mut u8) {
     }
 }
 
-/// Prints the sites recorded for slot `s` on standard error.
+/// Writes the allocation site recorded for slot `s` (a leak report's
+/// row), if its entry is still its own, to `w`.
+pub(super) fn write_alloc(w: &mut impl core::fmt::Write, s: usize) -> core::fmt::Result {
+    let e = entry(core::ptr::without_provenance_mut(s));
+    if s == 0 || e.slot.load(Ordering::Relaxed) != s {
+        return Ok(());
+    }
+    let mut frames = e.alloc.iter().map(|f| f.load(Ordering::Relaxed)).take_while(|&a| a != 0).peekable();
+    if frames.peek().is_some() {
+        w.write_str("  allocated at:\n")?;
+    }
+    for (i, a) in frames.enumerate() {
+        super::symbols::print_frame(w, i, a);
+    }
+    Ok(())
+}
+
+/// Prints the sites recorded for slot `s` on standard error, each frame
+/// named by `symbols` (function and offset, module).
 pub(super) fn print(s: *mut u8) {
     let e = entry(s);
     if e.slot.load(Ordering::Relaxed) != s.addr() {
         return;
     }
+    let mut out = super::symbols::Out::new();
     for (what, frames) in [("  allocated at:\n", &e.alloc), ("  freed at:\n", &e.free)] {
-        let mut buf = [core::ptr::null_mut::<libc::c_void>(); DEPTH];
-        let mut n = 0;
-        for f in frames {
-            let a = f.load(Ordering::Relaxed);
-            if a == 0 {
-                break;
-            }
-            buf[n] = core::ptr::without_provenance_mut(a);
-            n += 1;
-        }
-        if n == 0 {
+        let mut frames = frames.iter().map(|f| f.load(Ordering::Relaxed)).take_while(|&a| a != 0).peekable();
+        if frames.peek().is_none() {
             continue;
         }
-        // SAFETY: (1) a valid buffer written to fd 2, which allocates
-        // nothing; (2) `n` pointers of `buf`, used as numbers only.
-        unsafe {
-            libc::write(2, what.as_ptr().cast(), what.len());
-            libc::backtrace_symbols_fd(buf.as_ptr(), n as libc::c_int, 2);
+        let _ = core::fmt::Write::write_str(&mut out, what);
+        for (i, a) in frames.enumerate() {
+            super::symbols::print_frame(&mut out, i, a);
         }
     }
 }
