@@ -11,10 +11,9 @@
 //! for a shared library): its section headers, then its `.symtab`, a
 //! chunk at a time into a buffer on the stack, for the function symbol
 //! covering the address, and the name from its string table. Rust's
-//! manglings are demangled on the way out: legacy (`_ZN…17h<hash>E`:
-//! `a::b::c`, the hash dropped) and v0 (`_R…`, the standard library's:
-//! paths, generic arguments and common types, see `v0`); other names
-//! print as they are.
+//! manglings, legacy (`_ZN…17h<hash>E`) and v0 (`_R…`, the standard
+//! library's), are demangled on the way out by `rustc-demangle`, hashes
+//! and crate disambiguators left out; other names print as they are.
 //!
 //! A stripped binary (`strip = "symbols"`, or `strip` run on it) has no
 //! `.symtab`: its frames print as module and offset, which `addr2line -e
@@ -32,7 +31,6 @@
 
 #[cfg(test)]
 mod tests;
-mod v0;
 
 use core::ffi::CStr;
 use core::fmt::{self, Write};
@@ -188,82 +186,17 @@ fn lookup(file: &File, a: u64) -> Option<(Found, u64)> {
 }
 
 /// Writes a symbol name, demangled if it is one of Rust's manglings
-/// (legacy, or v0 as far as `v0` reads it).
+/// (legacy or v0, by `rustc-demangle`, which neither allocates nor
+/// panics), hashes and disambiguators left out; anything else as it is.
 fn write_name(out: &mut impl Write, name: &[u8]) {
-    if v0::write(out, name) {
+    let Ok(name) = core::str::from_utf8(name) else {
+        let _ = out.write_str("?");
         return;
-    }
-    let mut rest = match name.strip_prefix(b"_ZN") {
-        Some(r) => r,
-        None => {
-            let _ = out.write_str(core::str::from_utf8(name).unwrap_or("?"));
-            return;
-        }
     };
-    let mut first = true;
-    loop {
-        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        let Some(len) = core::str::from_utf8(&rest[..digits]).ok().and_then(|d| d.parse::<usize>().ok()) else {
-            break;
-        };
-        let Some(part) = rest.get(digits..digits + len) else { break };
-        rest = &rest[digits + len..];
-        // The last part, `h` and 16 hex digits, is a hash.
-        if rest == b"E" && part.len() == 17 && part[0] == b'h' && part[1..].iter().all(u8::is_ascii_hexdigit) {
-            break;
-        }
-        if !first {
-            let _ = out.write_str("::");
-        }
-        first = false;
-        write_part(out, part);
-    }
-}
-
-/// One part of a legacy-mangled path, its `$..$` escapes decoded.
-fn write_part(out: &mut impl Write, part: &[u8]) {
-    // A leading `_` escapes a part that starts with `$`.
-    let mut p = if part.starts_with(b"_$") { &part[1..] } else { part };
-    while let Some(&b) = p.first() {
-        if p.starts_with(b"..") {
-            let _ = out.write_str("::");
-            p = &p[2..];
-            continue;
-        }
-        if b == b'$'
-            && let Some(end) = p[1..].iter().position(|&c| c == b'$')
-        {
-            let code = &p[1..1 + end];
-            let s = match code {
-                b"LT" => Some("<"),
-                b"GT" => Some(">"),
-                b"RF" => Some("&"),
-                b"BP" => Some("*"),
-                b"SP" => Some("@"),
-                b"LP" => Some("("),
-                b"RP" => Some(")"),
-                b"C" => Some(","),
-                _ => None,
-            };
-            if let Some(s) = s {
-                let _ = out.write_str(s);
-                p = &p[end + 2..];
-                continue;
-            }
-            if let Some(hex) = code.strip_prefix(b"u")
-                && let Some(c) = core::str::from_utf8(hex)
-                    .ok()
-                    .and_then(|h| u32::from_str_radix(h, 16).ok())
-                    .and_then(char::from_u32)
-            {
-                let _ = out.write_char(c);
-                p = &p[end + 2..];
-                continue;
-            }
-        }
-        let _ = out.write_char(b as char);
-        p = &p[1..];
-    }
+    let _ = match rustc_demangle::try_demangle(name) {
+        Ok(d) => write!(out, "{d:#}"),
+        Err(_) => out.write_str(name),
+    };
 }
 
 /// The load address of the main program (of its first segment), from
