@@ -124,7 +124,10 @@ pub(crate) struct Tree<R: RawMutex> {
 pub(crate) mod mode {
     /// A group but the root exists (mirrors `Tree::all_groups`).
     pub(crate) const GROUPS: usize = 1;
-    /// Memory-error detection is on (the heap layer's debug paths).
+    /// Frees take the detection path: always with red zones or poison;
+    /// with sampling alone, only while a sampled object lives (set by
+    /// the first live one and cleared by the free of the last, under the
+    /// sample table's lock).
     pub(crate) const DEBUG: usize = 2;
     /// Some group armed fault injection (sticky).
     pub(crate) const INJECT: usize = 4;
@@ -134,8 +137,7 @@ pub(crate) mod mode {
     /// heap's special paths count them (`Cgroup::track_bytes`).
     pub(crate) const BYTES: usize = 16;
     /// Allocations take the detection path: always with red zones or
-    /// poison, and while a sample is due with sampling alone (`DEBUG`
-    /// stays set for the frees).
+    /// poison, and while a sample is due with sampling alone.
     pub(crate) const ARMED: usize = 32;
 }
 
