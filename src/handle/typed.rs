@@ -71,7 +71,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let size = size_of::<T>() + if self.detecting() { self.typed_padding(size_of::<T>(), align) } else { 0 };
         let geo = self.cache_geometry(size, align).ok_or(Error::BadLayout)?;
         let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
-        Ok(KmemCache { kmem: self, desc, _type: PhantomData })
+        Ok(KmemCache { kmem: self, desc: NonNull::from(desc), _type: PhantomData })
     }
 }
 
@@ -79,11 +79,24 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 /// Dropping it destroys the cache (its boxes borrow it, so none is left).
 pub struct KmemCache<'k, T, K: Heap = Kmem> {
     kmem: &'k KmemOf<K>,
-    pub(crate) desc: &'k CacheDesc<K::Lock>,
-    _type: PhantomData<fn() -> T>,
+    /// The cache's descriptor, live until this handle's drop frees it: a
+    /// pointer, not a reference, since a reference in a handle passed by
+    /// value (`drop(cache)`) is a protected argument of that call, which
+    /// the drop's freeing of the descriptor would then invalidate (Miri
+    /// reports it under both borrow models).
+    desc: NonNull<CacheDesc<K::Lock>>,
+    _type: PhantomData<(fn() -> T, &'k CacheDesc<K::Lock>)>,
 }
 
 impl<'k, T, K: Heap> KmemCache<'k, T, K> {
+    /// The cache's descriptor.
+    #[inline(always)]
+    pub(crate) fn desc(&self) -> &CacheDesc<K::Lock> {
+        // SAFETY: registered by `create_cache` for this handle and freed
+        // only by its drop, so live while `self` is borrowed.
+        unsafe { self.desc.as_ref() }
+    }
+
     /// Moves `value` into a new object of this cache, charged (for an
     /// `ACCOUNT` cache) to the current group. Errors:
     /// [`Error::LimitExceeded`] naming the group whose limit held,
@@ -93,7 +106,7 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         let p = self.alloc_object()?.cast::<T>();
         // SAFETY: a fresh object of this cache, laid out for `T`.
         unsafe { p.as_ptr().write(value) };
-        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc(), _owns: PhantomData })
     }
 
     /// Moves `value` into a new object of this cache charged to `group`
@@ -111,7 +124,7 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         let p = self.alloc_object_for(g)?.cast::<T>();
         // SAFETY: a fresh object of this cache, laid out for `T`.
         unsafe { p.as_ptr().write(value) };
-        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc, _owns: PhantomData })
+        Ok(CacheBox { ptr: p, kmem: self.kmem, desc: self.desc(), _owns: PhantomData })
     }
 
     /// An object for the current group: a pointer (so the hit path returns
@@ -149,10 +162,10 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
             // allocation was made).
             return Ok(unsafe {
                 k.hand_out_typed(
-                    KmemOf::<K>::owner(&self.desc.cache, p),
+                    KmemOf::<K>::owner(&self.desc().cache, p),
                     p,
                     size_of::<T>(),
-                    self.desc.cache.cache.geometry().align,
+                    self.desc().cache.cache.geometry().align,
                 )
             });
         }
@@ -163,9 +176,9 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     #[inline(always)]
     fn alloc_object_plain(&self, g: *const Group<K::Lock>) -> Result<NonNull<u8>, Error> {
         let k = self.kmem;
-        let base = &self.desc.cache;
+        let base = &self.desc().cache;
         // SAFETY: callers pass null or a live group of this allocator.
-        let g = if self.desc.accounted { unsafe { g.as_ref() } } else { None };
+        let g = if self.desc().accounted { unsafe { g.as_ref() } } else { None };
         let Some(g) = g else {
             let p = k.alloc_from(base)?;
             hardened_on_alloc(base, p);
@@ -173,7 +186,7 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         };
         // The handle borrows the `Kmem` since `create_cache` checked it.
         let t = k.tree_borrowed();
-        let charged = t.charged_in(k, &self.desc.charged, base).ok_or(Error::OutOfMemory)?;
+        let charged = t.charged_in(k, &self.desc().charged, base).ok_or(Error::OutOfMemory)?;
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
         match charged.alloc_fast_charged(k, |slot| unsafe { t.stock_take_at(slot, g, n) }) {
@@ -190,7 +203,7 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
 
     /// The cache's name.
     pub fn name(&self) -> &str {
-        self.desc.name.as_str()
+        self.desc().name.as_str()
     }
 
     /// The cache's counters: its own slabs plus, for an accounted cache,
@@ -212,13 +225,13 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     /// returns the pages freed.
     pub fn shrink(&self) -> usize {
         let t = self.kmem.tree();
-        crate::cgroup::Tree::drain_and_shrink(self.kmem, |f| t.for_each_cache_part(self.desc, |c| f(c)))
+        crate::cgroup::Tree::drain_and_shrink(self.kmem, |f| t.for_each_cache_part(self.desc(), |c| f(c)))
     }
 
     /// Calls `f` on the cache itself and on its charged cache, if it has
     /// one.
     fn for_each_part(&self, f: impl FnMut(&MagCache<K::Lock>)) {
-        self.kmem.tree().for_each_cache_part(self.desc, f);
+        self.kmem.tree().for_each_cache_part(self.desc(), f);
     }
 }
 
@@ -226,7 +239,7 @@ impl<T, K: Heap> Drop for KmemCache<'_, T, K> {
     fn drop(&mut self) {
         // SAFETY: the descriptor `create_cache` registered for this
         // handle, which is being dropped.
-        unsafe { self.kmem.tree().destroy_cache(self.kmem, NonNull::from(self.desc)) };
+        unsafe { self.kmem.tree().destroy_cache(self.kmem, self.desc) };
     }
 }
 

@@ -380,7 +380,7 @@ fn seed_000_halving_limits_fail_cleanly_at_the_limit() {
     struct Dentry([u64; 24]);
     let (k, g) = kmem_with_child("find");
     let cache = k.create_cache::<Dentry>("dentry", CacheFlags::ACCOUNT).unwrap();
-    let slab = cache.desc.cache.cache.geometry().slab_pages() * PAGE_SIZE;
+    let slab = cache.desc().cache.cache.geometry().slab_pages() * PAGE_SIZE;
     let mut limit = 4 << 20;
     while limit >= 32 << 10 {
         g.set_max(limit).unwrap();

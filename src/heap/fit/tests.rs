@@ -128,7 +128,7 @@ fn typed_and_charged_caches_are_capped() {
     let k: &'static TK = Box::leak(Box::new(Kmem::new(Region::new())));
     k.source().add(arena(64 << 10), 0).unwrap();
     let cache = k.create_cache::<[u64; 1024]>("eight-kib", CacheFlags::ACCOUNT).unwrap();
-    let g = *cache.desc.cache.cache.geometry();
+    let g = *cache.desc().cache.cache.geometry();
     // 8-byte aligned 8 KiB objects: the header leaves no room for one up
     // to order 1, so the smallest order that holds one, exact (order 5
     // without a cap).
