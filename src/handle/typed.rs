@@ -85,7 +85,7 @@ pub struct KmemCache<'k, T, K: Heap = Kmem> {
     /// the drop's freeing of the descriptor would then invalidate (Miri
     /// reports it under both borrow models).
     desc: NonNull<CacheDesc<K::Lock>>,
-    _type: PhantomData<(fn() -> T, &'k CacheDesc<K::Lock>)>,
+    _type: PhantomData<fn() -> T>,
 }
 
 impl<'k, T, K: Heap> KmemCache<'k, T, K> {
