@@ -9,6 +9,13 @@ use super::{CpuMags, Env, MagCache, Magazine};
 use crate::platform::{MAX_NODES, PageSource, Platform};
 use crate::slab::{GrowError, Pages};
 
+/// The most objects a refill takes from the slabs under Miri (no limit
+/// elsewhere): a user's test under Miri waits on every object a refill
+/// takes and a drain gives back, most of which a short test never uses.
+/// Magazines keep their size; only the refill is smaller, so the refill,
+/// the drain and the frees run the same code.
+const MIRI_REFILL_MAX: usize = if cfg!(miri) { 8 } else { usize::MAX };
+
 impl<R: RawMutex> MagCache<R> {
     /// `loaded` is empty: swap, trade with the depot, or refill from slabs.
     ///
@@ -71,9 +78,14 @@ impl<R: RawMutex> MagCache<R> {
     /// it, held by one slot for objects nobody asked for. A region of a
     /// few MiB or more fills every magazine in full, as before.
     pub(super) fn refill_rounds<S: PageSource>(&self, src: &S) -> usize {
-        let Some(pages) = src.fixed_pages() else { return self.rounds };
-        let geo = self.cache.geometry();
-        (pages / 8 / geo.pages * geo.capacity).clamp(1, self.rounds)
+        let full = match src.fixed_pages() {
+            None => self.rounds,
+            Some(pages) => {
+                let geo = self.cache.geometry();
+                (pages / 8 / geo.pages * geo.capacity).clamp(1, self.rounds)
+            }
+        };
+        if full > MIRI_REFILL_MAX { MIRI_REFILL_MAX } else { full }
     }
 
     /// The refill of a slot with no magazine at all, and none empty in the
