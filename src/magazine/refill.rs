@@ -10,11 +10,11 @@ use crate::platform::{MAX_NODES, PageSource, Platform};
 use crate::slab::{GrowError, Pages};
 
 /// The most objects a refill takes from the slabs under Miri (no limit
-/// elsewhere): a user's test under Miri waits on every object a refill
+/// elsewhere, see [`MagCache::refill_rounds`]): a user's test under Miri waits on every object a refill
 /// takes and a drain gives back, most of which a short test never uses.
 /// Magazines keep their size; only the refill is smaller, so the refill,
 /// the drain and the frees run the same code.
-const MIRI_REFILL_MAX: usize = if cfg!(miri) { 8 } else { usize::MAX };
+const MIRI_REFILL_MAX: usize = 8;
 
 impl<R: RawMutex> MagCache<R> {
     /// `loaded` is empty: swap, trade with the depot, or refill from slabs.
@@ -76,7 +76,8 @@ impl<R: RawMutex> MagCache<R> {
     /// holds several slabs' worth (4 rounds of 8 KiB objects are 12 pages
     /// with 3-page slabs): in a 64 KiB region that was three quarters of
     /// it, held by one slot for objects nobody asked for. A region of a
-    /// few MiB or more fills every magazine in full, as before.
+    /// few MiB or more fills every magazine in full, as before. Under
+    /// Miri at most [`MIRI_REFILL_MAX`].
     pub(super) fn refill_rounds<S: PageSource>(&self, src: &S) -> usize {
         let full = match src.fixed_pages() {
             None => self.rounds,
@@ -85,7 +86,7 @@ impl<R: RawMutex> MagCache<R> {
                 (pages / 8 / geo.pages * geo.capacity).clamp(1, self.rounds)
             }
         };
-        if full > MIRI_REFILL_MAX { MIRI_REFILL_MAX } else { full }
+        if cfg!(miri) && full > MIRI_REFILL_MAX { MIRI_REFILL_MAX } else { full }
     }
 
     /// The refill of a slot with no magazine at all, and none empty in the
