@@ -318,8 +318,9 @@ impl<R: RawMutex> Cache<R> {
     /// geometry rather than made from the order).
     #[inline(always)]
     fn slab_of(&self, ptr: *mut u8) -> *mut u8 {
-        let mask = self.geo().slab_mask;
-        debug_assert_eq!(mask, !((PAGE_SIZE << self.geo().order) - 1));
+        let geo = self.geo();
+        let mask = geo.slab_mask;
+        debug_assert_eq!(mask, !((PAGE_SIZE << geo.order) - 1));
         if cfg!(debug_assertions) { ptr.wrapping_sub(ptr.addr() & !mask) } else { ptr.map_addr(|a| a & mask) }
     }
 

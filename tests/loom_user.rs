@@ -12,22 +12,30 @@
 //! default 32 KiB model stack (under loom it keeps its tree and size
 //! classes on the heap: 4.7 KB inline); a `Region` is 16 KB under loom,
 //! so the `Region` model builds it on a model thread with a larger stack.
-//! Raise loom's `max_branches`: setting up, shrinking and removing a
-//! group take more steps than its default of 1,000.
 //!
-//! Two models: the std defaults, `Kmem<OsPages>` with the `Threads`
+//! Loom's default builder (`loom::model`, at most 1,000 branches per
+//! execution) is enough to build a `Kmem`, create a group, allocate and
+//! free from two threads (entering the group or not) and drop it all:
+//! the two `a_plain_loom_model_*` models are written that way (one
+//! execution of such a model with a group took 814 branches, counted
+//! from loom's `LOOM_LOG=trace` output). A shrink takes about 1,900 more
+//! (it walks every cache's slots, depots and node lists), so the two
+//! models that shrink and remove a group raise `max_branches`.
+//!
+//! Four models: the std defaults, `Kmem<OsPages>` with the `Threads`
 //! platform (threads `enter` a group and take per-thread slots, so loom
-//! checks the magazines' slot handshake too), and a `Region` of memory the
-//! test owns with the `NoCpus` platform, the default without `std` (one
-//! current group for every thread: charge groups through their allocator
-//! handles and typed caches' `alloc_in`, not `enter`).
+//! checks the magazines' slot handshake too), twice on loom's default
+//! builder and once with a shrink and a removal; and a `Region` of memory
+//! the test owns with the `NoCpus` platform, the default without `std`
+//! (one current group for every thread: charge groups through their
+//! allocator handles and typed caches' `alloc_in`, not `enter`).
 
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::thread;
 
-use std::alloc::Layout;
+use std::alloc::{GlobalAlloc, Layout};
 
 use kmemcg::allocator_api2::alloc::Allocator;
 use kmemcg::{CacheFlags, DefaultRawMutex, Kmem, NoCpus, OsPages, Region};
@@ -38,8 +46,8 @@ struct Node {
     value: [u64; 3],
 }
 
-/// Loom's model builder with room for the steps of setting up and
-/// tearing down an allocator.
+/// Loom's model builder with room for a shrink and a group's removal
+/// (more than the default 1,000 branches: see the module docs).
 fn model(body: impl Fn() + Sync + Send + 'static) {
     let mut model = loom::model::Builder::new();
     model.max_branches = 20_000;
@@ -150,4 +158,82 @@ fn two_threads_allocate_in_a_group_and_give_everything_back() {
             drop(Box::from_raw(mem_ptr));
         }
     }
+}
+
+/// A model written as loom's docs write one, on loom's default builder
+/// (`loom::model`: its default `max_branches` of 1,000 and its default
+/// model stack): build a `Kmem` inside it, allocate and free a few blocks
+/// from two threads, drop it.
+#[test]
+fn a_plain_loom_model_builds_a_kmem_and_allocates_from_two_threads() {
+    loom::model(|| {
+        let k: Arc<Kmem> = Arc::new(Kmem::new(OsPages::new()));
+        let workers: Vec<_> = (0..2u64)
+            .map(|i| {
+                let k = k.clone();
+                thread::spawn(move || {
+                    let (small, large) = (Layout::new::<[u64; 4]>(), Layout::new::<[u64; 12]>());
+                    // SAFETY: non-zero-size layouts; each block is checked
+                    // for null and freed below with its own layout.
+                    unsafe {
+                        let blocks = [k.alloc(small), k.alloc(small), k.alloc(large)].map(|p| p.cast::<u64>());
+                        for (n, &p) in blocks.iter().enumerate() {
+                            assert!(!p.is_null());
+                            p.write(i * 10 + n as u64);
+                        }
+                        for (n, &p) in blocks.iter().enumerate() {
+                            assert_eq!(p.read(), i * 10 + n as u64);
+                        }
+                        k.dealloc(blocks[0].cast(), small);
+                        k.dealloc(blocks[1].cast(), small);
+                        k.dealloc(blocks[2].cast(), large);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        drop(k);
+    });
+}
+
+/// The same on loom's default builder, with a group: threads `enter` it
+/// and allocate (a group borrows its allocator, so the `Kmem` is boxed
+/// and freed by hand at the end, once every handle is gone). Shrinking
+/// and removing the group would take the model past the default budget:
+/// see the models above, which raise it.
+#[test]
+fn a_plain_loom_model_with_a_group_entered_from_two_threads() {
+    loom::model(|| {
+        let kmem_ptr = Box::into_raw(Box::new(Kmem::new(OsPages::new())));
+        // SAFETY: freed only at the end, once nothing refers to it.
+        let k: &'static Kmem = unsafe { &*kmem_ptr };
+        let tenant = Arc::new(k.root().create_child("tenant").unwrap());
+        let workers: Vec<_> = (0..2u64)
+            .map(|i| {
+                let tenant = tenant.clone();
+                thread::spawn(move || {
+                    let _in = tenant.enter();
+                    let layout = Layout::new::<[u64; 4]>();
+                    // SAFETY: a non-zero-size layout; freed below with it.
+                    unsafe {
+                        let p = k.alloc(layout).cast::<u64>();
+                        assert!(!p.is_null());
+                        p.write(i);
+                        assert_eq!(p.read(), i);
+                        k.dealloc(p.cast(), layout);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert!(tenant.usage() > 0, "the tenant was charged for its slabs");
+        drop(tenant);
+        // SAFETY: the workers are joined and the group's handle dropped:
+        // nothing refers to the allocator any more.
+        drop(unsafe { Box::from_raw(kmem_ptr) });
+    });
 }

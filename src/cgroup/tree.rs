@@ -24,16 +24,22 @@ use lock_api::{Mutex, RawMutex};
 use super::Group;
 use crate::counter::PageCounter;
 use crate::error::{Error, Name};
-use crate::magazine::{Acct, MagCache, Stocks};
+#[cfg(not(all(miri, feature = "std", not(loom))))]
+use crate::magazine::Acct;
+use crate::magazine::{MagCache, Stocks};
 use crate::platform::{MAX_NODES, PAGE_SIZE};
 use crate::slab::Cache;
-use crate::slab::classes::{GEOMETRIES, NCLASSES};
+#[cfg(not(all(miri, feature = "std", not(loom))))]
+use crate::slab::classes::GEOMETRIES;
+use crate::slab::classes::NCLASSES;
 use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, Ordering, atomic_null, atomic_u32, atomic_usize,
     loom_const_fn, repeat,
 };
 
 mod charged;
+#[cfg(all(miri, feature = "std", not(loom)))]
+mod classes_miri;
 mod events;
 mod ids;
 mod lifecycle;
@@ -143,8 +149,20 @@ pub(crate) mod mode {
 
 /// Where a tree holds its size classes' caches: inline, so that a `Kmem`
 /// can be a `static`.
-#[cfg(not(loom))]
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
 pub(crate) type Classes<R> = CellArray<MagCache<R>, NCLASSES>;
+
+/// Under Miri (with `std`): out of line, made at first use (see
+/// `classes_miri`).
+#[cfg(all(miri, feature = "std", not(loom)))]
+pub(crate) type Classes<R> = classes_miri::OutOfLine<R>;
+
+/// What [`Tree::classes`] hands out: the array (under Miri with `std`,
+/// its out-of-line holder, with the same methods).
+#[cfg(not(all(miri, feature = "std", not(loom))))]
+pub(crate) type ClassesRef<R> = CellArray<MagCache<R>, NCLASSES>;
+#[cfg(all(miri, feature = "std", not(loom)))]
+pub(crate) type ClassesRef<R> = classes_miri::OutOfLine<R>;
 
 /// Under loom, on the heap: a model thread's stack is 32 KiB unless the
 /// test asks for more, and the 43 caches are about 52 KB of loom objects,
@@ -171,7 +189,7 @@ fn boxed_classes<R: RawMutex>() -> Classes<R> {
 
 loom_const_fn! {
     /// One cache per size class.
-    #[cfg(not(loom))]
+    #[cfg(not(any(loom, all(miri, feature = "std"))))]
     fn class_caches<R: RawMutex>() -> [MagCache<R>; NCLASSES] {
         let mut out = core::mem::MaybeUninit::<[MagCache<R>; NCLASSES]>::uninit();
         let first = out.as_mut_ptr() as *mut MagCache<R>;
@@ -196,8 +214,10 @@ impl<R: RawMutex> Tree<R> {
                     Some(n) => n,
                     None => panic!("\"/\" is a valid name"),
                 })),
-                #[cfg(not(loom))]
+                #[cfg(not(any(loom, all(miri, feature = "std"))))]
                 classes: CellArray::new(class_caches()),
+                #[cfg(all(miri, feature = "std", not(loom)))]
+                classes: classes_miri::OutOfLine::new(),
                 #[cfg(loom)]
                 classes: boxed_classes(),
                 all_groups: atomic_null(),
@@ -236,7 +256,7 @@ impl<R: RawMutex> Tree<R> {
 
     /// The size classes' caches.
     #[inline(always)]
-    pub(crate) fn classes(&self) -> &CellArray<MagCache<R>, NCLASSES> {
+    pub(crate) fn classes(&self) -> &ClassesRef<R> {
         &self.classes
     }
 

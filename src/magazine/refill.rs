@@ -9,6 +9,13 @@ use super::{CpuMags, Env, MagCache, Magazine};
 use crate::platform::{MAX_NODES, PageSource, Platform};
 use crate::slab::{GrowError, Pages};
 
+/// The most objects a refill takes from the slabs under Miri (no limit
+/// elsewhere, see [`MagCache::refill_rounds`]): a user's test under Miri waits on every object a refill
+/// takes and a drain gives back, most of which a short test never uses.
+/// Magazines keep their size; only the refill is smaller, so the refill,
+/// the drain and the frees run the same code.
+const MIRI_REFILL_MAX: usize = 8;
+
 impl<R: RawMutex> MagCache<R> {
     /// `loaded` is empty: swap, trade with the depot, or refill from slabs.
     ///
@@ -69,11 +76,17 @@ impl<R: RawMutex> MagCache<R> {
     /// holds several slabs' worth (4 rounds of 8 KiB objects are 12 pages
     /// with 3-page slabs): in a 64 KiB region that was three quarters of
     /// it, held by one slot for objects nobody asked for. A region of a
-    /// few MiB or more fills every magazine in full, as before.
+    /// few MiB or more fills every magazine in full, as before. Under
+    /// Miri at most [`MIRI_REFILL_MAX`].
     pub(super) fn refill_rounds<S: PageSource>(&self, src: &S) -> usize {
-        let Some(pages) = src.fixed_pages() else { return self.rounds };
-        let geo = self.cache.geometry();
-        (pages / 8 / geo.pages * geo.capacity).clamp(1, self.rounds)
+        let full = match src.fixed_pages() {
+            None => self.rounds,
+            Some(pages) => {
+                let geo = self.cache.geometry();
+                (pages / 8 / geo.pages * geo.capacity).clamp(1, self.rounds)
+            }
+        };
+        if cfg!(miri) && full > MIRI_REFILL_MAX { MIRI_REFILL_MAX } else { full }
     }
 
     /// The refill of a slot with no magazine at all, and none empty in the
