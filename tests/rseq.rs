@@ -13,6 +13,9 @@
 //!   other threads to free, migrate, and race a thread that reaps and
 //!   shrinks; a shadow set of live addresses must never see one twice, and
 //!   every object's fill must survive until its free.
+//! * `groups_charge_exactly_on_rseq`: threads of two groups allocate,
+//!   migrate, free each other's objects, one group removed meanwhile;
+//!   charges cover the live bytes and none is left after.
 //!
 //! On a host without rseq (or glibc without its registration) `Rseq`
 //! falls back to `Threads`, and the tests check that instead.
@@ -412,4 +415,91 @@ fn magazine_memory_follows_cpus() {
         assert!(rs <= allowed_cpus().len(), "{rs} slots used on {} CPUs", allowed_cpus().len());
         assert!(r.pages_in_use < t.pages_in_use, "Rseq kept {} pages, Threads {}", r.pages_in_use, t.pages_in_use);
     }
+}
+
+/// Groups on `Rseq` (their paths are out of line there): a `Kmem` of its
+/// own.
+static KMEM_GROUPS: Kmem<OsPages, DefaultRawMutex, Rseq> = Kmem::with_platform(OsPages::new(), Rseq::new());
+
+/// Objects charged to groups on `Rseq`: four threads, two per group,
+/// allocate sizes from 8 B to 4 KiB inside their group, migrating between
+/// CPUs, and hand every other object to a thread of the other group to
+/// free; one group is removed while its objects live. Each group is
+/// charged at least its live bytes while they live, nothing is left
+/// charged once all are freed and the stocks drained, and the removed
+/// group's frees still go through.
+#[test]
+fn groups_charge_exactly_on_rseq() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let k = &KMEM_GROUPS;
+    let groups = [k.root().create_child("rseq-a").unwrap(), k.root().create_child("rseq-b").unwrap()];
+    let cpus = allowed_cpus();
+    let sizes = [8usize, 24, 64, 100, 256, 1000, 2048, 4096];
+    let per_thread = 400;
+    // Phase 1: each thread allocates in its group; returns its objects.
+    let made: Vec<Vec<(usize, usize)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (g, cpus) = (&groups[t % 2], &cpus);
+                s.spawn(move || {
+                    let _in = g.enter();
+                    let mut rng = Rng(0x9e37_79b9 + t as u64);
+                    let mut out = Vec::new();
+                    for i in 0..per_thread {
+                        if i % 50 == 0 {
+                            move_to(cpus[rng.below(cpus.len())]);
+                        }
+                        let size = sizes[rng.below(sizes.len())];
+                        let layout = Layout::from_size_align(size, 8).unwrap();
+                        // SAFETY: a non-zero-size layout.
+                        let p = unsafe { k.alloc(layout) };
+                        assert!(!p.is_null());
+                        // SAFETY: a fresh block of `size` bytes.
+                        unsafe { p.write_bytes(t as u8, size) };
+                        out.push((p as usize, size));
+                    }
+                    move_anywhere(cpus);
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, g) in groups.iter().enumerate() {
+        let live: usize = made.iter().skip(i).step_by(2).flatten().map(|&(_, size)| size).sum();
+        assert!(g.usage() >= live, "group {i} charged {} for {live} live bytes", g.usage());
+    }
+    groups[0].remove().unwrap();
+    // Phase 2: every thread frees its objects, every other one from a
+    // thread of the other group (entered), checking each fill first.
+    let (own, other): (Vec<_>, Vec<_>) = made
+        .iter()
+        .enumerate()
+        .flat_map(|(t, objs)| objs.iter().enumerate().map(move |(j, &o)| (t, j, o)))
+        .partition(|&(_, j, _)| j % 2 == 0);
+    std::thread::scope(|s| {
+        for (t, batch) in [(0usize, &own), (1, &other)] {
+            let (g, cpus) = (&groups[1], &cpus);
+            s.spawn(move || {
+                let _in = (t == 1).then(|| g.enter());
+                let mut rng = Rng(0x5151 + t as u64);
+                for (n, &(owner, _, (p, size))) in batch.iter().enumerate() {
+                    if n % 64 == 0 {
+                        move_to(cpus[rng.below(cpus.len())]);
+                    }
+                    let p = p as *mut u8;
+                    // SAFETY: a live block of `size` bytes filled with
+                    // its thread's byte; freed once with its layout.
+                    unsafe {
+                        assert!((0..size).all(|i| *p.add(i) == owner as u8), "an object's fill changed");
+                        k.dealloc(p, Layout::from_size_align(size, 8).unwrap());
+                    }
+                }
+                move_anywhere(cpus);
+            });
+        }
+    });
+    k.shrink();
+    assert_eq!(groups[0].usage(), 0, "the removed group is still charged");
+    assert_eq!(groups[1].usage(), 0, "the live group is still charged");
 }
