@@ -129,16 +129,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return super::moved_here();
         }
         // SAFETY: forwarded.
-        let owner = unsafe { Self::owner(base, ptr) };
-        hardened_on_free(owner, ptr);
-        // SAFETY: forwarded.
-        unsafe {
-            if owner.cache.geometry().has_owners() {
-                self.free_charged(owner, ptr)
-            } else {
-                self.free_plain_out(owner, ptr)
-            }
-        }
+        unsafe { self.free_into_as::<true>(Self::owner(base, ptr), ptr) }
     }
 
     /// [`Kmem::free_plain`] out of line: a root object's free once groups
@@ -226,11 +217,25 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `ptr` is a live object of `owner`, freed once.
     #[inline(always)]
     pub(crate) unsafe fn free_into(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe { self.free_into_as::<false>(owner, ptr) }
+    }
+
+    /// [`Kmem::free_into`], with the plain free out of line if
+    /// `PLAIN_OUT` (see [`Kmem::free_plain_out`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_into`].
+    #[inline(always)]
+    unsafe fn free_into_as<const PLAIN_OUT: bool>(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         hardened_on_free(owner, ptr);
         // SAFETY: forwarded.
         unsafe {
             if owner.cache.geometry().has_owners() {
                 self.free_charged(owner, ptr)
+            } else if PLAIN_OUT {
+                self.free_plain_out(owner, ptr)
             } else {
                 self.free_plain(owner, ptr)
             }
