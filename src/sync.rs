@@ -454,6 +454,30 @@ pub(crate) fn spin_hint() {
     core::hint::spin_loop();
 }
 
+/// Spins until `done` holds, a bounded while (`SETTLE_TRIES` tries, with
+/// `std` yielding the CPU between them after the first few); returns
+/// whether it did. For waits on other threads' work in flight outside an
+/// allocation path (`Cgroup::check_empty`), where the waited-for thread
+/// may be preempted, and where the wait must end even if the caller is
+/// itself what it waits for (a callback from inside that work).
+#[allow(dead_code)]
+pub(crate) fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+    const SETTLE_TRIES: usize = 1 << 16;
+    for i in 0..SETTLE_TRIES {
+        if done() {
+            return true;
+        }
+        #[cfg(all(feature = "std", not(loom)))]
+        if i >= 64 {
+            std::thread::yield_now();
+            continue;
+        }
+        let _ = i;
+        spin_hint();
+    }
+    done()
+}
+
 /// Defines a function `const` in normal builds and plain under loom, whose
 /// atomics are built at run time (crossbeam's `const_fn!` pattern): one
 /// body serves both, and loom models call it at run time.

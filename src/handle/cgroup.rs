@@ -365,8 +365,15 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     // A snapshot by value, like `stat()`: a `no_std` crate has no box for it.
     #[allow(clippy::result_large_err)]
     pub fn check_empty(&self) -> Result<(), GroupStat> {
+        // What other threads took out of the quarantine or a slot's stock
+        // (an eviction, a flush, a reclaim) is still charged until they
+        // give it back: wait for them after each step, or a group whose
+        // objects are all freed may look charged.
         self.kmem.flush_quarantine();
-        self.kmem.tree().reclaim_unused(self.kmem, self.g());
+        self.kmem.settle_quarantine();
+        let tree = self.kmem.tree();
+        tree.reclaim_unused(self.kmem, self.g());
+        crate::sync::wait_until(|| tree.stocks_in_transit() == 0);
         if self.usage() == 0 {
             return Ok(());
         }

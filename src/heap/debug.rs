@@ -149,6 +149,10 @@ pub(crate) struct Detector<R: RawMutex> {
     /// the global bound; a full one moves whole into the global one, so
     /// the global lock is taken once per batch.
     locals: [CachePadded<Mutex<R, Fifo>>; MAX_CPUS],
+    /// Quarantined objects and retired sampled runs a thread has taken
+    /// out of the quarantine and not yet given back to their caches: still
+    /// charged, in no list (see `Kmem::settle_transit`).
+    in_transit: AtomicUsize,
     /// Frees checked (a statistic).
     frees_checked: Stat,
     /// Set by the first reader of `KMEMCG_DEBUG` to warn about a word it
@@ -228,6 +232,7 @@ impl<R: RawMutex> Detector<R> {
                     retired_n: 0,
                 }),
                 locals: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Fifo::EMPTY)); MAX_CPUS),
+                in_transit: atomic_usize(0),
                 frees_checked: Stat::new(),
                 warned: atomic_usize(0),
                 hooked: atomic_usize(0),

@@ -43,6 +43,9 @@ pub(crate) struct Stocks {
     cells: [CachePadded<UnsafeCell<Stock>>; MAX_CPUS],
     /// Bit `s` is set once slot `s` held a stock: drains visit only those.
     used: AtomicUsize,
+    /// Stocks a drainer took and has not yet handed on: their bytes are
+    /// still charged, in no slot (see [`Stocks::in_transit`]).
+    taken: AtomicUsize,
 }
 
 // SAFETY: a slot's cell is touched only by the context holding the slot
@@ -55,7 +58,11 @@ impl Stocks {
     loom_const_fn! {
         /// Every stock empty.
         pub(crate) fn new() -> Self {
-            Stocks { cells: repeat!(CachePadded::new(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS), used: atomic_usize(0) }
+            Stocks {
+                cells: repeat!(CachePadded::new(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS),
+                used: atomic_usize(0),
+                taken: atomic_usize(0),
+            }
         }
     }
 
@@ -117,10 +124,28 @@ impl Stocks {
                 let s = unsafe { &mut *s };
                 if !s.owner.is_null() && want(s.owner) { s.take() } else { Stock::EMPTY }
             });
+            if !taken.owner.is_null() {
+                // Counted before the slot is let go, so a drainer that
+                // visits the slot next and finds it empty sees it here.
+                self.taken.fetch_add(1, Ordering::Relaxed);
+            }
             cx.slots().end_drain(cx.plat(), slot, stolen);
             if !taken.owner.is_null() {
                 each(taken);
+                // Release: what `each` did (the bytes flushed, pages
+                // uncharged) comes before a reader that sees the count
+                // drop.
+                self.taken.fetch_sub(1, Ordering::Release);
             }
         }
+    }
+
+    /// Stocks drainers have taken and not yet handed on (`Acquire`: once
+    /// 0, what they did with them is seen). A caller that drained every
+    /// slot and then sees 0 has every stock taken before its drain
+    /// flushed: `Cgroup::check_empty` waits for it, so a reclaim in
+    /// another thread cannot make an empty group look charged.
+    pub(crate) fn in_transit(&self) -> usize {
+        self.taken.load(Ordering::Acquire)
     }
 }

@@ -424,6 +424,30 @@ fn loom_stock_drain_races_removal() {
     stock_races_removal(0, 0);
 }
 
+#[test]
+fn loom_check_empty_waits_for_a_stock_another_drain_took() {
+    // `g`'s freed object left its bytes (a page charged) in slot 0's
+    // stock. A reclaim on another thread takes every stock while the main
+    // thread checks `g` empty as `Cgroup::check_empty` does: its own drain
+    // may find the stock gone, still unflushed; waiting for the stocks in
+    // transit, it must find `g` uncharged whatever the order.
+    model(|env| {
+        on_slot(0);
+        let g = env.child("g");
+        env.warm(&[]);
+        let x = env.alloc_in(g);
+        env.free(x);
+        assert_eq!(g.counter().usage(), 1, "the stock holds the page's rest");
+        let other = spawn(&env, |env| env.tree.drain_all_stocks(env));
+        env.tree.drain_all_stocks(&*env);
+        assert!(crate::sync::wait_until(|| env.tree.stocks_in_transit() == 0));
+        assert_eq!(g.counter().usage(), 0, "a stock in another drain's hands looked charged");
+        other.join().unwrap();
+        env.remove_and_put(g);
+        env.settle();
+    });
+}
+
 /// A shrinker for the registration model: counts its calls.
 struct Counting(std::sync::atomic::AtomicUsize);
 

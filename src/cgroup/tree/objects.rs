@@ -255,6 +255,12 @@ impl<R: RawMutex> Tree<R> {
         self.stocks.drain(env, |o| o == key, |s| self.flush_stock(s));
     }
 
+    /// Stocks drains have taken and not yet flushed (see
+    /// [`Stocks::in_transit`](crate::magazine::Stocks)).
+    pub(crate) fn stocks_in_transit(&self) -> usize {
+        self.stocks.in_transit()
+    }
+
     /// Takes every slot's stock, whatever its group (reclaim, `shrink`).
     pub(crate) fn drain_all_stocks<E: Env<R>>(&self, env: &E) {
         self.stocks.drain(env, |_| true, |s| self.flush_stock(s));

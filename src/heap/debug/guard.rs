@@ -319,6 +319,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             let old = q.retired[0].1;
             q.retired.copy_within(1.., 0);
             q.retired_n -= 1;
+            self.detect.in_transit.fetch_add(1, Ordering::Relaxed);
             old
         } else {
             core::ptr::null_mut()
@@ -330,6 +331,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if !evicted.is_null() {
             // SAFETY: a retired run, out of the list: no one uses it.
             unsafe { self.free_run(evicted) };
+            self.detect.in_transit.fetch_sub(1, Ordering::Release);
         }
         true
     }
@@ -345,10 +347,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 }
                 q.retired_n -= 1;
                 let n = q.retired_n;
+                self.detect.in_transit.fetch_add(1, Ordering::Relaxed);
                 q.retired[n].1
             };
             // SAFETY: a retired run, out of the list.
             unsafe { self.free_run(run) };
+            // Release: the run is freed (uncharged) before a waiter sees
+            // it counted out (see `Kmem::settle_quarantine`).
+            self.detect.in_transit.fetch_sub(1, Ordering::Release);
         }
     }
 

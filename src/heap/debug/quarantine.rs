@@ -15,6 +15,7 @@ use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
+use crate::sync::Ordering;
 
 /// Freed objects waiting to go back to their caches, oldest first, linked
 /// through their header's third word (`head` and `tail` point at slots).
@@ -125,7 +126,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let per_cpu = d.quarantine / 8;
         // SAFETY: no slot is held here (frees hold none while they
         // quarantine), and each arm below exits the one it gets.
-        let batch = match unsafe { self.platform.enter() } {
+        let (batch, counted) = match unsafe { self.platform.enter() } {
             // An object larger than a CPU's share goes to the global one.
             Some(cpu) if per_cpu >= slot => {
                 // SAFETY: the platform keeps slots below MAX_CPUS.
@@ -133,18 +134,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // SAFETY: slots written here.
                 unsafe { l.append(one) };
                 let full = l.bytes > per_cpu;
-                let batch = if full { core::mem::replace(&mut *l, Fifo::EMPTY) } else { Fifo::EMPTY };
+                let batch = if full { self.take_out(&mut l) } else { Fifo::EMPTY };
                 drop(l);
                 // SAFETY: entered above.
                 unsafe { self.platform.exit(cpu) };
-                batch
+                let counted = batch.objects;
+                (batch, counted)
             }
             cpu => {
                 if let Some(cpu) = cpu {
                     // SAFETY: entered above.
                     unsafe { self.platform.exit(cpu) };
                 }
-                one
+                (one, 0)
             }
         };
         if batch.head.is_null() {
@@ -153,10 +155,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let evicted = {
             let mut q = self.detect.quarantine.lock();
             // SAFETY: slots written here; the quarantine's too.
-            unsafe {
-                q.fifo.append(batch);
-                take_over::<R>(&mut q.fifo, d.quarantine)
-            }
+            unsafe { q.fifo.append(batch) };
+            let chain = self.take_over(&mut q.fifo, d.quarantine);
+            // A batch from this CPU's quarantine, counted in transit there,
+            // is in the global one now.
+            self.detect.in_transit.fetch_sub(counted, Ordering::Relaxed);
+            chain
         };
         // SAFETY: the chain taken out of the quarantine.
         unsafe { self.release(evicted, d) };
@@ -184,15 +188,41 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(crate) fn flush_quarantine(&self) {
         let d = self.detect.get();
         for l in &self.detect.locals {
-            let batch = core::mem::replace(&mut *l.lock(), Fifo::EMPTY);
+            let batch = self.take_out(&mut l.lock());
             // SAFETY: the chain taken out of a per-CPU quarantine.
             unsafe { self.release(batch.head, d) };
         }
-        // SAFETY: the quarantine's slots were written by `quarantine`.
-        let chain = unsafe { take_over::<R>(&mut self.detect.quarantine.lock().fifo, 0) };
+        let chain = self.take_over(&mut self.detect.quarantine.lock().fifo, 0);
         // SAFETY: the chain taken out of the quarantine.
         unsafe { self.release(chain, d) };
         self.free_retired();
+    }
+
+    /// Waits (a bounded while) until no object another thread took out of
+    /// the quarantine is still on its way back to its cache, so that what
+    /// a flush found missing is back; `false` if one still is then.
+    pub(crate) fn settle_quarantine(&self) -> bool {
+        crate::sync::wait_until(|| self.detect.in_transit.load(Ordering::Acquire) == 0)
+    }
+
+    /// Empties a per-CPU quarantine (under its lock), its objects counted
+    /// in transit until [`Kmem::release`] or the global quarantine has
+    /// them.
+    fn take_out(&self, l: &mut Fifo) -> Fifo {
+        self.detect.in_transit.fetch_add(l.objects, Ordering::Relaxed);
+        core::mem::replace(l, Fifo::EMPTY)
+    }
+
+    /// [`take_over`] with the objects taken counted in transit until
+    /// [`Kmem::release`] has them back (under the quarantine's lock, so a
+    /// flush that finds them gone sees them counted).
+    fn take_over(&self, q: &mut Fifo, max: usize) -> *mut u8 {
+        let before = q.objects;
+        // SAFETY: every slot in a quarantine FIFO was written by
+        // `quarantine`.
+        let chain = unsafe { take_over::<R>(q, max) };
+        self.detect.in_transit.fetch_add(before - q.objects, Ordering::Relaxed);
+        chain
     }
 
     /// Quarantined objects and their bytes.
@@ -246,6 +276,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 words(s).0.write_unaligned(tag(CLEAN, s, slot, birth_in(owner, s)));
                 self.give_back(owner, s);
             }
+            // Release: the object is back (its bytes uncharged) before a
+            // waiter sees it counted out.
+            self.detect.in_transit.fetch_sub(1, Ordering::Release);
         }
     }
 
