@@ -15,12 +15,12 @@
 //!
 //! Loom's default builder (`loom::model`, at most 1,000 branches per
 //! execution) is enough to build a `Kmem`, create a group, allocate and
-//! free from two threads (entering the group or not) and drop it all:
-//! the two `a_plain_loom_model_*` models are written that way (one
-//! execution of such a model with a group took 814 branches, counted
-//! from loom's `LOOM_LOG=trace` output). A shrink takes about 1,900 more
-//! (it walks every cache's slots, depots and node lists), so the two
-//! models that shrink and remove a group raise `max_branches`.
+//! free from two threads (entering the group or not), check the group
+//! empty (`assert_empty`), remove it and drop it all: the two
+//! `a_plain_loom_model_*` models are written that way. A whole-allocator
+//! `shrink` takes about 1,900 more branches (it walks every cache's slots,
+//! depots and node lists), so the two models that call it raise
+//! `max_branches`.
 //!
 //! Four models: the std defaults, `Kmem<OsPages>` with the `Threads`
 //! platform (threads `enter` a group and take per-thread slots, so loom
@@ -199,10 +199,11 @@ fn a_plain_loom_model_builds_a_kmem_and_allocates_from_two_threads() {
 }
 
 /// The same on loom's default builder, with a group: threads `enter` it
-/// and allocate (a group borrows its allocator, so the `Kmem` is boxed
-/// and freed by hand at the end, once every handle is gone). Shrinking
-/// and removing the group would take the model past the default budget:
-/// see the models above, which raise it.
+/// and allocate; then the group is checked empty and removed, as a test's
+/// teardown does (a group borrows its allocator, so the `Kmem` is boxed
+/// and freed by hand at the end, once every handle is gone).
+/// `assert_empty` needs little stack when it passes, so it fits loom's
+/// default model stack.
 #[test]
 fn a_plain_loom_model_with_a_group_entered_from_two_threads() {
     loom::model(|| {
@@ -231,6 +232,8 @@ fn a_plain_loom_model_with_a_group_entered_from_two_threads() {
             w.join().unwrap();
         }
         assert!(tenant.usage() > 0, "the tenant was charged for its slabs");
+        tenant.assert_empty();
+        tenant.remove().unwrap();
         drop(tenant);
         // SAFETY: the workers are joined and the group's handle dropped:
         // nothing refers to the allocator any more.

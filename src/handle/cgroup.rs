@@ -365,6 +365,36 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     // A snapshot by value, like `stat()`: a `no_std` crate has no box for it.
     #[allow(clippy::result_large_err)]
     pub fn check_empty(&self) -> Result<(), GroupStat> {
+        if self.settle_empty() {
+            return Ok(());
+        }
+        Err(self.stat())
+    }
+
+    /// [`Cgroup::check_empty`] as an assertion: panics with what the group
+    /// still holds, per cache. On success it needs little stack (the
+    /// [`GroupStat`] of a failure, 11 KiB, is built only then), so a
+    /// kernel thread's or a loom model's small stack can call it.
+    #[track_caller]
+    pub fn assert_empty(&self) {
+        if !self.settle_empty() {
+            self.not_empty();
+        }
+    }
+
+    /// The failure of [`Cgroup::assert_empty`], out of line: its frame
+    /// holds the [`GroupStat`].
+    #[cold]
+    #[inline(never)]
+    #[track_caller]
+    fn not_empty(&self) -> ! {
+        let st = self.stat();
+        panic!("kmemcg: group {} is not empty at the end of its scope:\n{st}", st.name);
+    }
+
+    /// Gives back what only waits to be reused in the group's subtree (see
+    /// [`Cgroup::check_empty`]); then whether nothing is charged to it.
+    fn settle_empty(&self) -> bool {
         // What other threads took out of the quarantine or a slot's stock
         // (an eviction, a flush, a reclaim) is still charged until they
         // give it back: wait for them after each step, or a group whose
@@ -374,19 +404,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
         let tree = self.kmem.tree();
         tree.reclaim_unused(self.kmem, self.g());
         crate::sync::wait_until(|| tree.stocks_in_transit() == 0);
-        if self.usage() == 0 {
-            return Ok(());
-        }
-        Err(self.stat())
-    }
-
-    /// [`Cgroup::check_empty`] as an assertion: panics with what the group
-    /// still holds, per cache.
-    #[track_caller]
-    pub fn assert_empty(&self) {
-        if let Err(st) = self.check_empty() {
-            panic!("kmemcg: group {} is not empty at the end of its scope:\n{st}", st.name);
-        }
+        self.usage() == 0
     }
 
     /// Asserts that the group's subtree held at most `bytes` at once;
