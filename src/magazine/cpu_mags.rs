@@ -39,6 +39,7 @@ static_assertions::const_assert_eq!(size_of::<CpuMags>(), 32);
 /// Where slot `slot`'s `CpuMags` sit in a cache's array: the low slots
 /// spread over every other entry, so neighbours never share a line.
 #[inline(always)]
+#[allow(clippy::modulo_one)] // `HALF` is 1 under loom (two slots)
 pub(super) const fn cpu_index(slot: usize) -> usize {
     const HALF: usize = if MAX_CPUS > 1 { MAX_CPUS / 2 } else { 1 };
     (slot % HALF) * 2 + slot / HALF

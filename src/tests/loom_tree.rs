@@ -501,7 +501,7 @@ fn loom_reclaim_walk_races_removal_and_reclamation() {
         let t = &env.tree;
         let p = env.child("p");
         let name = |n: &str| Name::new_group(n).unwrap();
-        // SAFETY (both): referenced by this thread until its puts below.
+        // SAFETY: referenced by this thread until its puts below.
         let a = unsafe { &*t.create_child(&*env, p, name("a")).unwrap().as_ptr() };
         // SAFETY: as above.
         let b = unsafe { &*t.create_child(&*env, p, name("b")).unwrap().as_ptr() };
