@@ -1049,3 +1049,49 @@ fn check_empty_waits_for_objects_another_thread_releases() {
     }
     g.remove().unwrap();
 }
+
+/// Sampling alone: a full table of live samples (`GUARDED_MAX`), freed in
+/// a scrambled order, each found by its free (the lock-free summary of
+/// their guard pages has 256 bits, so some of the 64 share one: freeing
+/// one keeps the bit while the other lives). A free that missed its
+/// sample would leave its table entry taken, and the next round could not
+/// sample them all. Only layouts whose size is a multiple of their
+/// alignment are sampled (the free tests `ptr + size` alone).
+#[test]
+fn a_full_table_of_samples_is_freed_in_any_order() {
+    let k = leak(Kmem::new(OsPages::new()).with_detection(Detection::sampled(1)));
+    let sizes = [8usize, 24, 64, 104, 512, 1000, 4000, 4096];
+    for round in 0..3 {
+        let layouts: Vec<Layout> =
+            (0..kmemcg::GUARDED_MAX).map(|i| Layout::from_size_align(sizes[i % sizes.len()], 8).unwrap()).collect();
+        let mut live: Vec<(*mut u8, Layout)> = layouts
+            .iter()
+            // SAFETY: valid layouts; each block freed once below with its own.
+            .map(|&l| (unsafe { k.alloc(l) }, l))
+            .collect();
+        for &(p, l) in &live {
+            assert!(!p.is_null());
+            assert!((p.addr() + l.size()).is_multiple_of(4096), "round {round}: {} bytes not sampled", l.size());
+        }
+        let mut x = 0x2545_f491_u32 ^ round;
+        while !live.is_empty() {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let (p, l) = live.swap_remove(x as usize % live.len());
+            // SAFETY: a live block of `k` with this layout.
+            unsafe { k.dealloc(p, l) };
+        }
+    }
+    // Size not a multiple of the alignment: never sampled, freed plainly.
+    let odd = Layout::from_size_align(100, 64).unwrap();
+    let even = Layout::from_size_align(128, 64).unwrap();
+    // SAFETY: valid layouts, each freed once with its own.
+    unsafe {
+        let (a, b) = (k.alloc(odd), k.alloc(even));
+        assert!(!(a.addr() + 128).is_multiple_of(4096), "a 100-byte block aligned to 64 was sampled");
+        assert!((b.addr() + 128).is_multiple_of(4096), "a 128-byte block aligned to 64 was not sampled");
+        k.dealloc(a, odd);
+        k.dealloc(b, even);
+    }
+}

@@ -144,6 +144,10 @@ pub(crate) struct Detector<R: RawMutex> {
     /// Sampled objects live (so frees look the table up only when some
     /// are).
     guarded_live: AtomicUsize,
+    /// A summary of the live samples' guard pages, one bit per hash of a
+    /// page (`Kmem::may_be_sampled`): a free that ends at a page boundary
+    /// takes the table's lock only if its bit is set.
+    guard_bits: [AtomicUsize; guard::GUARD_WORDS],
     quarantine: Mutex<R, Quarantine>,
     /// Per-CPU quarantines (by platform slot), each bounded by a share of
     /// the global bound; a full one moves whole into the global one, so
@@ -225,6 +229,7 @@ impl<R: RawMutex> Detector<R> {
                 guard_every: atomic_usize(d.guard_every),
                 sampled: atomic_usize(0),
                 guarded_live: atomic_usize(0),
+                guard_bits: repeat!(atomic_usize(0); guard::GUARD_WORDS),
                 quarantine: Mutex::const_new(R::INIT, Quarantine {
                     fifo: Fifo::EMPTY,
                     guarded: [(core::ptr::null_mut(), core::ptr::null_mut()); GUARDED_MAX],

@@ -26,18 +26,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // header: through its own provenance, not the caller's (a no-op
         // outside Miri).
         let ptr = self.source.rebase(ptr);
-        // A zero size (nothing was allocated) has no class: its test is
-        // off the fast path, with the large objects'.
         let m = self.tree.mode();
-        if m != 0 {
-            if size == 0 {
-                return;
-            }
-            // SAFETY: forwarded.
-            return unsafe { self.free_moded(m, class_of(size, align), ptr, size, align) };
-        }
+        // The class first, so the moded branch of a size-class free knows
+        // it has one. A zero size (nothing was allocated) has no class:
+        // its test is off the fast path, with the large objects'.
         match class_of(size, align) {
             Some(c) => {
+                if m != 0 {
+                    // SAFETY: forwarded.
+                    return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
+                }
                 let Some(base) = self.base_for_free(c, ptr) else { return };
                 hardened_on_free(base, ptr);
                 // SAFETY: with no groups, every object of class `c` is in
@@ -45,6 +43,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 unsafe { base.free(self, ptr) }
             }
             None if size == 0 => {}
+            // SAFETY: forwarded.
+            None if m != 0 => unsafe { self.free_moded(m, None, ptr, size, align) },
             // SAFETY: forwarded: a live large object of this `Kmem`.
             None => unsafe { self.free_large(ptr) },
         }
@@ -68,7 +68,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ) {
         if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
             // SAFETY: forwarded.
-            if unsafe { self.free_unsampled(m, class, ptr, size, align) } {
+            if unsafe { self.free_unsampled(m, class, ptr, size) } {
                 return;
             }
             // SAFETY: forwarded.

@@ -609,3 +609,39 @@ fn detection_leaves_huge_alignments_unchecked() {
     // SAFETY: as above.
     unsafe { k.dealloc(k.alloc(l), l) };
 }
+
+/// Sampling alone, a full table of live samples freed in a scrambled
+/// order: each free finds its sample, though in unit tests the guard-page
+/// summary is one word, so many of the 64 live samples share a bit (their
+/// guard pages are a few pages apart) and freeing one must keep the bit
+/// while another with it lives. A free that missed its sample would leave
+/// its table entry taken: the next round could not sample every block.
+#[test]
+fn samples_sharing_a_summary_bit_are_each_found_by_their_free() {
+    let k: &'static Kmem<crate::OsPages> =
+        Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::sampled(1))));
+    let sizes = [8usize, 24, 64, 104, 512, 1000, 4000, 4096];
+    let mut rng = Rng::new(7);
+    for round in 0..scaled(3, 3) {
+        let n = if cfg!(miri) { 12 } else { crate::GUARDED_MAX };
+        let mut live: Vec<(*mut u8, Layout)> = (0..n)
+            .map(|i| {
+                let l = Layout::from_size_align(sizes[i % sizes.len()], 8).unwrap();
+                // SAFETY: a valid layout; the block is freed once below
+                // with it.
+                (unsafe { k.alloc(l) }, l)
+            })
+            .collect();
+        let bits: Vec<usize> =
+            live.iter().map(|&(p, l)| ((p.addr() + l.size()) >> 12) % usize::BITS as usize).collect();
+        for (i, &(p, l)) in live.iter().enumerate() {
+            assert!((p.addr() + l.size()).is_multiple_of(PAGE_SIZE), "round {round}: block {i} not sampled");
+        }
+        assert!((1..bits.len()).any(|i| bits[..i].contains(&bits[i])), "no two live samples share a bit");
+        while !live.is_empty() {
+            let (p, l) = live.swap_remove(rng.below(live.len()));
+            // SAFETY: a live block of `k` with this layout.
+            unsafe { k.dealloc(p, l) };
+        }
+    }
+}

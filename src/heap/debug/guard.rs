@@ -8,7 +8,7 @@ use lock_api::RawMutex;
 use crate::cgroup::{Group, mode};
 use crate::heap::{Kmem, hardened_on_free};
 use crate::page::pages_for;
-use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
+use crate::platform::{PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, report_abort};
 use crate::slab::classes::class_of;
 use crate::sync::Ordering;
 
@@ -26,6 +26,21 @@ pub(super) const RETIRED_MAX: usize = 16;
 /// How many sampled guard-page objects can live at once.
 pub const GUARDED_MAX: usize = 64;
 
+/// Bits of the summary of live samples' guard pages (`Detector`'s
+/// `guard_bits`): with `GUARDED_MAX` samples live, a quarter of them set
+/// at most. (One word in unit tests, so that live samples share bits.)
+const GUARD_BITS: usize = if cfg!(test) { usize::BITS as usize } else { 256 };
+/// Words of that summary.
+pub(super) const GUARD_WORDS: usize = GUARD_BITS / usize::BITS as usize;
+
+/// The word and the bit of the summary that stand for the guard page at
+/// `guard` (a hash of its page number).
+#[inline(always)]
+fn guard_bit(guard: usize) -> (usize, usize) {
+    let h = (guard >> PAGE_SHIFT) % GUARD_BITS;
+    (h / usize::BITS as usize, 1 << (h % usize::BITS as usize))
+}
+
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Whether this allocation of `size` bytes aligned to `align` is to be
     /// sampled: a size-class one, when the countdown from `guard_every`
@@ -35,7 +50,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline]
     pub(super) fn sample_due(&self, size: usize, align: usize) -> bool {
         let n = self.detect.guard_every.load(Ordering::Relaxed);
-        if n == 0 || class_of(size, align).is_none() {
+        // Only layouts whose size is a multiple of their alignment (every
+        // Rust type's): a sample ends at its guard page, so `ptr + size`
+        // is a page boundary, the one test `free_unsampled` makes.
+        if n == 0 || size & (align - 1) != 0 || class_of(size, align).is_none() {
             return false;
         }
         if self.counts_on_slow_paths(n) {
@@ -107,33 +125,29 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// With sampling alone, while sampled objects live, and no sample due
     /// (the mode word `m` is `DEBUG`, maybe with `GROUPS`; while none
     /// lives, `DEBUG` is clear and frees take the plain path), frees `ptr`
-    /// as the path without
-    /// detection would, unless the block ends at a page boundary as a
-    /// sampled one does; returns whether it did. Inlined into the free path
-    /// past its test of a non-zero mode word, so it costs nothing with
-    /// detection off.
+    /// as the path without detection would, unless the block ends at a
+    /// page boundary whose bit in the guard-page summary is set
+    /// ([`Kmem::may_be_sampled`]), as a sampled one's does; returns whether
+    /// it did. Inlined into the free path past its test of a non-zero mode
+    /// word, so it costs nothing with detection off.
     ///
     /// # Safety
     ///
     /// As for `Kmem::free_raw` (a rebased, non-null pointer, `size > 0`),
-    /// `class` being `class_of(size, align)`.
+    /// `class` being `class_of(size, align)` of the block's layout.
     #[inline(always)]
-    pub(crate) unsafe fn free_unsampled(
-        &self,
-        m: usize,
-        class: Option<usize>,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-    ) -> bool {
-        if ptr.as_ptr().addr().wrapping_add(size.wrapping_add(align - 1) & !(align - 1)).is_multiple_of(PAGE_SIZE) {
+    pub(crate) unsafe fn free_unsampled(&self, m: usize, class: Option<usize>, ptr: NonNull<u8>, size: usize) -> bool {
+        // Samples are only of sizes that are multiples of their alignment
+        // (`sample_due`), so a sample's `ptr + size` is its guard page.
+        let end = ptr.as_ptr().addr().wrapping_add(size);
+        if end.is_multiple_of(PAGE_SIZE) && self.may_be_sampled(end) {
             return false;
         }
         // No groups (the mode word is `DEBUG` alone, tested first: one
         // compare on the common path): every object of the class is in
         // its base cache, as on the plain path.
-        if m == mode::DEBUG
-            && let Some(c) = class
+        if let Some(c) = class
+            && m == mode::DEBUG
         {
             if let Some(base) = self.base_for_free(c, ptr) {
                 hardened_on_free(base, ptr);
@@ -167,6 +181,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
     fn records_sites(&self) -> bool {
         self.detect.flags.load(Ordering::Relaxed) & super::SITES != 0
+    }
+
+    /// Whether a block ending at `end`, a page boundary, may be a live
+    /// sampled object: its guard page's bit in the summary is set (a live
+    /// sample's always is: set before the sample is handed out, cleared
+    /// only when no live sample has it, both under the table's lock, so a
+    /// free of a sample, which comes after its allocation, sees it).
+    /// `false` is exact; `true` sends the free to the table.
+    #[inline(always)]
+    pub(super) fn may_be_sampled(&self, end: usize) -> bool {
+        let (w, b) = guard_bit(end);
+        // SAFETY: `guard_bit` gives words below GUARD_WORDS.
+        unsafe { self.detect.guard_bits.get_unchecked(w) }.load(Ordering::Relaxed) & b != 0
     }
 
     /// Whether any sampled object is live (`Acquire`: pairs with the
@@ -227,6 +254,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             match q.guarded.iter_mut().find(|e| e.0.is_null()) {
                 Some(e) => {
                     *e = (p, run);
+                    let (w, b) = guard_bit(guard.addr());
+                    self.detect.guard_bits[w].fetch_or(b, Ordering::Relaxed);
                     // The first live sample sets `DEBUG` (a no-op with red
                     // zones or poison, where it stays set), so frees test
                     // for sampled objects from now on: under the table's
@@ -277,8 +306,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(super) fn free_guarded(&self, p: *mut u8, size: usize, align: usize) -> bool {
         // Only a block that ends at a page boundary can be one: most frees
         // stop here, without the lock.
-        p.addr().wrapping_add(size.next_multiple_of(align)).is_multiple_of(PAGE_SIZE)
-            && self.free_guarded_slow(p, size, align)
+        let end = p.addr().wrapping_add(size.next_multiple_of(align));
+        end.is_multiple_of(PAGE_SIZE) && self.may_be_sampled(end) && self.free_guarded_slow(p, size, align)
     }
 
     /// [`Kmem::free_guarded`] past its test of the block's end: the
@@ -298,6 +327,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             ));
         }
         *e = (core::ptr::null_mut(), core::ptr::null_mut());
+        // Its bit in the summary goes unless another live sample's guard
+        // page has it too.
+        let bit = guard_bit(guard.addr());
+        if !q.guarded.iter().any(|e| !e.0.is_null() && guard_bit(self.guard_of(e.1).addr()) == bit) {
+            self.detect.guard_bits[bit.0].fetch_and(!bit.1, Ordering::Relaxed);
+        }
         #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
         if self.records_sites() {
             super::sites::freed(p);

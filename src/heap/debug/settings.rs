@@ -84,6 +84,9 @@ impl Detection {
     /// faults at the instruction that makes it (KFENCE's idea). Only page
     /// sources that can protect pages (`OsPages`) sample; at most
     /// [`GUARDED_MAX`](crate::GUARDED_MAX) sampled objects live at once.
+    /// Only layouts whose size is a multiple of their alignment are
+    /// sampled (every Rust type's, and every byte buffer's): a free then
+    /// tells a sample by `ptr + size` alone.
     pub const fn guard_pages(mut self, n: usize) -> Self {
         self.guard_every = n;
         self
