@@ -1095,3 +1095,49 @@ fn a_full_table_of_samples_is_freed_in_any_order() {
         k.dealloc(b, even);
     }
 }
+
+/// Sampling alone at a production rate (one in 256 or rarer, counted on
+/// the slow paths, so a live sample leaves the mode word at `DEBUG` alone
+/// and other frees take the plain path with its `ptr + size` test): a
+/// sample resized to a size that no longer reaches its guard page moves,
+/// so its free (with the new size) still finds it. Before the fix a
+/// sampled 64-byte block shrunk to 60 stayed in place, its free missed
+/// the table and, in a release build, the block went into a 64-byte
+/// magazine and was handed out again (found in review).
+#[test]
+fn a_resized_sample_is_still_found_by_its_free() {
+    let k = leak(Kmem::new(OsPages::new()).with_detection(Detection::sampled(256)));
+    let l64 = Layout::from_size_align(64, 8).unwrap();
+    let mut others = Vec::new();
+    let sample = loop {
+        assert!(others.len() < 1_000_000, "no sample in a million allocations");
+        // SAFETY: a valid layout; freed below with it.
+        let p = unsafe { k.alloc(l64) };
+        assert!(!p.is_null());
+        if (p.addr() + 64).is_multiple_of(4096) {
+            break p;
+        }
+        others.push(p);
+    };
+    for p in others {
+        // SAFETY: a live block of `k` of this layout.
+        unsafe { k.dealloc(p, l64) };
+    }
+    // SAFETY: the sample, live, of layout `l64`; resized to 60 bytes.
+    let moved = unsafe { k.realloc(sample, l64, 60) };
+    assert!(!moved.is_null());
+    assert_ne!(moved, sample, "a sample shrunk off its guard page stayed in place");
+    let l60 = Layout::from_size_align(60, 8).unwrap();
+    // SAFETY: the resized block, live, of layout `l60`.
+    unsafe { k.dealloc(moved, l60) };
+    // The sample's block is retired (its pages inaccessible), never a
+    // slab object: no 60-byte allocation (of the same size class, and
+    // never sampled: 60 is no multiple of 8) gets it.
+    // SAFETY: a valid layout; every block freed below with it.
+    let blocks: Vec<*mut u8> = (0..10_000).map(|_| unsafe { k.alloc(l60) }).collect();
+    assert!(blocks.iter().all(|&p| p != sample), "the sample's block was handed out as a slab object");
+    for p in blocks {
+        // SAFETY: live blocks of `k` of layout `l60`.
+        unsafe { k.dealloc(p, l60) };
+    }
+}

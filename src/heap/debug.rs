@@ -155,7 +155,7 @@ pub(crate) struct Detector<R: RawMutex> {
     locals: [CachePadded<Mutex<R, Fifo>>; MAX_CPUS],
     /// Quarantined objects and retired sampled runs a thread has taken
     /// out of the quarantine and not yet given back to their caches: still
-    /// charged, in no list (see `Kmem::settle_transit`).
+    /// charged, in no list (see `Kmem::settle_quarantine`).
     in_transit: AtomicUsize,
     /// Frees checked (a statistic).
     frees_checked: Stat,

@@ -256,7 +256,7 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Stocks drains have taken and not yet flushed (see
-    /// [`Stocks::in_transit`](crate::magazine::Stocks)).
+    /// [`Stocks::in_transit`](crate::magazine::Stocks::in_transit)).
     pub(crate) fn stocks_in_transit(&self) -> usize {
         self.stocks.in_transit()
     }

@@ -122,48 +122,49 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let one = Fifo { head: s, tail: s, bytes: slot, objects: 1 };
         // This CPU's quarantine first; a full one goes to the global one
-        // whole.
+        // whole, under both locks (this CPU's first), so a flush that
+        // visits this CPU's and then the global one cannot miss it between
+        // the two (`Cgroup::check_empty` relies on that).
         let per_cpu = d.quarantine / 8;
         // SAFETY: no slot is held here (frees hold none while they
         // quarantine), and each arm below exits the one it gets.
-        let (batch, counted) = match unsafe { self.platform.enter() } {
+        let evicted = match unsafe { self.platform.enter() } {
             // An object larger than a CPU's share goes to the global one.
             Some(cpu) if per_cpu >= slot => {
                 // SAFETY: the platform keeps slots below MAX_CPUS.
                 let mut l = unsafe { self.detect.locals.get_unchecked(cpu) }.lock();
                 // SAFETY: slots written here.
                 unsafe { l.append(one) };
-                let full = l.bytes > per_cpu;
-                let batch = if full { self.take_out(&mut l) } else { Fifo::EMPTY };
+                let evicted =
+                    if l.bytes > per_cpu { self.to_global(core::mem::replace(&mut *l, Fifo::EMPTY), d) } else { None };
                 drop(l);
                 // SAFETY: entered above.
                 unsafe { self.platform.exit(cpu) };
-                let counted = batch.objects;
-                (batch, counted)
+                evicted
             }
             cpu => {
                 if let Some(cpu) = cpu {
                     // SAFETY: entered above.
                     unsafe { self.platform.exit(cpu) };
                 }
-                (one, 0)
+                self.to_global(one, d)
             }
         };
-        if batch.head.is_null() {
-            return;
+        if let Some(chain) = evicted {
+            // SAFETY: the chain taken out of the quarantine.
+            unsafe { self.release(chain, d) };
         }
-        let evicted = {
-            let mut q = self.detect.quarantine.lock();
-            // SAFETY: slots written here; the quarantine's too.
-            unsafe { q.fifo.append(batch) };
-            let chain = self.take_over(&mut q.fifo, d.quarantine);
-            // A batch from this CPU's quarantine, counted in transit there,
-            // is in the global one now.
-            self.detect.in_transit.fetch_sub(counted, Ordering::Relaxed);
-            chain
-        };
-        // SAFETY: the chain taken out of the quarantine.
-        unsafe { self.release(evicted, d) };
+    }
+
+    /// Appends `batch` to the global quarantine and takes the oldest
+    /// objects out until it is within its bound: them (counted in
+    /// transit), if any.
+    fn to_global(&self, batch: Fifo, d: Detection) -> Option<*mut u8> {
+        let mut q = self.detect.quarantine.lock();
+        // SAFETY: slots written by `quarantine`; the quarantine's too.
+        unsafe { q.fifo.append(batch) };
+        let chain = self.take_over(&mut q.fifo, d.quarantine);
+        (!chain.is_null()).then_some(chain)
     }
 
     /// Frees a freed slot into its cache, or a page run.
@@ -205,9 +206,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         crate::sync::wait_until(|| self.detect.in_transit.load(Ordering::Acquire) == 0)
     }
 
-    /// Empties a per-CPU quarantine (under its lock), its objects counted
-    /// in transit until [`Kmem::release`] or the global quarantine has
-    /// them.
+    /// Empties a per-CPU quarantine (under its lock) for a flush, its
+    /// objects counted in transit until [`Kmem::release`] has them back.
     fn take_out(&self, l: &mut Fifo) -> Fifo {
         self.detect.in_transit.fetch_add(l.objects, Ordering::Relaxed);
         core::mem::replace(l, Fifo::EMPTY)

@@ -343,7 +343,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     ptr.as_ptr()
                 ));
             }
-            return new.checked_next_multiple_of(align) == Some(room);
+            // In place only at exactly its room: a sample's free tells it
+            // by `ptr + size` alone (see `Kmem::free_unsampled`), so its
+            // size stays the distance to its guard page; any other size
+            // moves it.
+            return new == room;
         }
         if !self.checks_objects() {
             return match (class_of(old, align), class_of(new, align)) {
