@@ -615,7 +615,11 @@ fn detection_leaves_huge_alignments_unchecked() {
 /// summary is one word, so many of the 64 live samples share a bit (their
 /// guard pages are a few pages apart) and freeing one must keep the bit
 /// while another with it lives. A free that missed its sample would leave
-/// its table entry taken: the next round could not sample every block.
+/// its run live (and its table entry taken).
+/// At one in 1 (every allocation, `ARMED` kept set: frees go through the
+/// checked path) and at one in 256 (counted on slow paths: while samples
+/// live the mode word is `DEBUG` alone, and frees take the inline test of
+/// `free_unsampled`).
 #[test]
 fn samples_sharing_a_summary_bit_are_each_found_by_their_free() {
     if cfg!(miri) {
@@ -623,30 +627,50 @@ fn samples_sharing_a_summary_bit_are_each_found_by_their_free() {
         // pages there, so nothing is sampled.
         return;
     }
-    let k: &'static Kmem<crate::OsPages> =
-        Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::sampled(1))));
-    let sizes = [8usize, 24, 64, 104, 512, 1000, 4000, 4096];
-    let mut rng = Rng::new(7);
-    for round in 0..3 {
-        let n = crate::GUARDED_MAX;
-        let mut live: Vec<(*mut u8, Layout)> = (0..n)
-            .map(|i| {
+    for rate in [1, 256] {
+        let k: &'static Kmem<crate::OsPages> =
+            Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::sampled(rate))));
+        // Sizes below their classes' (80, 112, 160, 224, 512, 1024): a
+        // plain block of one ends at a page boundary only if its slot
+        // straddles one, so a block that ends there is a sample (or, rarely,
+        // such a block, which freed as a sample would be harmless here).
+        let sizes = [72usize, 104, 136, 200, 456, 1000];
+        let mut rng = Rng::new(7);
+        for round in 0..3 {
+            // Allocations until the table is full.
+            let (mut live, mut plain) = (Vec::new(), Vec::new());
+            let mut i = 0;
+            while live.len() < crate::GUARDED_MAX {
+                assert!(i < 2_000_000, "rate {rate}, round {round}: {} samples in {i} allocations", live.len());
                 let l = Layout::from_size_align(sizes[i % sizes.len()], 8).unwrap();
+                i += 1;
                 // SAFETY: a valid layout; the block is freed once below
                 // with it.
-                (unsafe { k.alloc(l) }, l)
-            })
-            .collect();
-        let bits: Vec<usize> =
-            live.iter().map(|&(p, l)| ((p.addr() + l.size()) >> 12) % usize::BITS as usize).collect();
-        for (i, &(p, l)) in live.iter().enumerate() {
-            assert!((p.addr() + l.size()).is_multiple_of(PAGE_SIZE), "round {round}: block {i} not sampled");
-        }
-        assert!((1..bits.len()).any(|i| bits[..i].contains(&bits[i])), "no two live samples share a bit");
-        while !live.is_empty() {
-            let (p, l) = live.swap_remove(rng.below(live.len()));
-            // SAFETY: a live block of `k` with this layout.
-            unsafe { k.dealloc(p, l) };
+                let p = unsafe { k.alloc(l) };
+                assert!(!p.is_null());
+                if (p.addr() + l.size()).is_multiple_of(PAGE_SIZE) {
+                    live.push((p, l));
+                } else {
+                    plain.push((p, l));
+                }
+            }
+            let bits: Vec<usize> =
+                live.iter().map(|&(p, l)| ((p.addr() + l.size()) >> 12) % usize::BITS as usize).collect();
+            assert!((1..bits.len()).any(|i| bits[..i].contains(&bits[i])), "no two live samples share a bit");
+            while !live.is_empty() {
+                let (p, l) = live.swap_remove(rng.below(live.len()));
+                // SAFETY: a live block of `k` with this layout.
+                unsafe { k.dealloc(p, l) };
+            }
+            for (p, l) in plain {
+                // SAFETY: as above.
+                unsafe { k.dealloc(p, l) };
+            }
+            // Nothing is live: the only large objects left are the retired
+            // sampled runs (at most 16, kept for later samples). A sample
+            // whose free missed it keeps its run (and its table entry).
+            let runs = k.stats().large_objects;
+            assert!(runs <= 16, "rate {rate}, round {round}: {runs} sampled runs left, a free missed its sample");
         }
     }
 }
