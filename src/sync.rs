@@ -460,7 +460,6 @@ pub(crate) fn spin_hint() {
 /// allocation path (`Cgroup::check_empty`), where the waited-for thread
 /// may be preempted, and where the wait must end even if the caller is
 /// itself what it waits for (a callback from inside that work).
-#[allow(dead_code)]
 pub(crate) fn wait_until(mut done: impl FnMut() -> bool) -> bool {
     const SETTLE_TRIES: usize = 1 << 16;
     for i in 0..SETTLE_TRIES {

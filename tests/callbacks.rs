@@ -360,3 +360,47 @@ fn an_allocation_whose_high_hook_panics_gives_its_object_back() {
     k.set_event_hook(None);
     g.remove().unwrap();
 }
+
+/// A shrinker that checks another group empty from inside the reclaim
+/// that called it: `check_empty` and `assert_empty` waits for objects and
+/// stocks other threads hold in transit, but only for a bounded while,
+/// and a reclaim's own nested drain is skipped, so the calls return
+/// (here: the other group is empty) instead of waiting on the reclaim
+/// they run in.
+struct Checker {
+    group: std::sync::OnceLock<Cgroup<'static, K>>,
+    checks: AtomicUsize,
+}
+
+impl Shrinker for Checker {
+    fn count(&self, _: &ShrinkControl) -> usize {
+        1
+    }
+    fn scan(&self, _: &ShrinkControl, _: usize) -> usize {
+        if let Some(h) = self.group.get() {
+            assert!(h.check_empty().is_ok());
+            h.assert_empty();
+            self.checks.fetch_add(1, Ordering::SeqCst);
+        }
+        0
+    }
+}
+
+#[test]
+fn check_empty_from_inside_a_shrinker_returns() {
+    let k = kmem();
+    let c: &'static Checker =
+        Box::leak(Box::new(Checker { group: std::sync::OnceLock::new(), checks: AtomicUsize::new(0) }));
+    let h = k.root().create_child("checked-from-a-shrinker").unwrap();
+    assert!(c.group.set(h).is_ok());
+    k.register_shrinker(c).unwrap();
+    let g = k.root().create_child("reclaimed").unwrap();
+    g.set_max(1 << 20).unwrap();
+    let a = g.allocator();
+    let held = fill(&a);
+    assert!(c.checks.load(Ordering::SeqCst) > 0, "the refused allocations' reclaim called the shrinker");
+    free_all(&a, held);
+    k.unregister_shrinker(c);
+    g.assert_empty();
+    g.remove().unwrap();
+}
