@@ -425,7 +425,7 @@ pub use platform::OsPages;
 pub use platform::{
     Cpu, DefaultPlatform, DefaultRawMutex, DefaultSource, FIRST_REGION_PAGES, IrqSpinLock, MAX_CPUS, MAX_NODES,
     MAX_ORDER, NoCpus, Ownership, PAGE_SHIFT, PAGE_SIZE, PageRun, PageSource, PerCpu, Platform, Region, RegionError,
-    SourceStats, arch, order_for_pages,
+    SourceStats, arch, cpu_for_slot, order_for_pages, slot_for_cpu,
 };
 #[cfg(feature = "std")]
 #[cfg_attr(docsrs, doc(cfg(feature = "std")))]

@@ -89,7 +89,7 @@ mod refill;
 mod slots;
 mod stock;
 
-use cpu_mags::{CpuMags, cpu_index};
+use cpu_mags::CpuMags;
 use depot::Depot;
 pub(crate) use drain::drain_many;
 pub use slots::SlotStats;
@@ -374,7 +374,7 @@ impl<R: RawMutex> MagCache<R> {
         }
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let r = unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+        let r = unsafe { at(&self.cpus, slot) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe { (*m).pop() }
         });
@@ -392,7 +392,7 @@ impl<R: RawMutex> MagCache<R> {
             ChargedPop::Uncharged
         } else {
             // SAFETY: the platform contract keeps slots below MAX_CPUS.
-            match unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+            match unsafe { at(&self.cpus, slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).pop() }
             }) {
@@ -442,7 +442,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let pushed = local
-            && unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+            && unsafe { at(&self.cpus, slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -459,7 +459,7 @@ impl<R: RawMutex> MagCache<R> {
         let Some(slot) = cx.slots().hold(cx.plat()) else {
             return self.cache.alloc(&self.pages(cx, None), 0);
         };
-        let r = self.cpus[cpu_index(slot)].with_mut(|m| {
+        let r = self.cpus[slot].with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe {
                 let m = &mut *m;
@@ -541,7 +541,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let hit = local
-            && unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+            && unsafe { at(&self.cpus, slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -565,7 +565,7 @@ impl<R: RawMutex> MagCache<R> {
                 cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
                 // SAFETY: the platform contract keeps slots below MAX_CPUS.
-                unsafe { at(&self.cpus, cpu_index(slot)) }.with_mut(|m| {
+                unsafe { at(&self.cpus, slot) }.with_mut(|m| {
                     // SAFETY: we hold the slot; the invariant of `CpuMags`
                     // holds between operations.
                     unsafe {

@@ -39,7 +39,7 @@ mod threads_model;
 #[cfg(all(feature = "std", not(loom)))]
 #[cfg_attr(miri, allow(unused_imports))] // the rseq sections are not built under Miri
 pub(crate) use cpu::RseqFast;
-pub use cpu::{MAX_CPUS, NoCpus, Platform};
+pub use cpu::{MAX_CPUS, NoCpus, Platform, cpu_for_slot, slot_for_cpu};
 pub use percpu::{Cpu, IrqSpinLock, PerCpu};
 #[cfg(all(feature = "std", not(loom)))]
 pub use rseq::Rseq;

@@ -280,7 +280,7 @@ fn simulated_cpus_with_allocating_interrupts() {
     // the fast path, which counts nothing, so the slot statistics show the
     // refills and spills of each CPU's own magazines.
     for cpu in 0..CPUS {
-        let st = KMEM.slot_stats(cpu);
+        let st = KMEM.slot_stats(kmemcg::slot_for_cpu(cpu));
         assert!(st.hits + st.misses > 0, "cpu {cpu} never used its magazines: {st:?}");
     }
     assert_eq!(g.usage(), 0, "the group is still charged");

@@ -4,7 +4,6 @@ use core::mem::size_of;
 use core::ptr::{self, NonNull};
 
 use super::Magazine;
-use crate::platform::MAX_CPUS;
 use crate::sync::{at, at_mut};
 
 /// One slot's magazines of one cache. Either pointer may be null.
@@ -14,12 +13,13 @@ use crate::sync::{at, at_mut};
 /// is loaded, and `cap` is 0 when nothing is loaded, so a pop checks
 /// `count != 0` and a push `count < cap` without a null check.
 ///
-/// 32 bytes, two to a cache line, and the fast paths write `count`: two
-/// busy slots on one line would bounce it between their CPUs on every
-/// operation (seen as a 2x slower `xfree`). So slot `s` lives at
-/// [`cpu_index`]`(s)`, which puts slots 0..31 on 32 different lines and
-/// pairs each with a slot from 32..63. (One line per slot would double
-/// every cache's size.)
+/// 32 bytes, two to a cache line, at index `s` of a cache's array for
+/// slot `s`, so a fast path finds it with a shift. The fast paths write
+/// `count`: two busy slots on one line would bounce it between their CPUs
+/// on every operation (seen as a 2x slower `xfree`), so platforms number
+/// their CPUs through [`slot_for_cpu`](crate::platform::slot_for_cpu), which puts the first half of them
+/// on lines of their own. (One line per slot would double every cache's
+/// size; a permutation here cost 4 instructions per operation.)
 ///
 /// Invariant: `loaded` null ⇒ `count == cap == 0`; else `cap` is the
 /// cache's rounds, `count <= cap`, `loaded.rounds[..count]` are free
@@ -35,17 +35,6 @@ pub(super) struct CpuMags {
 }
 
 static_assertions::const_assert_eq!(size_of::<CpuMags>(), 32);
-
-/// Where slot `slot`'s `CpuMags` sit in a cache's array: the low slots
-/// spread over every other entry, so neighbours never share a line.
-#[inline(always)]
-#[allow(clippy::modulo_one)] // `HALF` is 1 under loom (two slots)
-pub(super) const fn cpu_index(slot: usize) -> usize {
-    const HALF: usize = if MAX_CPUS > 1 { MAX_CPUS / 2 } else { 1 };
-    (slot % HALF) * 2 + slot / HALF
-}
-
-static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 
 impl CpuMags {
     pub(super) const EMPTY: CpuMags = CpuMags { count: 0, cap: 0, loaded: ptr::null_mut(), previous: ptr::null_mut() };
@@ -143,21 +132,26 @@ impl CpuMags {
 pub(super) mod rseq_ops {
     use core::mem::offset_of;
 
-    use super::{CpuMags, Magazine, cpu_index};
+    use super::{CpuMags, Magazine};
     use crate::platform::rseq::{LOCK_SHIFT, LOCKS_OFF};
-    use crate::platform::{MAX_CPUS, RseqFast};
+    use crate::platform::{MAX_CPUS, RseqFast, slot_for_cpu};
 
-    /// `cpu_index(c) * size_of::<CpuMags>()` for each CPU `c`: where a
-    /// CPU's `CpuMags` lie in a cache's array, one load away.
+    /// `slot_for_cpu(c) * size_of::<CpuMags>()` for each CPU `c`: where
+    /// the `CpuMags` of CPU `c`'s slot lie in a cache's array, one load
+    /// away.
     static OFFSETS: [u32; MAX_CPUS] = {
         let mut t = [0u32; MAX_CPUS];
         let mut c = 0;
         while c < MAX_CPUS {
-            t[c] = (cpu_index(c) * core::mem::size_of::<CpuMags>()) as u32;
+            t[c] = (slot_for_cpu(c) * core::mem::size_of::<CpuMags>()) as u32;
             c += 1;
         }
         t
     };
+    /// `OFFSETS[c] * LOCK_SCALE` is the offset of the slot's lock in the
+    /// platform's lock array (`slot << LOCK_SHIFT`): an index scale.
+    const LOCK_SCALE: usize = 1 << (LOCK_SHIFT - core::mem::size_of::<CpuMags>().trailing_zeros());
+    static_assertions::const_assert!(matches!(LOCK_SCALE, 1 | 2 | 4 | 8));
     static_assertions::const_assert_eq!(core::mem::size_of::<CpuMags>(), 32);
     static_assertions::const_assert_eq!(
         core::mem::size_of::<crate::sync::UnsafeCell<CpuMags>>(),
@@ -175,7 +169,7 @@ pub(super) mod rseq_ops {
     /// # Safety
     ///
     /// `f` comes from `Rseq::rseq_fast`, and `mags` points to a cache's
-    /// `[UnsafeCell<CpuMags>; MAX_CPUS]`, indexed by `cpu_index`, whose
+    /// `[UnsafeCell<CpuMags>; MAX_CPUS]`, indexed by slot, whose
     /// slots are `Rseq`'s (every other access to them holds the slot).
     #[inline(always)]
     pub(in crate::magazine) unsafe fn pop(f: RseqFast, mags: *const CpuMags) -> *mut u8 {
@@ -185,8 +179,9 @@ pub(super) mod rseq_ops {
         // it ran on throughout, whose lock it found free (see above);
         // (2) the descriptor as in `platform::rseq::hold`; (3) `count`
         // is non-zero, so `loaded` is a live magazine with `count`
-        // rounds (the invariant of `CpuMags`); (4) `OFFSETS[c]` and the
-        // `CpuMags` it locates are in bounds for `c < limit <= MAX_CPUS`.
+        // rounds (the invariant of `CpuMags`); (4) `OFFSETS[c]`, the lock and
+        // the `CpuMags` it locates are in bounds for `c < limit <=
+        // MAX_CPUS` (`slot_for_cpu(c) < MAX_CPUS`).
         // SAFETY: by the argument just above.
         unsafe {
             core::arch::asm!(
@@ -203,16 +198,15 @@ pub(super) mod rseq_ops {
                 "mov {c:e}, dword ptr fs:[{off} + 4]",
                 "cmp {c:e}, dword ptr [{state}]",
                 "jae 8f",
-                "mov {t}, {c}",
-                "shl {t}, {shift}",
-                // `state` and `want` both 0, in one load: no byte store
-                // to them is likely in flight (only slow paths and
-                // drains write them), so the load is not held up.
-                "cmp word ptr [{state} + {t} + {locks}], 0",
-                "jne 8f",
-                // `cpu_index(c)`'s `CpuMags`.
+                // `slot_for_cpu(c) * size_of::<CpuMags>()`.
                 "lea {t}, [rip + {table}]",
                 "mov {t:e}, dword ptr [{t} + {c} * 4]",
+                // The slot's lock: `state` and `want` both 0, in one
+                // load: no byte store to them is likely in flight (only
+                // slow paths and drains write them), so the load is not
+                // held up.
+                "cmp word ptr [{state} + {t} * {scale} + {locks}], 0",
+                "jne 8f",
                 "add {t}, {mags}",
                 "mov {c}, qword ptr [{t} + {count}]",
                 "test {c}, {c}",
@@ -233,7 +227,7 @@ pub(super) mod rseq_ops {
                 off = in(reg) f.off,
                 state = in(reg) f.state,
                 mags = in(reg) mags,
-                shift = const LOCK_SHIFT,
+                scale = const LOCK_SCALE,
                 locks = const LOCKS_OFF,
                 table = sym OFFSETS,
                 count = const COUNT,
@@ -276,15 +270,15 @@ pub(super) mod rseq_ops {
                 "mov {c:e}, dword ptr fs:[{off} + 4]",
                 "cmp {c:e}, dword ptr [{state}]",
                 "jae 8f",
-                "mov {t}, {c}",
-                "shl {t}, {shift}",
-                // `state` and `want` both 0, in one load: no byte store
-                // to them is likely in flight (only slow paths and
-                // drains write them), so the load is not held up.
-                "cmp word ptr [{state} + {t} + {locks}], 0",
-                "jne 8f",
+                // `slot_for_cpu(c) * size_of::<CpuMags>()`.
                 "lea {t}, [rip + {table}]",
                 "mov {t:e}, dword ptr [{t} + {c} * 4]",
+                // The slot's lock: `state` and `want` both 0, in one
+                // load: no byte store to them is likely in flight (only
+                // slow paths and drains write them), so the load is not
+                // held up.
+                "cmp word ptr [{state} + {t} * {scale} + {locks}], 0",
+                "jne 8f",
                 "add {t}, {mags}",
                 "mov {c}, qword ptr [{t} + {count}]",
                 "cmp {c}, qword ptr [{t} + {cap}]",
@@ -309,7 +303,7 @@ pub(super) mod rseq_ops {
                 state = in(reg) f.state,
                 mags = in(reg) mags,
                 p = in(reg) p,
-                shift = const LOCK_SHIFT,
+                scale = const LOCK_SCALE,
                 locks = const LOCKS_OFF,
                 table = sym OFFSETS,
                 count = const COUNT,
@@ -330,20 +324,23 @@ pub(super) mod rseq_ops {
 mod tests {
     use super::*;
 
-    /// `cpu_index` is a permutation of the slots that keeps each of the
-    /// first half of the slots on a cache line of its own.
+    /// `slot_for_cpu` is a permutation of the slots, undone by
+    /// `cpu_for_slot`, that keeps each of the first half of the CPUs'
+    /// `CpuMags` on a cache line of its own (slot `s` at index `s`).
     #[test]
-    fn cpu_index_spreads_neighbouring_slots() {
+    fn slot_for_cpu_spreads_neighbouring_cpus() {
+        use crate::platform::{MAX_CPUS, cpu_for_slot, slot_for_cpu};
         let mut seen = [false; MAX_CPUS];
-        for slot in 0..MAX_CPUS {
-            let i = cpu_index(slot);
-            assert!(i < MAX_CPUS && !seen[i], "slot {slot} -> {i}");
-            seen[i] = true;
+        for cpu in 0..MAX_CPUS {
+            let s = slot_for_cpu(cpu);
+            assert!(s < MAX_CPUS && !seen[s], "cpu {cpu} -> {s}");
+            assert_eq!(cpu_for_slot(s), cpu);
+            seen[s] = true;
         }
-        let line = |slot: usize| cpu_index(slot) * size_of::<CpuMags>() / 64;
+        let line = |cpu: usize| slot_for_cpu(cpu) * size_of::<CpuMags>() / 64;
         for a in 0..MAX_CPUS / 2 {
             for b in 0..a {
-                assert_ne!(line(a), line(b), "slots {a} and {b} share a line");
+                assert_ne!(line(a), line(b), "cpus {a} and {b} share a line");
             }
         }
     }

@@ -5,7 +5,7 @@ use lock_api::RawMutex;
 
 use core::ptr::NonNull;
 
-use super::{CpuMags, Env, MagCache, Magazine, cpu_index};
+use super::{CpuMags, Env, MagCache, Magazine};
 use crate::platform::{MAX_CPUS, MAX_NODES};
 use crate::slab::Pages;
 use crate::sync::Ordering;
@@ -30,7 +30,7 @@ impl<R: RawMutex> MagCache<R> {
     /// Takes both magazines of `slot`, leaving it empty. The caller has
     /// exclusive access through the handshake or a steal.
     pub(super) fn take_slot(&self, slot: usize) -> (*mut Magazine, *mut Magazine) {
-        self.cpus[cpu_index(slot)].with_mut(|m| {
+        self.cpus[slot].with_mut(|m| {
             // SAFETY: per the caller, the slot is ours.
             let m = unsafe { &mut *m };
             // SAFETY: the invariant of `CpuMags` holds between operations.

@@ -66,7 +66,7 @@ use core::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 
-use super::{MAX_CPUS, Platform};
+use super::{MAX_CPUS, Platform, cpu_for_slot, slot_for_cpu};
 #[cfg(not(loom))]
 use crate::sync::atomic_bool;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, atomic_null, atomic_usize, spin_hint};
@@ -182,7 +182,7 @@ fn take(busy: &AtomicUsize) -> bool {
     }
 }
 
-/// The bare-metal platform: CPU `i` owns slot `i`, held with interrupts
+/// The bare-metal platform: CPU `i` owns slot [`slot_for_cpu`]`(i)`, held with interrupts
 /// masked (and, without `Cpu::BARRIER`, its flag taken). See the module
 /// docs.
 pub struct PerCpu<C: Cpu> {
@@ -218,11 +218,19 @@ impl<C: Cpu> PerCpu<C> {
         }
     }
 
+    /// The calling CPU's slot, [`slot_for_cpu`] of its index; `None` for
+    /// an index of [`MAX_CPUS`] or more.
+    #[inline(always)]
+    fn slot() -> Option<usize> {
+        let cpu = C::id();
+        (cpu < MAX_CPUS).then(|| slot_for_cpu(cpu))
+    }
+
     /// Runs `f` with interrupts masked, on the calling CPU's state.
     #[inline]
     fn with_cpu<T>(&self, f: impl FnOnce(Option<&CpuState>) -> T) -> T {
         let saved = C::irq_save();
-        let r = f(self.cpus.get(C::id()).map(|c| &**c));
+        let r = f(Self::slot().map(|s| &*self.cpus[s]));
         // SAFETY: saved just above, on this CPU.
         unsafe { C::irq_restore(saved) };
         r
@@ -234,14 +242,13 @@ impl<C: Cpu> PerCpu<C> {
     #[inline(always)]
     fn hold(&self) -> Option<usize> {
         let saved = C::irq_save();
-        let cpu = C::id();
-        match self.cpus.get(cpu) {
-            Some(c) if C::BARRIER || take(&c.busy) => {
+        match Self::slot().map(|s| (s, &self.cpus[s])) {
+            Some((s, c)) if C::BARRIER || take(&c.busy) => {
                 // SAFETY: we hold the slot (interrupts masked on this CPU;
                 // without `BARRIER`, its flag too), so nothing else touches
                 // `saved` until our `exit` reads it back.
                 c.saved.with_mut(|p| unsafe { *p = saved });
-                Some(cpu)
+                Some(s)
             }
             _ => {
                 // SAFETY: saved just above, on this CPU.
@@ -252,8 +259,8 @@ impl<C: Cpu> PerCpu<C> {
     }
 }
 
-// SAFETY: (1) a slot is the index of the CPU that holds it (below
-// `MAX_CPUS`: `get` refuses others), taken with interrupts masked and
+// SAFETY: (1) a slot is `slot_for_cpu` of the index of the CPU that
+// holds it (a permutation of `0..MAX_CPUS`: `slot` refuses other indices), taken with interrupts masked and
 // released by `exit`, which restores them: nothing else runs on that CPU
 // meanwhile (interrupt handlers are masked, and the kernel cannot switch
 // tasks), and `Cpu` (1) makes indices unique; without `Cpu::BARRIER` the
@@ -310,7 +317,7 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
     }
 
     fn node_of(&self, slot: usize) -> usize {
-        C::node_of(slot)
+        C::node_of(cpu_for_slot(slot))
     }
 
     fn nodes(&self) -> usize {

@@ -17,8 +17,10 @@
 //!
 //! # The design: a fence-free per-CPU lock
 //!
-//! Each CPU `c` below [`MAX_CPUS`] has a lock word `locks[c]`; the slot a
-//! holder gets is the CPU's index, and the magazine layer's slot protocol
+//! Each CPU `c` below [`MAX_CPUS`] has a slot, `slot_for_cpu(c)` (which
+//! keeps neighbouring CPUs' magazines on separate cache lines), and the
+//! slot a lock word; below, `locks[c]` is the lock of CPU `c`'s slot. The
+//! slot a holder gets is its CPU's, and the magazine layer's slot protocol
 //! is unchanged: the slots are *locks* (`Platform::slots_are_locks`,
 //! contract point 7), as `PerCpu`'s are in a kernel, so the holder
 //! neither marks nor checks anything of the handshake, and a drainer
@@ -156,7 +158,7 @@ use core::mem::{offset_of, size_of};
 
 use crossbeam_utils::CachePadded;
 
-use super::cpu::{MAX_CPUS, Platform, RseqFast};
+use super::cpu::{MAX_CPUS, Platform, RseqFast, cpu_for_slot};
 use super::threads::Threads;
 use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Ordering, atomic_bool, atomic_u8, spin_hint};
 
@@ -385,9 +387,9 @@ fn restart(cpu: usize) {
     }
 }
 
-/// The rseq hold: CPU `c`'s slot if this thread runs on CPU `c`, `c` is
-/// below `limit` and `locks[c]` is free; else a value of at least
-/// [`MAX_CPUS`].
+/// The rseq hold: CPU `c`'s slot `s` (`slot_for_cpu(c)`) if this
+/// thread runs on CPU `c`, `c` is below `limit` and `locks[s]` is free;
+/// else a value of at least [`MAX_CPUS`].
 ///
 /// # Safety
 ///
@@ -405,7 +407,8 @@ unsafe fn hold() -> usize {
     // addresses take relocations), 32-byte aligned as the ABI requires,
     // version 0, no flags, the abort handler outside the section and
     // preceded by glibc's signature; (3) the lock's address is
-    // `locks + c * stride` for a `c` below `limit <= MAX_CPUS`; (4) the
+    // `locks + s * stride` for `s = slot_for_cpu(c) < MAX_CPUS`, `c`
+    // below `limit <= MAX_CPUS`; (4) the
     // block may read and write memory, so the compiler keeps the
     // magazine accesses of the hold after it.
     // SAFETY: by the argument just above.
@@ -424,20 +427,21 @@ unsafe fn hold() -> usize {
             "lea {tmp}, [rip + 9b]",
             "mov qword ptr fs:[{off} + 8], {tmp}",
             "3:",
-            "mov {slot:e}, dword ptr fs:[{off} + 4]",
-            "cmp {slot:e}, dword ptr [{state}]",
+            "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+            "cmp {cpu:e}, dword ptr [{state}]",
             "jae 8f",
-            "mov {tmp}, {slot}",
-            "shl {tmp}, {shift}",
+            // The CPU's slot's lock, at `slot << LOCK_SHIFT`.
+            "lea {tmp}, [rip + {table}]",
+            "mov {slot:e}, dword ptr [{tmp} + {cpu} * 4]",
             // Free, and no drainer waiting. Two byte loads, not one of
             // both bytes: `exit`'s byte store, likely still in the store
             // buffer, cannot forward to a wider load (a stall that cost
             // 10 ns a pair).
-            "cmp byte ptr [{state} + {tmp} + {locks}], 0",
+            "cmp byte ptr [{state} + {slot} + {locks}], 0",
             "jne 8f",
-            "cmp byte ptr [{state} + {tmp} + {locks} + 1], 0",
+            "cmp byte ptr [{state} + {slot} + {locks} + 1], 0",
             "jne 8f",
-            "mov byte ptr [{state} + {tmp} + {locks}], {held}",
+            "mov byte ptr [{state} + {slot} + {locks}], {held}",
             "5:",
             // Off the hit path: the abort handler, after glibc's
             // signature, starts again (the kernel cleared `rseq_cs`);
@@ -452,16 +456,31 @@ unsafe fn hold() -> usize {
             ".popsection",
             off = in(reg) __rseq_offset,
             state = in(reg) &raw const STATE,
-            shift = const LOCK_SHIFT,
+            table = sym LOCK_OFFSETS,
             locks = const LOCKS_OFF,
             held = const HELD,
             slot = out(reg) slot,
+            cpu = out(reg) _,
             tmp = out(reg) _,
             options(nostack),
         );
     }
-    slot
+    // A refusal's `u32::MAX` stays at least MAX_CPUS.
+    slot >> LOCK_SHIFT
 }
+
+/// `slot_for_cpu(c) << LOCK_SHIFT` for each CPU `c`: where the lock of
+/// CPU `c`'s slot lies in `State::locks`, one load away.
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(miri)))]
+static LOCK_OFFSETS: [u32; MAX_CPUS] = {
+    let mut t = [0u32; MAX_CPUS];
+    let mut c = 0;
+    while c < MAX_CPUS {
+        t[c] = (super::cpu::slot_for_cpu(c) << LOCK_SHIFT) as u32;
+        c += 1;
+    }
+    t
+};
 
 /// Without rseq: never a slot.
 ///
@@ -613,7 +632,7 @@ unsafe impl Platform for Rseq {
                 if !rseq {
                     break;
                 }
-                restart(slot);
+                restart(cpu_for_slot(slot));
                 // Acquire: after the barrier, a section that committed
                 // `HELD` over our `DRAIN` shows here (and the slot is its
                 // holder's until its `exit`).

@@ -125,7 +125,7 @@ use core::mem::size_of;
 
 use crossbeam_utils::CachePadded;
 
-use super::cpu::{MAX_CPUS, Platform};
+use super::cpu::{MAX_CPUS, Platform, cpu_for_slot, slot_for_cpu};
 use super::revoke::{self, FAST_TICKS, Revoker, counting, ticks_used};
 use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize};
 
@@ -178,7 +178,8 @@ static WAITERS: CachePadded<AtomicUsize> = CachePadded::new(atomic_usize(0));
 /// Set by a thread that takes the shared path for want of a slot; a
 /// holder at the end of its quantum that clears it gives its slot up.
 static WANTED: CachePadded<AtomicBool> = CachePadded::new(atomic_bool(false));
-/// The slot released last, where scans start.
+/// Where scans start: the claim order (`cpu_for_slot`) of the slot
+/// released last.
 static HINT: AtomicUsize = atomic_usize(0);
 /// `CONTENDED`, `OWNER[s]` and `REVOKING[s]`: which holders' `FAST`
 /// words a thread turned away switches to counting (see *Counting only
@@ -244,7 +245,7 @@ fn sleep_on(epoch: usize) -> bool {
 fn release(slot: usize) -> usize {
     // Relaxed: the hint only steers where scans start; any value is a
     // valid slot.
-    HINT.store(slot, Ordering::Relaxed);
+    HINT.store(cpu_for_slot(slot), Ordering::Relaxed);
     // Publishes the owner's last writes to the slot's magazines to the
     // next claimer (pairs with the Acquire of the claiming CAS).
     CLAIMED[slot].store(false, Ordering::Release);
@@ -532,13 +533,15 @@ impl Threads {
         slot
     }
 
-    /// One pass over the slots from `HINT`: the first free one that a CAS
+    /// One pass over the slots in [`slot_for_cpu`] order (so that the
+    /// first half of the threads to claim one have magazines on cache
+    /// lines of their own) from `HINT`: the first free one that a CAS
     /// takes becomes this thread's.
     fn claim(&self, key: libc::pthread_key_t) -> Option<usize> {
         // Relaxed: any value is a valid place to start.
         let start = HINT.load(Ordering::Relaxed) % MAX_CPUS;
         for i in 0..MAX_CPUS {
-            let slot = if start + i < MAX_CPUS { start + i } else { start + i - MAX_CPUS };
+            let slot = slot_for_cpu(if start + i < MAX_CPUS { start + i } else { start + i - MAX_CPUS });
             let claimed = &CLAIMED[slot];
             // Relaxed load: only decides whether to try the CAS, which
             // (Acquire) adopts the magazines the previous holder left; a

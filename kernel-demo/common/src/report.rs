@@ -20,7 +20,7 @@ pub struct IrqCounts {
 pub fn cpu_lines<A: Arch>(n: usize, irq: impl Fn(usize) -> IrqCounts) -> Result<(), &'static str> {
     let mut ok = true;
     for i in 0..n {
-        let stats = A::heap().slot_stats(i);
+        let stats = A::heap().slot_stats(kmemcg::slot_for_cpu(i));
         let c = irq(i);
         kprintln!(A;
             "cpu {i}: magazine refills and spills {}, slow-path hits {}, irq allocations {}",
