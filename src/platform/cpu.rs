@@ -51,7 +51,10 @@ static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 ///
 /// The magazine layer keeps one pair of magazines per slot and cache and
 /// touches them with plain loads and stores; the platform's job is to make
-/// sure only one context uses a slot at a time.
+/// sure only one context uses a slot at a time. A platform with a slot
+/// per CPU should give CPU `i` slot [`slot_for_cpu`]`(i)`, so that CPUs
+/// running at once write separate cache lines (slots `2k` and `2k + 1`
+/// share one).
 ///
 /// # Safety
 ///
