@@ -70,7 +70,11 @@ unsafe impl Cpu for OneCpu {
 static PERCPU: Kmem<OsPages<IrqSpinLock<OneCpu>>, IrqSpinLock<OneCpu>, PerCpu<OneCpu>> =
     Kmem::with_platform(OsPages::with_max_chunks(1024), PerCpu::new());
 
-/// `n` 64-byte pairs through `a`, monomorphised for its type.
+/// `n` 64-byte pairs through `a`, monomorphised for its type. Each case
+/// is a function of its own (`inline(never)`), so that a change to one
+/// case's code does not move another's count through the register
+/// allocation of one big `main`.
+#[inline(never)]
 fn pairs<A: GlobalAlloc>(a: &A, n: usize) {
     let layout = Layout::from_size_align(64, 8).unwrap();
     for _ in 0..n {
@@ -82,12 +86,14 @@ fn pairs<A: GlobalAlloc>(a: &A, n: usize) {
     }
 }
 
+#[inline(never)]
 fn boxes(n: usize) {
     for i in 0..n {
         drop(black_box(Box::new(black_box(i as u64))));
     }
 }
 
+#[inline(never)]
 fn typed(n: usize, flags: CacheFlags) {
     let cache = KMEM.create_cache::<[u64; 8]>("icount", flags).unwrap();
     for i in 0..n {
