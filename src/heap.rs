@@ -288,6 +288,13 @@ fn moved_here() {
 /// The mode bits that send an allocation to [`Kmem::alloc_special`].
 const SPECIAL: usize = mode::ARMED | mode::INJECT | mode::ENV | mode::BYTES;
 
+/// Whether mode word `m` sends an allocation to its special path (as
+/// [`Kmem::special`]).
+#[inline(always)]
+pub(crate) const fn special_in(m: usize) -> bool {
+    m & SPECIAL != 0
+}
+
 /// A dangling, aligned pointer for zero-size blocks.
 #[inline]
 pub(crate) fn dangling(layout: core::alloc::Layout) -> NonNull<[u8]> {
@@ -360,6 +367,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     pub(crate) fn special(&self) -> bool {
         self.tree.mode() & SPECIAL != 0
+    }
+
+    /// The mode word, for a caller that tests it more than once (atomic
+    /// loads are not merged): with [`special_in`] and
+    /// [`Kmem::current_in`].
+    #[inline(always)]
+    pub(crate) fn alloc_mode(&self) -> usize {
+        self.tree.mode()
     }
 
     /// Whether detection is on (after reading the environment): sampling
@@ -493,9 +508,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// a token that belongs to another allocator).
     #[inline]
     pub(crate) fn current(&self) -> *const Group<R> {
+        self.current_in(self.tree.mode())
+    }
+
+    /// [`Kmem::current`] under mode word `m` ([`Kmem::alloc_mode`]).
+    #[inline(always)]
+    pub(crate) fn current_in(&self, m: usize) -> *const Group<R> {
         // Without groups, the platform's token need not be read at all;
         // interrupt context charges the root (not the interrupted task).
-        if self.tree.no_groups() || self.platform.in_interrupt() {
+        if m & mode::GROUPS == 0 || self.platform.in_interrupt() {
             return core::ptr::null();
         }
         self.tree.charged_for(self.platform.current_group())

@@ -281,19 +281,21 @@ impl<R: RawMutex> Tree<R> {
         (self as *const Self).cast()
     }
 
-    /// Whether no group but the root was ever created: then every object
-    /// of a class is in its base cache, and the fast paths skip the group
-    /// lookups. `Relaxed`: a group created concurrently is not current on
-    /// this thread yet, and its caches hold no object this thread frees
-    /// without having synchronised with its creation.
-    #[inline(always)]
+    /// Whether no group but the root was ever created (the loom models
+    /// check it).
+    #[cfg(loom)]
     pub(crate) fn no_groups(&self) -> bool {
         self.mode() & mode::GROUPS == 0
     }
 
     /// The allocation paths' mode word (see [`mode`]); 0: the plain fast
-    /// path. `Relaxed`, as for [`Tree::no_groups`]; a path that acts on a
-    /// bit other than `GROUPS` reads [`Tree::mode_acquire`] first.
+    /// path. `Relaxed`: `GROUPS` clear means no group but the root was
+    /// ever created, so every object of a class is in its base cache and
+    /// the fast paths skip the group lookups; a group created concurrently
+    /// is not current on this thread yet, and its caches hold no object
+    /// this thread frees without having synchronised with its creation. A
+    /// path that acts on a bit other than `GROUPS` reads
+    /// [`Tree::mode_acquire`] first.
     #[inline(always)]
     pub(crate) fn mode(&self) -> usize {
         self.mode.load(Ordering::Relaxed)

@@ -9,9 +9,9 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Cgroup;
-use crate::cgroup::{CacheDesc, Group};
+use crate::cgroup::{CacheDesc, Group, mode};
 use crate::error::{Error, Name};
-use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc};
+use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc, special_in};
 use crate::magazine::{ChargedPop, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::CacheStats;
@@ -131,7 +131,20 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     /// in a register), with the error path out of line.
     #[inline(always)]
     fn alloc_object(&self) -> Result<NonNull<u8>, Error> {
-        self.alloc_object_for(self.kmem.current())
+        // `alloc_object_for(current())`, with one load of the mode word
+        // for its tests.
+        let m = self.kmem.alloc_mode();
+        if special_in(m) {
+            return self.alloc_object_special(self.kmem.current_in(m));
+        }
+        if m & mode::GROUPS == 0 {
+            // The root's plain path, as `alloc_object_plain(null)`.
+            let base = &self.desc().cache;
+            let p = self.kmem.alloc_from(base)?;
+            hardened_on_alloc(base, p);
+            return Ok(p);
+        }
+        self.alloc_object_plain(self.kmem.current_in(m))
     }
 
     /// An object charged to `g` (null: root).
