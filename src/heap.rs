@@ -523,8 +523,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// What CPU slot `slot`'s slow paths did (magazine hits and misses);
-    /// see [`crate::SlotStats`]. On `PerCpu` and `Rseq`, CPU `i`'s slot is
-    /// [`slot_for_cpu`](crate::slot_for_cpu)`(i)`.
+    /// see [`crate::SlotStats`]. On `PerCpu`, and `Rseq` in its rseq mode,
+    /// CPU `i`'s slot is [`slot_for_cpu`](crate::slot_for_cpu)`(i)`.
     pub fn slot_stats(&self, slot: usize) -> crate::SlotStats {
         self.slots.stats(slot)
     }

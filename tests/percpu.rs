@@ -305,33 +305,38 @@ static KMEM2: SimKmem = Kmem::with_platform(Region::new(), PerCpu::new());
 #[test]
 fn a_cpu_beyond_max_cpus_takes_the_shared_path_and_slot_stats_take_any_index() {
     // A kernel whose CPU index is out of range (`usize::MAX`: this thread
-    // never set one) gets no slot: every operation takes the locked path
-    // and is still exact. `slot_stats` of any index, even usize::MAX, is
-    // all zeros rather than a panic.
+    // never set one; `MAX_CPUS` and above, which `slot_for_cpu` would
+    // alias onto a CPU's slot) gets no slot: every operation takes the
+    // locked path and is still exact. `slot_stats` of any index, even
+    // usize::MAX, is all zeros rather than a panic.
     let arena: &'static mut [std::mem::MaybeUninit<u8>] = Box::leak(Box::new_uninit_slice(8 << 20));
     KMEM2.source().add(arena, 0).unwrap();
     let before = KMEM2.source().stats().pages_in_use;
     let layout = Layout::from_size_align(96, 8).unwrap();
-    let blocks: Vec<*mut u8> = (0..1000)
-        .map(|i| {
-            // SAFETY: a valid non-zero layout.
-            let p = unsafe { KMEM2.alloc(layout) };
-            assert!(!p.is_null());
-            // SAFETY: a fresh 96-byte block.
-            unsafe { p.write_bytes(i as u8, 96) };
-            p
-        })
-        .collect();
-    for (i, &p) in blocks.iter().enumerate() {
-        // SAFETY: live 96-byte blocks, checked and freed once.
-        unsafe {
-            assert!(std::slice::from_raw_parts(p, 96).iter().all(|&b| b == i as u8), "blocks overlap");
-            KMEM2.dealloc(p, layout);
+    for id in [usize::MAX, kmemcg::MAX_CPUS, kmemcg::MAX_CPUS + 1, 2 * kmemcg::MAX_CPUS] {
+        CPU.with(|c| c.id.set(id));
+        let blocks: Vec<*mut u8> = (0..1000)
+            .map(|i| {
+                // SAFETY: a valid non-zero layout.
+                let p = unsafe { KMEM2.alloc(layout) };
+                assert!(!p.is_null());
+                // SAFETY: a fresh 96-byte block.
+                unsafe { p.write_bytes(i as u8, 96) };
+                p
+            })
+            .collect();
+        for (i, &p) in blocks.iter().enumerate() {
+            // SAFETY: live 96-byte blocks, checked and freed once.
+            unsafe {
+                assert!(std::slice::from_raw_parts(p, 96).iter().all(|&b| b == i as u8), "blocks overlap");
+                KMEM2.dealloc(p, layout);
+            }
+        }
+        for slot in (0..kmemcg::MAX_CPUS).chain([kmemcg::MAX_CPUS, usize::MAX]) {
+            assert_eq!(KMEM2.slot_stats(slot), kmemcg::SlotStats::default(), "cpu {id} used slot {slot}");
         }
     }
-    for slot in [0, kmemcg::MAX_CPUS - 1, kmemcg::MAX_CPUS, usize::MAX] {
-        assert_eq!(KMEM2.slot_stats(slot), kmemcg::SlotStats::default(), "slot {slot} was used");
-    }
+    CPU.with(|c| c.id.set(usize::MAX));
     KMEM2.shrink();
     assert_eq!(KMEM2.root().usage(), 0);
     assert!(KMEM2.source().stats().pages_in_use <= before);

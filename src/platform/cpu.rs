@@ -28,7 +28,10 @@ pub const MAX_CPUS: usize = if cfg!(loom) {
 /// this function keeps the first `MAX_CPUS / 2` of them on lines of their
 /// own; [`NoCpus`] has one slot, `Threads` claims slots in this order,
 /// `PerCpu` and `Rseq` give CPU `i` this slot. A permutation of
-/// `0..MAX_CPUS`, undone by [`cpu_for_slot`].
+/// `0..MAX_CPUS`, undone by [`cpu_for_slot`]; an `i` of [`MAX_CPUS`] or
+/// more may alias a CPU below it (`slot_for_cpu(64)` is 2 with 64 slots), so a
+/// platform checks `i < MAX_CPUS` first, as `PerCpu` does (such a CPU gets
+/// no slot).
 #[inline(always)]
 #[allow(clippy::modulo_one)] // `HALF` is 1 under loom (two slots)
 pub const fn slot_for_cpu(i: usize) -> usize {

@@ -29,7 +29,7 @@
 //! | transition | by | how |
 //! | --- | --- | --- |
 //! | `FREE` → `HELD` | a thread running on CPU `c`, in `enter`/`try_enter` | an rseq critical section: read `cpu_id` from the thread's rseq area, load `locks[c]`, and if it is `FREE` store `HELD`: the store is the commit |
-//! | `FREE` → `HELD` | threads mode only: the thread `Threads` gave slot `c` | a compare-and-swap (`Acquire`) |
+//! | `FREE` → `HELD` | threads mode only: the thread `Threads` gave the slot (there `locks[s]` is slot `s`'s lock, `s` a `Threads` slot) | a compare-and-swap (`Acquire`) |
 //! | `HELD` → `FREE` | the holder, in `exit` (on whatever CPU it runs on by then) | a `Release` store |
 //! | `FREE` → `DRAIN` | a drainer's `steal` | a compare-and-swap (`Acquire`), then (rseq mode) `membarrier(PRIVATE_EXPEDITED_RSEQ)` on CPU `c` and a load: the slot is the drainer's iff it still reads `DRAIN` |
 //! | `DRAIN` → `FREE` | the drainer, in `unsteal` | a `Release` store |
@@ -401,7 +401,7 @@ unsafe fn hold() -> usize {
     let slot: usize;
     // SAFETY: (1) the section writes only this thread's own `rseq_cs`
     // field (the descriptor's address, as the ABI asks) and the `state`
-    // byte of the lock of the CPU it runs on, an `AtomicU8` (a byte `mov`,
+    // byte of the lock of the slot of the CPU it runs on, an `AtomicU8` (a byte `mov`,
     // single-copy atomic, as an atomic store is); (2) the
     // descriptor lies in `__rseq_cs`, a writable data section (its
     // addresses take relocations), 32-byte aligned as the ABI requires,

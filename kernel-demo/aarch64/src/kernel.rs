@@ -31,7 +31,8 @@ pub type Heap = kernel_common::Heap<Hw>;
 /// locked path), for comparison.
 pub type SoloHeap = Kmem<Region<Lock>, Lock, NoCpus>;
 
-/// The kernel heap: CPU `i` owns magazine slot `i`, held with IRQs masked.
+/// The kernel heap: CPU `i` owns magazine slot `kmemcg::slot_for_cpu(i)`,
+/// held with IRQs masked.
 #[global_allocator]
 pub static KMEM: Heap = Kmem::with_platform(Region::new(), PerCpu::new());
 
