@@ -23,6 +23,8 @@ mod free;
 mod large;
 mod oom;
 mod report;
+#[cfg(all(miri, feature = "std", not(loom)))]
+mod tree_miri;
 
 pub use debug::{Detection, GUARDED_MAX};
 pub(crate) use debug::{LeakSizes, write_leak_site};
@@ -122,24 +124,28 @@ impl<S: PageSource + core::panic::UnwindSafe, R: RawMutex, P: Platform + core::p
 /// under loom, on the heap, so that a `Kmem` (then not `const`) can be
 /// built inside a loom model on a model thread's default 32 KiB stack,
 /// as loom's docs write models.
-#[cfg(not(loom))]
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
 type TreeBox<R> = InlineTree<R>;
+/// Under Miri (with `std`): out of line from its first use (see
+/// `tree_miri`).
+#[cfg(all(miri, feature = "std", not(loom)))]
+type TreeBox<R> = tree_miri::OutOfLineTree<R>;
 #[cfg(loom)]
 type TreeBox<R> = std::boxed::Box<Tree<R>>;
 
 /// A tree held inline (see [`TreeBox`]): `TreeBox::new` is `const`.
-#[cfg(not(loom))]
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
 #[repr(transparent)]
 struct InlineTree<R: RawMutex>(Tree<R>);
 
-#[cfg(not(loom))]
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
 impl<R: RawMutex> InlineTree<R> {
     const fn new(t: Tree<R>) -> Self {
         InlineTree(t)
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
 impl<R: RawMutex> core::ops::Deref for InlineTree<R> {
     type Target = Tree<R>;
     #[inline(always)]
@@ -148,7 +154,7 @@ impl<R: RawMutex> core::ops::Deref for InlineTree<R> {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
 impl<R: RawMutex> core::ops::DerefMut for InlineTree<R> {
     #[inline(always)]
     fn deref_mut(&mut self) -> &mut Tree<R> {
@@ -341,9 +347,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// The tree, to set up (`const`, before the allocator is shared).
-    #[cfg(not(loom))]
+    #[cfg(not(any(loom, all(miri, feature = "std"))))]
     const fn tree_mut(&mut self) -> &mut Tree<R> {
         &mut self.tree.get_mut().0
+    }
+
+    /// The tree, to set up (`const`, before the allocator is shared).
+    #[cfg(all(miri, feature = "std", not(loom)))]
+    const fn tree_mut(&mut self) -> &mut Tree<R> {
+        self.tree.get_mut().template_mut()
     }
 
     /// The tree, to set up.

@@ -1,4 +1,5 @@
-//! Under Miri (with `std`): the size classes' caches out of line.
+//! Under Miri (with `std`): the size classes' caches out of line, each in
+//! an allocation of its own.
 //!
 //! Miri's borrow trackers (Stacked and Tree Borrows) keep per-location
 //! state for every byte a reference covers, split into as many ranges as
@@ -11,11 +12,20 @@
 //! line, a `&Tree` covers a pointer, and an allocation walks only the one
 //! cache it uses.
 //!
-//! Same caches, same code paths: only where the array lives differs. It is
+//! Tree Borrows also walks every range of the *allocation* a reference
+//! points into (not only the reference's own) when it records a retag,
+//! ends a call's protector, or collects a dead tag: with the 43 caches in
+//! one array (some 2,500 ranges by the end of a user's small suite), a
+//! retag into any cache walked all of them, most of a Tree Borrows run.
+//! So each cache has an allocation of its own, and the tree holds a table
+//! of their 43 pointers (a plain array, read by value: no references into
+//! it are made).
+//!
+//! Same caches, same code paths: only where they live differs. They are
 //! made at first use (a `Kmem` is `const`), with `std::alloc::System` (the
-//! one allocation kmemcg makes outside its page source, and only under
+//! one allocator kmemcg uses outside its page source, and only under
 //! Miri), published by compare-and-swap; a loser of the race frees its
-//! copy. Freed with the tree.
+//! copies. Freed with the tree.
 
 use core::alloc::Layout;
 use core::ptr;
@@ -27,13 +37,17 @@ use crate::magazine::{Acct, MagCache};
 use crate::slab::classes::{GEOMETRIES, NCLASSES};
 use crate::sync::{AtomicPtr, Ordering, atomic_null};
 
+/// The table of the size classes' caches: one pointer per class, each to
+/// a cache in an allocation of its own.
+type Table<R> = [*mut MagCache<R>; NCLASSES];
+
 /// The size classes' caches, on Miri's heap from first use.
 ///
-/// `first`: null until first use, then the first of `NCLASSES` caches,
-/// published once with `Release` (after they are written) and read with
-/// `Acquire`; never changed again until drop.
+/// `table`: null until first use, then a table of `NCLASSES` pointers to
+/// caches, published once with `Release` (after the table and every cache
+/// are written) and read with `Acquire`; never changed again until drop.
 pub(crate) struct OutOfLine<R: RawMutex> {
-    first: AtomicPtr<MagCache<R>>,
+    table: AtomicPtr<Table<R>>,
 }
 
 // SAFETY: only `&MagCache` ever leaves a shared `OutOfLine`, as from the
@@ -43,48 +57,78 @@ unsafe impl<R: RawMutex + Sync> Sync for OutOfLine<R> {}
 unsafe impl<R: RawMutex + Send> Send for OutOfLine<R> {}
 
 impl<R: RawMutex> OutOfLine<R> {
-    const LAYOUT: Layout = match Layout::array::<MagCache<R>>(NCLASSES) {
-        Ok(l) => l,
-        Err(_) => panic!("the size classes' caches fit a layout"),
-    };
+    const TABLE: Layout = Layout::new::<Table<R>>();
+    const CACHE: Layout = Layout::new::<MagCache<R>>();
 
     /// No caches yet: made at first use.
     pub(crate) const fn new() -> Self {
-        OutOfLine { first: atomic_null() }
+        OutOfLine { table: atomic_null() }
     }
 
-    /// The first cache, made and published if this is the first use.
+    /// The table, made and published if this is the first use.
     #[inline(always)]
-    fn first(&self) -> *mut MagCache<R> {
-        let p = self.first.load(Ordering::Acquire);
+    fn table(&self) -> *mut Table<R> {
+        let p = self.table.load(Ordering::Acquire);
         if p.is_null() { self.make() } else { p }
     }
 
     #[cold]
     #[inline(never)]
-    fn make(&self) -> *mut MagCache<R> {
+    fn make(&self) -> *mut Table<R> {
         // SAFETY: a layout of non-zero size.
-        let p = unsafe { System.alloc(Self::LAYOUT) }.cast::<MagCache<R>>();
-        if p.is_null() {
+        let t = unsafe { System.alloc(Self::TABLE) }.cast::<Table<R>>();
+        if t.is_null() {
             // Miri's heap does not run out; nothing to fall back on.
             std::process::abort();
         }
+        let slots = t.cast::<*mut MagCache<R>>();
         for (i, geo) in GEOMETRIES.iter().enumerate() {
-            // SAFETY: `i < NCLASSES`: inside the fresh allocation, each
-            // slot written once before the array is published.
-            unsafe { p.add(i).write(MagCache::new(*geo, Acct::Root)) };
+            // SAFETY: a layout of non-zero size.
+            let c = unsafe { System.alloc(Self::CACHE) }.cast::<MagCache<R>>();
+            if c.is_null() {
+                std::process::abort();
+            }
+            // SAFETY: `c` is a fresh allocation for one cache, written once
+            // here; `i < NCLASSES`, so `slots.add(i)` is inside the fresh
+            // table, each slot written once before the table is published.
+            unsafe {
+                c.write(MagCache::new(*geo, Acct::Root));
+                slots.add(i).write(c);
+            }
         }
         // Release: publishes the writes above. Acquire on failure: reads
-        // the winner's caches.
-        match self.first.compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => p,
+        // the winner's table.
+        match self.table.compare_exchange(ptr::null_mut(), t, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => t,
             Err(winner) => {
                 // SAFETY: ours, never published, caches with nothing in
                 // them yet (`MagCache` owns no memory until it is used).
-                unsafe { System.dealloc(p.cast(), Self::LAYOUT) };
+                unsafe { Self::free(t) };
                 winner
             }
         }
+    }
+
+    /// Drops and frees every cache of table `t`, then the table.
+    ///
+    /// # Safety
+    ///
+    /// `t` is a table made by `make`, every slot written, and nothing
+    /// refers to it or to its caches any more.
+    unsafe fn free(t: *mut Table<R>) {
+        let slots = t.cast::<*mut MagCache<R>>();
+        for i in 0..NCLASSES {
+            // SAFETY: `i < NCLASSES`, a written slot of the table; its cache
+            // was made with `CACHE` and is ours alone (caller), dropped in
+            // place once and freed.
+            unsafe {
+                let c = slots.add(i).read();
+                ptr::drop_in_place(c);
+                System.dealloc(c.cast(), Self::CACHE);
+            }
+        }
+        // SAFETY: the table was made with `TABLE` (caller).
+        unsafe { System.dealloc(t.cast(), Self::TABLE) };
     }
 
     /// The cache at `i`, if `i < NCLASSES`.
@@ -101,9 +145,11 @@ impl<R: RawMutex> OutOfLine<R> {
     /// `i < NCLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn get_unchecked(&self, i: usize) -> &MagCache<R> {
-        // SAFETY: in bounds (caller) of the published array, which lives
-        // as long as `self`; only shared references are made to it.
-        unsafe { &*self.first().add(i) }
+        // SAFETY: `i < NCLASSES` (caller): a slot of the published table,
+        // read by value (never written after publication); it points to a
+        // live cache that lives as long as `self`, to which only shared
+        // references are made.
+        unsafe { &*self.table().cast::<*mut MagCache<R>>().add(i).read() }
     }
 
     /// The caches, in order.
@@ -126,15 +172,11 @@ impl<R: RawMutex> core::ops::Index<usize> for OutOfLine<R> {
 
 impl<R: RawMutex> Drop for OutOfLine<R> {
     fn drop(&mut self) {
-        let p = *self.first.get_mut();
-        if !p.is_null() {
-            // SAFETY: the published array, ours alone now (`&mut self`):
-            // its caches are dropped in place and the block freed with the
-            // layout it was made with.
-            unsafe {
-                ptr::drop_in_place(ptr::slice_from_raw_parts_mut(p, NCLASSES));
-                System.dealloc(p.cast(), Self::LAYOUT);
-            }
+        let t = *self.table.get_mut();
+        if !t.is_null() {
+            // SAFETY: the published table, ours alone now (`&mut self`),
+            // with its caches.
+            unsafe { Self::free(t) };
         }
     }
 }
