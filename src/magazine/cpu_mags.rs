@@ -337,6 +337,10 @@ mod tests {
             assert_eq!(cpu_for_slot(s), cpu);
             seen[s] = true;
         }
+        // Out of range (a platform checks first): no overflow, no panic.
+        for x in [MAX_CPUS, usize::MAX / 2, usize::MAX] {
+            let _ = (slot_for_cpu(x), cpu_for_slot(x));
+        }
         let line = |cpu: usize| slot_for_cpu(cpu) * size_of::<CpuMags>() / 64;
         for a in 0..MAX_CPUS / 2 {
             for b in 0..a {
