@@ -76,10 +76,10 @@ impl<R: RawMutex> OutOfLineTree<R> {
             // Miri's heap does not run out; nothing to fall back on.
             std::process::abort();
         }
-        // SAFETY: `p` is a fresh allocation for one tree; the template is
-        // only read while shared (no `&mut self` exists), and its copy is
-        // used only if it is published below, after which the template is
-        // never read or dropped again.
+        // The template is only read while shared (no `&mut self` exists),
+        // and its copy is used only if it is published below, after which
+        // the template is never read or dropped again.
+        // SAFETY: `p` is a fresh allocation for one tree; as just above.
         unsafe { p.write(ptr::read(self.template.get().cast::<Tree<R>>())) };
         // Release: publishes the write above. Acquire on failure: reads the
         // winner's tree.

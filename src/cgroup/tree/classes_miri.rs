@@ -145,10 +145,10 @@ impl<R: RawMutex> OutOfLine<R> {
     /// `i < NCLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn get_unchecked(&self, i: usize) -> &MagCache<R> {
-        // SAFETY: `i < NCLASSES` (caller): a slot of the published table,
-        // read by value (never written after publication); it points to a
-        // live cache that lives as long as `self`, to which only shared
-        // references are made.
+        // The slot is read by value (never written after publication); it
+        // points to a live cache that lives as long as `self`, to which
+        // only shared references are made.
+        // SAFETY: `i < NCLASSES` (caller): a slot of the published table.
         unsafe { &*self.table().cast::<*mut MagCache<R>>().add(i).read() }
     }
 
