@@ -42,6 +42,7 @@ use lock_api::RawMutex;
 
 use crate::counter::PageCounter;
 use crate::error::Name;
+use crate::sync::CellArray;
 use crate::sync::{
     AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_u32, atomic_usize,
     fence, loom_const_fn, repeat,
@@ -179,10 +180,10 @@ pub(crate) const NEVENTS: usize = 5;
 /// A group's event counters, by [`Event`], and its soft-limit reclaim.
 pub(crate) struct Events {
     /// Events of the group itself (Linux `memory.events.local`).
-    local: [Stat; NEVENTS],
+    local: CellArray<Stat, NEVENTS>,
     /// Events of the group and its descendants, removed ones included
     /// (Linux `memory.events`).
-    all: [Stat; NEVENTS],
+    all: CellArray<Stat, NEVENTS>,
     /// Soft-limit reclaim passes run on this group, and pages they freed.
     pub(crate) soft: Stat,
     pub(crate) soft_pages: Stat,
@@ -200,8 +201,8 @@ impl Events {
     loom_const_fn! {
         fn new() -> Events {
             Events {
-                local: repeat!(Stat::new(); NEVENTS),
-                all: repeat!(Stat::new(); NEVENTS),
+                local: CellArray::new(repeat!(Stat::new(); NEVENTS)),
+                all: CellArray::new(repeat!(Stat::new(); NEVENTS)),
                 soft: Stat::new(),
                 soft_pages: Stat::new(),
                 throttled: Stat::new(),

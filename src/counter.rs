@@ -38,6 +38,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::platform::{MAX_CPUS, MAX_NODES};
+use crate::sync::CellArray;
 use crate::sync::{
     AtomicBool, AtomicU32, AtomicUsize, Ordering, atomic_bool, atomic_u32, atomic_usize, fence, loom_const_fn, repeat,
     spin_hint,
@@ -87,12 +88,12 @@ pub struct PageCounter {
     /// holds that with room to spare, and half the bytes of a `usize`
     /// keep the counter (and so a group) small enough for two groups to
     /// fit a page.
-    stock: [AtomicU32; MAX_CPUS],
+    stock: CellArray<AtomicU32, MAX_CPUS>,
     /// Pages charged to this counter itself (not its descendants) that
     /// back something on each NUMA node: slabs and large objects; stocked
     /// pages are on none. Noted by the callers that know the node, after
     /// the charge; a statistic.
-    node_pages: [AtomicUsize; MAX_NODES],
+    node_pages: CellArray<AtomicUsize, MAX_NODES>,
     /// Bytes of live objects charged to this counter's subtree, counted
     /// while the heap tracks bytes (see [`PageCounter::add_bytes`]): a
     /// wrapping, signed count, as an object allocated before tracking
@@ -166,8 +167,8 @@ impl PageCounter {
                 setting: atomic_bool(false),
                 parent,
                 owner: core::ptr::null(),
-                stock: repeat!(atomic_u32(0); MAX_CPUS),
-                node_pages: repeat!(atomic_usize(0); MAX_NODES),
+                stock: CellArray::new(repeat!(atomic_u32(0); MAX_CPUS)),
+                node_pages: CellArray::new(repeat!(atomic_usize(0); MAX_NODES)),
                 bytes: atomic_usize(0),
                 bytes_peak: atomic_usize(0),
                 tracks_bytes: atomic_bool(false),

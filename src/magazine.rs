@@ -78,7 +78,7 @@ use crate::counter::PageCounter;
 use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, at, atomic_bool, atomic_null, atomic_usize, fence,
+    AtomicBool, AtomicPtr, AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_usize, fence,
     loom_const_fn, repeat,
 };
 
@@ -254,8 +254,8 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// A link for the owner's list of caches waiting to be freed (unused
     /// by this layer).
     pub(crate) retired_next: AtomicPtr<MagCache<R>>,
-    cpus: [UnsafeCell<CpuMags>; MAX_CPUS],
-    depots: [CachePadded<Mutex<R, Depot>>; MAX_NODES],
+    cpus: CellArray<UnsafeCell<CpuMags>, MAX_CPUS>,
+    depots: CellArray<CachePadded<Mutex<R, Depot>>, MAX_NODES>,
 }
 
 // Unwind safe as the `Kmem` around it is (see there): its cells are
@@ -293,8 +293,8 @@ impl<R: RawMutex> MagCache<R> {
                 active_slots: atomic_usize(0),
                 touched: atomic_bool(false),
                 retired_next: atomic_null(),
-                cpus: repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS),
-                depots: repeat!(CachePadded::new(Mutex::const_new(R::INIT, Depot::new())); MAX_NODES),
+                cpus: CellArray::new(repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS)),
+                depots: CellArray::new(repeat!(CachePadded::new(Mutex::const_new(R::INIT, Depot::new())); MAX_NODES)),
             }
         }
     }
@@ -374,7 +374,7 @@ impl<R: RawMutex> MagCache<R> {
         }
         let slot = cx.slots().try_hold(cx.plat())?;
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let r = unsafe { at(&self.cpus, slot) }.with_mut(|m| {
+        let r = unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe { (*m).pop() }
         });
@@ -392,7 +392,7 @@ impl<R: RawMutex> MagCache<R> {
             ChargedPop::Uncharged
         } else {
             // SAFETY: the platform contract keeps slots below MAX_CPUS.
-            match unsafe { at(&self.cpus, slot) }.with_mut(|m| {
+            match unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).pop() }
             }) {
@@ -442,7 +442,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let pushed = local
-            && unsafe { at(&self.cpus, slot) }.with_mut(|m| {
+            && unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -541,7 +541,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let hit = local
-            && unsafe { at(&self.cpus, slot) }.with_mut(|m| {
+            && unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -565,7 +565,7 @@ impl<R: RawMutex> MagCache<R> {
                 cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
             if local {
                 // SAFETY: the platform contract keeps slots below MAX_CPUS.
-                unsafe { at(&self.cpus, slot) }.with_mut(|m| {
+                unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
                     // SAFETY: we hold the slot; the invariant of `CpuMags`
                     // holds between operations.
                     unsafe {

@@ -28,6 +28,7 @@ use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
+use crate::sync::CellArray;
 use crate::sync::{AtomicUsize, Ordering, atomic_usize, loom_const_fn, repeat};
 
 #[cfg(any(test, feature = "paranoid"))]
@@ -102,7 +103,7 @@ pub(crate) struct Cache<R: RawMutex> {
     geo: core::cell::UnsafeCell<Geometry>,
     /// Slabs held; changed on grow and release (slow paths only).
     nslabs: AtomicUsize,
-    nodes: [CachePadded<Mutex<R, NodeSlabs>>; MAX_NODES],
+    nodes: CellArray<CachePadded<Mutex<R, NodeSlabs>>, MAX_NODES>,
 }
 
 // SAFETY: the node lists are behind their locks (what `Mutex` needs: a
@@ -118,7 +119,7 @@ impl<R: RawMutex> Cache<R> {
             Cache {
                 geo: core::cell::UnsafeCell::new(geo),
                 nslabs: atomic_usize(0),
-                nodes: repeat!(CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())); MAX_NODES),
+                nodes: CellArray::new(repeat!(CachePadded::new(Mutex::const_new(R::INIT, NodeSlabs::new())); MAX_NODES)),
             }
         }
     }
@@ -550,7 +551,7 @@ impl<R: RawMutex> Cache<R> {
     /// Gives every empty slab back to `src`; returns the pages freed.
     pub(crate) fn shrink<S: PageSource>(&self, pg: &Pages<'_, S>) -> usize {
         let mut pages = 0;
-        for node in &self.nodes {
+        for node in self.nodes.iter() {
             loop {
                 let s = {
                     let mut lists = node.lock();
@@ -573,7 +574,7 @@ impl<R: RawMutex> Cache<R> {
     /// Current counters.
     pub(crate) fn stats(&self) -> CacheStats {
         let mut st = CacheStats::default();
-        for node in &self.nodes {
+        for node in self.nodes.iter() {
             let lists = node.lock();
             let slabs = lists.partial.len + lists.full.len + lists.empty.len;
             st.active_objects += lists.active;

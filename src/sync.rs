@@ -77,6 +77,12 @@ impl<T, const N: usize> CellArray<T, N> {
         unsafe { &*self.0.get().cast::<T>().add(i) }
     }
 
+    /// The first element's address (the array's).
+    #[inline(always)]
+    pub(crate) fn as_ptr(&self) -> *const T {
+        self.0.get().cast::<T>()
+    }
+
     /// The elements, in order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         // SAFETY: every index below N.
@@ -87,6 +93,16 @@ impl<T, const N: usize> CellArray<T, N> {
     #[cfg(feature = "std")]
     pub(crate) fn get_mut(&mut self) -> &mut [T; N] {
         self.0.get_mut()
+    }
+}
+
+impl<'a, T, const N: usize> IntoIterator for &'a CellArray<T, N> {
+    type Item = &'a T;
+    type IntoIter = core::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        // SAFETY: nothing writes the array through the cell while `&self`
+        // lives (see the type), so a shared reference to it is valid.
+        unsafe { &*self.0.get() }.iter()
     }
 }
 

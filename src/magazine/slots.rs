@@ -6,8 +6,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::platform::{MAX_CPUS, Platform};
 use crate::sync::{
-    AtomicBool, AtomicU8, AtomicUsize, Ordering, at, atomic_bool, atomic_u8, atomic_usize, compiler_fence, fence,
-    loom_const_fn, repeat, spin_hint,
+    AtomicBool, AtomicU8, AtomicUsize, CellArray, Ordering, atomic_bool, atomic_u8, atomic_usize, compiler_fence,
+    fence, loom_const_fn, repeat, spin_hint,
 };
 
 /// `SlotSync::state`: nobody used the slot since the last reap.
@@ -52,7 +52,7 @@ pub struct SlotStats {
 }
 
 pub(crate) struct Slots {
-    sync: [CachePadded<SlotSync>; MAX_CPUS],
+    sync: CellArray<CachePadded<SlotSync>, MAX_CPUS>,
 }
 
 impl Slots {
@@ -60,7 +60,7 @@ impl Slots {
         /// Nobody holds or drains any slot.
         pub(crate) fn new() -> Self {
             Slots {
-                sync: repeat!(
+                sync: CellArray::new(repeat!(
                     CachePadded::new(SlotSync {
                         state: atomic_u8(IDLE),
                         drain: atomic_bool(false),
@@ -69,7 +69,7 @@ impl Slots {
                         misses: atomic_usize(0),
                     });
                     MAX_CPUS
-                ),
+                )),
             }
         }
     }
@@ -79,7 +79,7 @@ impl Slots {
     #[inline(always)]
     pub(super) fn note(&self, slot: usize, hit: bool) {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let s = unsafe { at(&self.sync, slot) };
+        let s = unsafe { self.sync.get_unchecked(slot) };
         let n = if hit { &s.hits } else { &s.misses };
         // Only the holder writes: no read-modify-write needed.
         n.store(n.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
@@ -125,7 +125,7 @@ impl Slots {
             return Some(slot);
         }
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let s = unsafe { at(&self.sync, slot) };
+        let s = unsafe { self.sync.get_unchecked(slot) };
         s.state.store(HELD, Ordering::Relaxed);
         // Orders the store above before the load below (Dekker): a
         // compiler fence when the drainer's heavy barrier does the rest.
@@ -147,7 +147,7 @@ impl Slots {
     #[inline(always)]
     pub(super) fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let state = &unsafe { at(&self.sync, slot) }.state;
+        let state = &unsafe { self.sync.get_unchecked(slot) }.state;
         if plat.slots_are_locks() {
             // Only reap's mark of use: the lock's release in `exit`
             // publishes our magazine writes.

@@ -17,7 +17,8 @@ use lock_api::RawMutex;
 
 use super::Env;
 use crate::platform::MAX_CPUS;
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell, at, atomic_usize, loom_const_fn, repeat};
+use crate::sync::CellArray;
+use crate::sync::{AtomicUsize, Ordering, UnsafeCell, atomic_usize, loom_const_fn, repeat};
 
 /// One slot's stock: `bytes` charged to `owner` (null: none) beyond what its
 /// objects use.
@@ -40,7 +41,7 @@ impl Stock {
 
 /// The stocks of every slot.
 pub(crate) struct Stocks {
-    cells: [CachePadded<UnsafeCell<Stock>>; MAX_CPUS],
+    cells: CellArray<CachePadded<UnsafeCell<Stock>>, MAX_CPUS>,
     /// Bit `s` is set once slot `s` held a stock: drains visit only those.
     used: AtomicUsize,
     /// Stocks a drainer took and has not yet handed on: their bytes are
@@ -59,7 +60,7 @@ impl Stocks {
         /// Every stock empty.
         pub(crate) fn new() -> Self {
             Stocks {
-                cells: repeat!(CachePadded::new(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS),
+                cells: CellArray::new(repeat!(CachePadded::new(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS)),
                 used: atomic_usize(0),
                 taken: atomic_usize(0),
             }
@@ -87,7 +88,7 @@ impl Stocks {
     #[inline(always)]
     pub(crate) unsafe fn under<T>(&self, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        unsafe { at(&self.cells, slot) }.with_mut(|s| {
+        unsafe { self.cells.get_unchecked(slot) }.with_mut(|s| {
             // SAFETY: the caller holds the slot, so its stock is ours.
             let s = unsafe { &mut *s };
             let had = s.owner;
