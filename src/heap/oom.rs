@@ -19,7 +19,7 @@ use lock_api::RawMutex;
 use super::Kmem;
 use crate::platform::{MAX_ORDER, PageSource, Platform};
 use crate::slab::Geometry;
-use crate::sync::{AtomicUsize, Ordering, atomic_usize, fence, loom_const_fn, repeat};
+use crate::sync::{AtomicUsize, CellArray, Ordering, atomic_usize, fence, loom_const_fn, repeat};
 
 /// Orders a report keeps: every order a page source has.
 const ORDERS: usize = MAX_ORDER as usize;
@@ -121,7 +121,7 @@ pub(crate) struct OomRecord {
     objects: AtomicUsize,
     order: AtomicUsize,
     pages: AtomicUsize,
-    runs: [AtomicUsize; ORDERS],
+    runs: CellArray<AtomicUsize, ORDERS>,
     /// Shortages recorded or skipped (a writer found another writing).
     count: AtomicUsize,
 }
@@ -136,7 +136,7 @@ impl OomRecord {
                 objects: atomic_usize(0),
                 order: atomic_usize(0),
                 pages: atomic_usize(0),
-                runs: repeat!(atomic_usize(0); ORDERS),
+                runs: CellArray::new(repeat!(atomic_usize(0); ORDERS)),
                 count: atomic_usize(0),
             }
         }
