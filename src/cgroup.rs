@@ -42,10 +42,9 @@ use lock_api::RawMutex;
 
 use crate::counter::PageCounter;
 use crate::error::Name;
-use crate::sync::CellArray;
 use crate::sync::{
-    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, Stat, atomic_null, atomic_u8, atomic_u32, atomic_usize,
-    fence, loom_const_fn, repeat,
+    AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, CellArray, Ordering, Stat, atomic_null, atomic_u8, atomic_u32,
+    atomic_usize, fence, loom_const_fn, repeat,
 };
 
 mod inject;

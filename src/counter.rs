@@ -38,10 +38,9 @@
 use crossbeam_utils::CachePadded;
 
 use crate::platform::{MAX_CPUS, MAX_NODES};
-use crate::sync::CellArray;
 use crate::sync::{
-    AtomicBool, AtomicU32, AtomicUsize, Ordering, atomic_bool, atomic_u32, atomic_usize, fence, loom_const_fn, repeat,
-    spin_hint,
+    AtomicBool, AtomicU32, AtomicUsize, CellArray, Ordering, atomic_bool, atomic_u32, atomic_usize, fence,
+    loom_const_fn, repeat, spin_hint,
 };
 
 /// Pages a stock refill charges beyond the request.

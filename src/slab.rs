@@ -28,8 +28,7 @@ use crossbeam_utils::CachePadded;
 use lock_api::{Mutex, RawMutex};
 
 use crate::platform::{MAX_NODES, PAGE_SIZE, PageRun, PageSource};
-use crate::sync::CellArray;
-use crate::sync::{AtomicUsize, Ordering, atomic_usize, loom_const_fn, repeat};
+use crate::sync::{AtomicUsize, CellArray, Ordering, atomic_usize, loom_const_fn, repeat};
 
 #[cfg(any(test, feature = "paranoid"))]
 mod check;

@@ -17,8 +17,7 @@ use lock_api::RawMutex;
 
 use super::Env;
 use crate::platform::MAX_CPUS;
-use crate::sync::CellArray;
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell, atomic_usize, loom_const_fn, repeat};
+use crate::sync::{AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_usize, loom_const_fn, repeat};
 
 /// One slot's stock: `bytes` charged to `owner` (null: none) beyond what its
 /// objects use.
