@@ -79,17 +79,7 @@ impl<T, const N: usize> CellArray<T, N> {
 
     /// The first element's address (the array's): for `Rseq`'s sections,
     /// built on x86_64 Linux with `std` only.
-    #[cfg_attr(
-        not(all(
-            feature = "std",
-            target_arch = "x86_64",
-            target_os = "linux",
-            target_env = "gnu",
-            not(miri),
-            not(loom)
-        )),
-        allow(dead_code)
-    )]
+    #[allow(dead_code)] // unused where `Rseq` is not built
     #[inline(always)]
     pub(crate) fn as_ptr(&self) -> *const T {
         self.0.get().cast::<T>()
