@@ -674,3 +674,86 @@ fn samples_sharing_a_summary_bit_are_each_found_by_their_free() {
         }
     }
 }
+
+/// With sampling alone, a live sample sets `DEBUG` in the free word of its
+/// own class only (frees of the others take the plain path), until the
+/// last live sample of that class is freed; the mode word has it while
+/// any sample lives. Groups set `GROUPS` in every class's free word, and
+/// the environment's `ENV` is in all of them until it is read.
+#[test]
+fn a_live_sample_marks_only_its_class_for_frees() {
+    use crate::cgroup::mode;
+    if cfg!(miri) {
+        // No guard pages under Miri (see above): nothing is sampled.
+        return;
+    }
+    let k: &'static Kmem<crate::OsPages> =
+        Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::sampled(256))));
+    let t = k.tree();
+    assert!((0..NCLASSES).all(|c| t.free_mode(c) == 0));
+    // Samples of two classes (72 and 200 bytes): allocations until two
+    // of each are live (the others kept too: samples are counted on the
+    // slow paths, which refills and spills are).
+    let (la, lb) = (Layout::from_size_align(72, 8).unwrap(), Layout::from_size_align(200, 8).unwrap());
+    let (ca, cb) = (class_of(72, 8).unwrap(), class_of(200, 8).unwrap());
+    let (mut live, mut plain) = (Vec::new(), Vec::new());
+    let (mut i, mut rng) = (0, Rng::new(5));
+    while live.iter().filter(|&&(_, l)| l == la).count() < 2 || live.iter().filter(|&&(_, l)| l == lb).count() < 2 {
+        assert!(i < 2_000_000, "{} samples in {i} allocations", live.len());
+        let l = if rng.below(2) == 0 { la } else { lb };
+        i += 1;
+        // SAFETY: a valid layout; freed once with it.
+        let p = unsafe { k.alloc(l) };
+        assert!(!p.is_null());
+        // Sizes below their classes' (80 and 224 bytes): a plain block
+        // ends at a page boundary only if its slot straddles one, which
+        // no slot of these slabs does (their slots and the page size are
+        // multiples of 16 bytes, and neither size is).
+        if (p.addr() + l.size()).is_multiple_of(PAGE_SIZE) {
+            live.push((p, l));
+        } else {
+            plain.push((p, l));
+        }
+    }
+    for (p, l) in plain {
+        // SAFETY: as above.
+        unsafe { k.dealloc(p, l) };
+    }
+    let marked = |c: usize| t.free_mode(c) & mode::DEBUG != 0;
+    // How many samples of `layout` the sorted list still holds after the
+    // free of its entry `j`.
+    let counts: Vec<Layout> = {
+        let mut v: Vec<Layout> = live.iter().map(|&(_, l)| l).collect();
+        v.sort_by_key(|l| l.size());
+        v
+    };
+    let live_after = |j: usize, layout: Layout| counts[j + 1..].iter().filter(|&&l| l == layout).count();
+    assert!(marked(ca) && marked(cb));
+    assert!((0..NCLASSES).filter(|&c| c != ca && c != cb).all(|c| t.free_mode(c) == 0));
+    assert!(t.mode() & mode::DEBUG != 0);
+    // Each class stays marked until its last sample is freed: the 72-byte
+    // ones first.
+    live.sort_by_key(|&(_, l)| l.size());
+    let n = live.len();
+    for (j, (p, l)) in live.into_iter().enumerate() {
+        // SAFETY: a live block of `k` with this layout.
+        unsafe { k.dealloc(p, l) };
+        let left = |layout| live_after(j, layout);
+        assert_eq!(marked(ca), left(la) > 0, "after {} of {n} frees", j + 1);
+        assert_eq!(marked(cb), left(lb) > 0, "after {} of {n} frees", j + 1);
+        assert_eq!(t.mode() & mode::DEBUG != 0, j + 1 < n);
+    }
+    assert!((0..NCLASSES).all(|c| t.free_mode(c) == 0));
+    // A group sets `GROUPS` in every class's free word.
+    let g = k.root().create_child("g").unwrap();
+    assert!((0..NCLASSES).all(|c| t.free_mode(c) == mode::GROUPS));
+    drop(g);
+    // An allocator that reads the environment starts with `ENV` in all.
+    let e: &'static Kmem<crate::OsPages> = Box::leak(Box::new(Kmem::new(crate::OsPages::new())));
+    assert!((0..NCLASSES).all(|c| e.tree().free_mode(c) == mode::ENV));
+    // With red zones or poison every free is checked: no class's word is
+    // `DEBUG` alone (sampling alone's mark), and arming leaves them be.
+    let f: &'static Kmem<crate::OsPages> =
+        Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::ALL)));
+    assert!((0..NCLASSES).all(|c| f.tree().free_mode(c) == mode::DEBUG | mode::CHECKED));
+}
