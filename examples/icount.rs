@@ -21,11 +21,8 @@
 //!   (`Detection::SAMPLED`), the mode meant to be left on (its first
 //!   allocation is a sample, freed at once: no sampled object lives
 //!   during the loop);
-//! * `sampled-live`: the same while one sampled object of the loop's
-//!   class lives (kept from the first allocation): what every free of
-//!   that class pays while one does;
-//! * `sampled-other`: the same while one sampled object of another class
-//!   (256 bytes) lives: what the frees of the other classes pay;
+//! * `sampled-live`: the same while one sampled object lives (kept from
+//!   the first allocation): what every free pays while one does;
 //! * `numa`: `generic` on a `Kmem` with `NumaThreads` (on a one-node
 //!   host: what asking for the node count on every free costs).
 //!
@@ -49,8 +46,6 @@ static SINGLE: Kmem<OsPages, DefaultRawMutex, NoCpus> = Kmem::with_platform(OsPa
 static SAMPLED: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
 
 static SAMPLED_LIVE: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
-
-static SAMPLED_OTHER: Kmem<OsPages> = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
 
 static NUMA: Kmem<OsPages, DefaultRawMutex, NumaThreads> = Kmem::with_platform(OsPages::new(), NumaThreads::new());
 
@@ -91,18 +86,6 @@ fn pairs<A: GlobalAlloc>(a: &A, n: usize) {
     }
 }
 
-/// `pairs` on `k`, a `Kmem` with sampling alone, while its first
-/// allocation, a sample of `size` bytes, lives.
-#[inline(never)]
-fn sampled_kept(k: &'static Kmem<OsPages>, size: usize, n: usize) {
-    k.set_decay(Decay::OFF);
-    let layout = Layout::from_size_align(size, 8).unwrap();
-    // SAFETY: a valid layout; kept to the end of the process.
-    let kept = unsafe { k.alloc(layout) };
-    assert!((kept.addr() + size).is_multiple_of(4096), "the first allocation is a sample");
-    pairs(k, n)
-}
-
 #[inline(never)]
 fn boxes(n: usize) {
     for i in 0..n {
@@ -139,8 +122,14 @@ fn main() {
             SAMPLED.set_decay(Decay::OFF);
             pairs(&SAMPLED, n)
         }
-        "sampled-live" => sampled_kept(&SAMPLED_LIVE, 64, n),
-        "sampled-other" => sampled_kept(&SAMPLED_OTHER, 256, n),
+        "sampled-live" => {
+            SAMPLED_LIVE.set_decay(Decay::OFF);
+            let layout = Layout::from_size_align(64, 8).unwrap();
+            // SAFETY: a valid layout; kept to the end of the process.
+            let kept = unsafe { SAMPLED_LIVE.alloc(layout) };
+            assert!((kept.addr() + 64).is_multiple_of(4096), "the first allocation is a sample");
+            pairs(&SAMPLED_LIVE, n)
+        }
         "numa" => {
             NUMA.set_decay(Decay::OFF);
             pairs(&NUMA, n)

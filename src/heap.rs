@@ -368,7 +368,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         /// With `std`: read `KMEMCG_DEBUG` at the first allocation.
         fn reading_env(mut self) -> Self {
             if cfg!(all(feature = "std", not(loom))) {
-                self.tree_mut().init_mode(mode::ENV);
+                self.tree_mut().mode = crate::sync::atomic_usize(mode::ENV);
             }
             self
         }

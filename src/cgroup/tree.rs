@@ -81,13 +81,6 @@ pub(crate) struct Tree<R: RawMutex> {
     /// `all_groups` (set and cleared under `lock`), the other bits belong
     /// to the heap layer.
     pub(crate) mode: AtomicUsize,
-    /// What a free of each size class must do besides the plain path: the
-    /// free's side of `mode` (its bits in [`mode::FREES`]), set and
-    /// cleared with it, except that with guard-page sampling alone `DEBUG`
-    /// is set only in the classes of live sampled objects. A free of
-    /// another class then takes the plain path, so a live sample costs
-    /// only the frees of its own class (see [`Tree::set_class_sampled`]).
-    free_modes: CellArray<AtomicUsize, NCLASSES>,
     /// Serialises changes to the tree, subtree reclaim, and reclamation
     /// (never taken on an allocation fast path). Holds what was unlinked
     /// but not yet freed.
@@ -152,33 +145,6 @@ pub(crate) mod mode {
     /// Allocations take the detection path: always with red zones or
     /// poison, and while a sample is due with sampling alone.
     pub(crate) const ARMED: usize = 32;
-    /// Every free is checked (red zones or poison: with `DEBUG`, for
-    /// good), so no free word is `DEBUG` alone, which stands for sampling
-    /// alone with a sampled object of the class live.
-    pub(crate) const CHECKED: usize = 64;
-    /// The bits a free of a size class tests (`Tree::free_mode`). Not
-    /// `ARMED` (nor `INJECT`, the allocations'): sampling alone arms
-    /// and disarms the mode word alone.
-    pub(crate) const FREES: usize = GROUPS | DEBUG | ENV | BYTES | CHECKED;
-}
-
-/// Every class's free word, each holding `v`.
-#[cfg(not(loom))]
-const fn free_words(v: usize) -> [AtomicUsize; NCLASSES] {
-    let mut a = [const { AtomicUsize::new(0) }; NCLASSES];
-    let mut i = 0;
-    while i < NCLASSES {
-        a[i] = AtomicUsize::new(v);
-        i += 1;
-    }
-    a
-}
-
-/// Every class's free word, each holding `v` (loom's atomics are not
-/// `const`).
-#[cfg(loom)]
-fn free_words(v: usize) -> [AtomicUsize; NCLASSES] {
-    core::array::from_fn(|_| AtomicUsize::new(v))
 }
 
 /// Where a tree holds its size classes' caches: inline, so that a `Kmem`
@@ -256,7 +222,6 @@ impl<R: RawMutex> Tree<R> {
                 classes: boxed_classes(),
                 all_groups: atomic_null(),
                 mode: atomic_usize(0),
-                free_modes: CellArray::new(repeat!(atomic_usize(0); NCLASSES)),
                 lock: Mutex::const_new(R::INIT, Limbo::new()),
                 readers: atomic_usize(0),
                 zombies: atomic_null(),
@@ -343,64 +308,12 @@ impl<R: RawMutex> Tree<R> {
         self.mode.load(Ordering::Acquire)
     }
 
-    /// The mode word for a free of size class `c` (below NCLASSES; see
-    /// `free_modes`). `Relaxed`, for the reasons [`Tree::mode`] gives: each
-    /// class's word takes every change of the free's bits of `mode`, in
-    /// the same order, before `mode` does.
-    #[inline(always)]
-    pub(crate) fn free_mode(&self, c: usize) -> usize {
-        // SAFETY: callers pass a class from `class_of`, below NCLASSES.
-        unsafe { self.free_modes.get_unchecked(c) }.load(Ordering::Relaxed)
-    }
-
-    /// Sets (`on`) or clears bits of the mode word, `Release`, and the
-    /// free's bits among them in every class's free word first (so a
-    /// path that reads `mode` with `Acquire` and hands an object on is
-    /// followed by frees that see them).
+    /// Sets (`on`) or clears bits of the mode word, `Release`.
     pub(crate) fn set_mode(&self, bits: usize, on: bool) {
-        let frees = bits & mode::FREES;
-        if frees != 0 {
-            for w in &self.free_modes {
-                if on {
-                    w.fetch_or(frees, Ordering::Release);
-                } else {
-                    w.fetch_and(!frees, Ordering::Release);
-                }
-            }
-        }
-        self.set_mode_word(bits, on);
-    }
-
-    /// [`Tree::set_mode`] of the mode word alone: sampling's `DEBUG`,
-    /// whose classes' free words [`Tree::set_class_sampled`] keeps.
-    pub(crate) fn set_mode_word(&self, bits: usize, on: bool) {
         if on {
             self.mode.fetch_or(bits, Ordering::Release);
         } else {
             self.mode.fetch_and(!bits, Ordering::Release);
-        }
-    }
-
-    /// Sets (`on`) or clears `DEBUG` in the free word of class `c` alone:
-    /// with sampling alone, whether a sampled object of that class lives
-    /// (under the sample table's lock, set before the sample is handed
-    /// out, so the free of it, which comes after, sees it; cleared once
-    /// the last one of the class is freed).
-    pub(crate) fn set_class_sampled(&self, c: usize, on: bool) {
-        let w = &self.free_modes[c];
-        if on {
-            w.fetch_or(mode::DEBUG, Ordering::Release);
-        } else {
-            w.fetch_and(!mode::DEBUG, Ordering::Release);
-        }
-    }
-
-    loom_const_fn! {
-        /// Sets the mode word of a tree not yet shared (the `const`
-        /// builders of `Kmem`), with every class's free word.
-        pub(crate) fn init_mode(&mut self, m: usize) {
-            self.mode = atomic_usize(m);
-            self.free_modes = CellArray::new(free_words(m & mode::FREES));
         }
     }
 

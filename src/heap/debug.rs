@@ -196,15 +196,14 @@ pub(crate) fn write_leak_site(w: &mut impl core::fmt::Write, slot: usize) -> cor
 }
 
 /// The mode bits detection `d` starts with. Red zones or poison:
-/// `DEBUG | ARMED | CHECKED` for good (every object is checked). Sampling alone:
+/// `DEBUG | ARMED` for good (every object is checked). Sampling alone:
 /// `ARMED` (the first allocation is a sample), and `DEBUG` only while a
 /// sampled object lives (set and cleared under the table's lock, see
-/// `Kmem::alloc_guarded`), and in a size class's free word only while one
-/// of that class lives, so that a free of a class with none takes the
+/// `Kmem::alloc_guarded`), so that a free while none lives takes the
 /// plain path and pays nothing for sampling.
 const fn mode_of(d: Detection) -> usize {
     if d.redzone || d.poison {
-        mode::DEBUG | mode::ARMED | mode::CHECKED
+        mode::DEBUG | mode::ARMED
     } else if d.is_on() {
         mode::ARMED
     } else {
@@ -234,7 +233,6 @@ impl<R: RawMutex> Detector<R> {
                 quarantine: Mutex::const_new(R::INIT, Quarantine {
                     fifo: Fifo::EMPTY,
                     guarded: [(core::ptr::null_mut(), core::ptr::null_mut()); GUARDED_MAX],
-                    guarded_class: [quarantine::NO_CLASS; GUARDED_MAX],
                     retired: [(core::ptr::null_mut(), core::ptr::null_mut()); RETIRED_MAX],
                     retired_n: 0,
                 }),
@@ -276,7 +274,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // The old detector holds no resources (atomics and an unlocked,
             // empty quarantine): forgotten, as a `const fn` cannot drop.
             core::mem::forget(core::mem::replace(self.detect.get_mut(), Detector::new(d)));
-            self.tree_mut().init_mode(mode_of(d));
+            self.tree_mut().mode = atomic_usize(mode_of(d));
             self
         }
     }

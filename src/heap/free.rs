@@ -26,14 +26,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // header: through its own provenance, not the caller's (a no-op
         // outside Miri).
         let ptr = self.source.rebase(ptr);
+        let m = self.tree.mode();
         // The class first, so the moded branch of a size-class free knows
-        // it has one, and tests its class's free word: a live sampled
-        // object of another class costs this free nothing. A zero size
-        // (nothing was allocated) has no class: its test is off the fast
-        // path, with the large objects'.
+        // it has one. A zero size (nothing was allocated) has no class:
+        // its test is off the fast path, with the large objects'.
         match class_of(size, align) {
             Some(c) => {
-                let m = self.tree.free_mode(c);
                 if m != 0 {
                     // SAFETY: forwarded.
                     return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
@@ -45,21 +43,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 unsafe { base.free(self, ptr) }
             }
             None if size == 0 => {}
-            None => {
-                let m = self.tree.mode();
-                if m != 0 {
-                    // SAFETY: forwarded.
-                    return unsafe { self.free_moded(m, None, ptr, size, align) };
-                }
-                // SAFETY: forwarded: a live large object of this `Kmem`.
-                unsafe { self.free_large(ptr) }
-            }
+            // SAFETY: forwarded.
+            None if m != 0 => unsafe { self.free_moded(m, None, ptr, size, align) },
+            // SAFETY: forwarded: a live large object of this `Kmem`.
+            None => unsafe { self.free_large(ptr) },
         }
     }
 
-    /// [`Kmem::free_raw`] once groups exist or detection is on (`m`: the
-    /// class's free word, `Tree::free_mode`, or for a large object the
-    /// mode word):
+    /// [`Kmem::free_raw`] once groups exist or detection is on (mode `m`):
     /// inlined into it, but only the owner lookup and free go out of line
     /// (`free_owned`, two arguments), so the plain path stays a leaf.
     ///

@@ -534,35 +534,3 @@ fn loom_reclaim_walk_races_removal_and_reclamation() {
         env.settle();
     });
 }
-
-#[test]
-fn loom_class_free_words_follow_the_mode_word() {
-    // A size class's free word takes each change of the mode word's free
-    // bits before the mode word does, and a class's sampled mark is set
-    // before the sample is handed over: a thread that synchronises with
-    // the setter (through `handed`, as a free synchronises with the
-    // allocation of what it frees) sees both in the class's word, while
-    // another class's mark comes and goes beside them.
-    use crate::cgroup::mode;
-    use crate::sync::{AtomicUsize, Ordering};
-    loom::model(|| {
-        let tree = Arc::new(Tree::<R>::new());
-        let handed = Arc::new(AtomicUsize::new(0));
-        let (c, other) = (class(), class() + 1);
-        let (t, h) = (tree.clone(), handed.clone());
-        let setter = thread::spawn(move || {
-            t.set_mode(mode::GROUPS, true);
-            t.set_class_sampled(c, true);
-            h.store(1, Ordering::Release);
-            t.set_class_sampled(other, true);
-            t.set_class_sampled(other, false);
-        });
-        if handed.load(Ordering::Acquire) == 1 {
-            assert_eq!(tree.free_mode(c), mode::GROUPS | mode::DEBUG);
-            assert_eq!(tree.free_mode(other) & mode::GROUPS, mode::GROUPS);
-        }
-        setter.join().unwrap();
-        assert_eq!(tree.free_mode(other), mode::GROUPS);
-        assert_eq!(tree.mode(), mode::GROUPS);
-    });
-}

@@ -5,7 +5,6 @@ use core::ptr::NonNull;
 
 use lock_api::RawMutex;
 
-use super::quarantine::NO_CLASS;
 use crate::cgroup::{Group, mode};
 use crate::heap::{Kmem, hardened_on_free};
 use crate::page::pages_for;
@@ -96,15 +95,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if !self.sampling() || self.tree.mode() & mode::ARMED != 0 {
             return;
         }
-        // The countdown inline (a load and a store, as in `sample_due`):
-        // `ARMED` clear with a rate set means sampling alone at a low
-        // rate, which counts here (at a higher rate, or with red zones or
-        // poison, `ARMED` stays set), so only arming is out of line.
-        let left = self.detect.sampled.load(Ordering::Relaxed);
-        if left > 1 {
-            self.detect.sampled.store(left - 1, Ordering::Relaxed);
-            return;
-        }
         self.sample_tick_slow();
     }
 
@@ -116,24 +106,25 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.detect.guard_every.load(Ordering::Relaxed) != 0
     }
 
-    /// [`Kmem::sample_tick`] once its countdown ran out: arms the
-    /// allocation paths for one sample and restarts the count (not while
-    /// the table of samples is full, nor while the settings are still
-    /// being read and `ARMED` is not yet set).
     #[cold]
     fn sample_tick_slow(&self) {
         let n = self.detect.guard_every.load(Ordering::Relaxed);
         if n == 0 || !self.counts_on_slow_paths(n) || self.detect.guarded_live.load(Ordering::Relaxed) >= GUARDED_MAX {
             return;
         }
+        // A load and a store: as in `sample_due`.
+        let left = self.detect.sampled.load(Ordering::Relaxed);
+        if left > 1 {
+            self.detect.sampled.store(left - 1, Ordering::Relaxed);
+            return;
+        }
         self.detect.sampled.store(n / ALLOCS_PER_SLOW_PATH, Ordering::Relaxed);
         self.tree.set_mode(mode::ARMED, true);
     }
 
-    /// With sampling alone, while sampled objects of the free's class live
-    /// (`m`, the class's free word, or the mode word for a large object,
-    /// is `DEBUG`, maybe with `GROUPS`; while none lives, `DEBUG` is clear
-    /// and frees take the plain path), frees `ptr`
+    /// With sampling alone, while sampled objects live, and no sample due
+    /// (the mode word `m` is `DEBUG`, maybe with `GROUPS`; while none
+    /// lives, `DEBUG` is clear and frees take the plain path), frees `ptr`
     /// as the path without detection would, unless the block ends at a
     /// page boundary whose bit in the guard-page summary is set
     /// ([`Kmem::may_be_sampled`]), as a sampled one's does; returns whether
@@ -260,26 +251,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let p = guard.wrapping_sub(size.next_multiple_of(align));
         let kept = protected && {
             let mut q = self.detect.quarantine.lock();
-            match q.guarded.iter().position(|e| e.0.is_null()) {
-                Some(i) => {
-                    q.guarded[i] = (p, run);
-                    let class = class_of(size, align);
-                    q.guarded_class[i] = class.map_or(NO_CLASS, |c| c as u8);
+            match q.guarded.iter_mut().find(|e| e.0.is_null()) {
+                Some(e) => {
+                    *e = (p, run);
                     let (w, b) = guard_bit(guard.addr());
                     self.detect.guard_bits[w].fetch_or(b, Ordering::Relaxed);
-                    // Frees of the sample's class test for sampled objects
-                    // from now on (a no-op with red zones or poison, where
-                    // every class's `DEBUG` stays set), and the first live
-                    // sample sets `DEBUG` in the mode word, which the frees
-                    // of large objects and resizes test: under the table's
-                    // lock, so neither can be ordered before the clear
-                    // made when the last one was freed; before `p` is
-                    // handed out, so a free of `p` sees them.
-                    if let Some(c) = class {
-                        self.tree.set_class_sampled(c, true);
-                    }
+                    // The first live sample sets `DEBUG` (a no-op with red
+                    // zones or poison, where it stays set), so frees test
+                    // for sampled objects from now on: under the table's
+                    // lock, so it cannot be ordered before the clear made
+                    // when the last one was freed; before `p` is handed
+                    // out, so a free of `p` sees it.
                     if self.detect.guarded_live.fetch_add(1, Ordering::Release) == 0 {
-                        self.tree.set_mode_word(mode::DEBUG, true);
+                        self.tree.set_mode(mode::DEBUG, true);
                     }
                     true
                 }
@@ -333,8 +317,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     fn free_guarded_slow(&self, p: *mut u8, size: usize, align: usize) -> bool {
         let mut q = self.detect.quarantine.lock();
-        let Some(i) = q.guarded.iter().position(|e| e.0 == p) else { return false };
-        let run = q.guarded[i].1;
+        let Some(e) = q.guarded.iter_mut().find(|e| e.0 == p) else { return false };
+        let run = e.1;
         let guard = self.guard_of(run);
         if size.checked_next_multiple_of(align) != Some(guard.addr() - p.addr()) {
             drop(q);
@@ -342,8 +326,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 "kmemcg: free of {p:p} ({size} bytes, align {align}), a sampled object of another size"
             ));
         }
-        q.guarded[i] = (core::ptr::null_mut(), core::ptr::null_mut());
-        let class = core::mem::replace(&mut q.guarded_class[i], NO_CLASS);
+        *e = (core::ptr::null_mut(), core::ptr::null_mut());
         // Its bit in the summary goes unless another live sample's guard
         // page has it too.
         let bit = guard_bit(guard.addr());
@@ -354,15 +337,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if self.records_sites() {
             super::sites::freed(p);
         }
-        // With sampling alone, the last live sample of its class clears
-        // the class's `DEBUG`, and the last of all the mode word's: frees
+        // With sampling alone, the last live sample clears `DEBUG`: frees
         // take the plain path again (see `alloc_guarded`).
-        let checks = self.checks_objects();
-        if class != NO_CLASS && !checks && !q.guarded_class.contains(&class) {
-            self.tree.set_class_sampled(class as usize, false);
-        }
-        if self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed) == 1 && !checks {
-            self.tree.set_mode_word(mode::DEBUG, false);
+        if self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed) == 1 && !self.checks_objects() {
+            self.tree.set_mode(mode::DEBUG, false);
         }
         let pages = (guard.addr() - run.addr()) / PAGE_SIZE;
         // SAFETY: the run of a sampled object just freed, ours.

@@ -55,18 +55,11 @@ impl Fifo {
 // users, not yet given back), reached only under its lock.
 unsafe impl Send for Fifo {}
 
-/// [`Quarantine::guarded_class`] of a sampled object too large for a class.
-pub(super) const NO_CLASS: u8 = u8::MAX;
-
 /// The global quarantine and the table of sampled objects.
 pub(super) struct Quarantine {
     pub(super) fifo: Fifo,
     /// Live sampled objects and the large runs holding them.
     pub(super) guarded: [(*mut u8, *mut u8); GUARDED_MAX],
-    /// The size class of each entry of `guarded` (`class_of` of its
-    /// layout), or [`NO_CLASS`] for a large one: the classes whose frees
-    /// test for samples (`Tree::set_class_sampled`).
-    pub(super) guarded_class: [u8; GUARDED_MAX],
     /// Freed sampled objects and their runs, every page inaccessible (a
     /// use after free faults), oldest first: the first `retired_n` are
     /// set.
