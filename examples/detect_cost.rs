@@ -9,11 +9,12 @@
 //! interleave them; the medians and their ratios to "off" and to `System`
 //! are printed.
 //!
-//! `detect_cost random-only <off|sampled> <steps>` runs `random` alone on
-//! one of them, for instruction counts that do not move with the
-//! machine's load: under `valgrind --tool=callgrind` at N and 2N steps,
-//! (2N - N) / N is one step, start-up and the 10k first allocations
-//! cancelled.
+//! `detect_cost random-only <off|sampled|env> <steps>` runs `random`
+//! alone on one of them (`env`: detection as `KMEMCG_DEBUG` says, e.g.
+//! `guard=20000` for another sampling rate), for instruction counts that
+//! do not move with the machine's load: under `valgrind --tool=callgrind`
+//! at N and 2N steps, (2N - N) / N is one step, start-up and the 10k
+//! first allocations cancelled.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -25,6 +26,8 @@ static OFF: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::OFF);
 static SAMPLED: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::SAMPLED);
 static ON: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL.guard_pages(0));
 static ALL: Kmem = Kmem::new(OsPages::new()).with_detection(Detection::ALL);
+/// Detection as `KMEMCG_DEBUG` says (`random-only env`).
+static ENV: Kmem = Kmem::new(OsPages::new());
 
 fn pairs<A: GlobalAlloc>(k: &A, n: usize) -> f64 {
     let layout = Layout::from_size_align(64, 8).unwrap();
@@ -87,11 +90,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).is_some_and(|a| a == "random-only") {
         let steps = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(200_000);
-        match args.get(2).map(String::as_str) {
+        let ns = match args.get(2).map(String::as_str) {
             Some("off") => random(&OFF, steps),
             Some("sampled") => random(&SAMPLED, steps),
-            other => panic!("random-only: off or sampled, not {other:?}"),
+            Some("env") => random(&ENV, steps),
+            other => panic!("random-only: off, sampled or env, not {other:?}"),
         };
+        println!("random ns per step {ns:.2}");
         return;
     }
     if std::env::args().any(|a| a == "system-only") {

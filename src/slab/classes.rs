@@ -139,9 +139,13 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
     // an alignment shifted left can overflow to zero (2^56 << 8), which
     // the fuzzer found handing out 8-aligned blocks for huge alignments.
     const _: () = assert!(LUT_MAX == 1 << 12);
-    if (size.wrapping_sub(1) >> 12) | (align >> 4) == 0 {
-        // SAFETY: `size <= LUT_MAX` keeps the row in bounds.
-        return Some(unsafe { at(&LUT, (size + 3) >> 2) }[(align > 4) as usize] as usize);
+    // `align >> 3` is the column (0 up to 4, 1 for 8) and, shifted once
+    // more, zero exactly for alignments up to 8.
+    let col = align >> 3;
+    if (size.wrapping_sub(1) >> 12) | (col >> 1) == 0 {
+        // SAFETY: `size <= LUT_MAX` keeps the row in bounds, and `col` is
+        // 0 or 1.
+        return Some(*unsafe { at(&at(&LUT, (size + 3) >> 2)[..], col) } as usize);
     }
     class_of_large(size, align)
 }
