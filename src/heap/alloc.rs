@@ -11,7 +11,7 @@ use crate::counter::PageCounter;
 use crate::error::Error;
 use crate::magazine::{Acct, ChargedPop, MagCache};
 use crate::platform::{PageSource, Platform};
-use crate::slab::classes::class_of;
+use crate::slab::classes::{class_of, class_of_large, lut_class};
 use crate::sync::{word_load, word_store};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -218,6 +218,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// [`Kmem::alloc_in`] for an `align` known to be a power of two, with
     /// no detection or injection.
+    /// The requests one table lookup serves (sizes up to a page, aligned
+    /// to at most 8) inline; the rest out of line whole, a tail call, so
+    /// the fast path has no merge point.
     #[inline(always)]
     pub(crate) fn alloc_pow2<const NOUNWIND: bool>(
         &self,
@@ -225,31 +228,62 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         size: usize,
         align: usize,
     ) -> Option<NonNull<u8>> {
-        match class_of(size, align) {
-            Some(c) => {
-                // SAFETY: `class_of` returns indices below NCLASSES.
-                let base = unsafe { self.tree.classes().get_unchecked(c) };
-                // SAFETY: callers pass null or a live group of this
-                // allocator.
-                if let Some(g) = unsafe { g.as_ref() } {
-                    return match self.tree.class_charged(c) {
-                        Some(charged) => self.alloc_charged::<NOUNWIND>(g, charged),
-                        None if NOUNWIND => self.no_unwind_new_charged(g, c, base),
-                        None => self.alloc_in_new_charged(g, c, base),
-                    };
-                }
-                let p = match base.alloc_fast(self) {
-                    Some(p) => p,
-                    None if NOUNWIND => self.no_unwind_slow(base)?,
-                    None => self.alloc_slow_opt(base)?,
-                };
-                hardened_on_alloc(base, p);
-                Some(p)
-            }
+        match lut_class(size, align) {
+            Some(c) => self.alloc_class::<NOUNWIND>(g, c),
+            None => Self::alloc_pow2_other::<NOUNWIND>(size, align, g, self),
+        }
+    }
+
+    /// [`Kmem::alloc_pow2`] past its table: larger sizes, larger
+    /// alignments, zero sizes. The request's size and alignment first,
+    /// in the registers a `GlobalAlloc::alloc` call brought them in, so
+    /// the tail call to it moves nothing on the fast path.
+    #[inline(never)]
+    fn alloc_pow2_other<const NOUNWIND: bool>(
+        size: usize,
+        align: usize,
+        g: *const Group<R>,
+        this: &Self,
+    ) -> Option<NonNull<u8>> {
+        this.alloc_pow2_rest::<NOUNWIND>(g, size, align)
+    }
+
+    /// The body of [`Kmem::alloc_pow2_other`].
+    #[inline(always)]
+    fn alloc_pow2_rest<const NOUNWIND: bool>(
+        &self,
+        g: *const Group<R>,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
+        match class_of_large(size, align) {
+            Some(c) => self.alloc_class::<NOUNWIND>(g, c),
             None if size == 0 => None,
             None if NOUNWIND => self.no_unwind_large(g, size, align),
             None => self.alloc_large(g, size, align, false),
         }
+    }
+
+    /// An object of size class `c` charged to `g` (null: root).
+    #[inline(always)]
+    fn alloc_class<const NOUNWIND: bool>(&self, g: *const Group<R>, c: usize) -> Option<NonNull<u8>> {
+        // SAFETY: `class_of` returns indices below NCLASSES.
+        let base = unsafe { self.tree.classes().get_unchecked(c) };
+        // SAFETY: callers pass null or a live group of this allocator.
+        if let Some(g) = unsafe { g.as_ref() } {
+            return match self.tree.class_charged(c) {
+                Some(charged) => self.alloc_charged::<NOUNWIND>(g, charged),
+                None if NOUNWIND => self.no_unwind_new_charged(g, c, base),
+                None => self.alloc_in_new_charged(g, c, base),
+            };
+        }
+        let p = match base.alloc_fast(self) {
+            Some(p) => p,
+            None if NOUNWIND => self.no_unwind_slow(base)?,
+            None => self.alloc_slow_opt(base)?,
+        };
+        hardened_on_alloc(base, p);
+        Some(p)
     }
 
     /// One object of `charged`, a charged cache, charged to `g`: a stock

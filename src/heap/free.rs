@@ -10,7 +10,7 @@ use crate::cgroup::mode;
 use crate::magazine::{ChargedPush, MagCache};
 use crate::page::pages_for;
 use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
-use crate::slab::classes::{GEOMETRIES, class_of};
+use crate::slab::classes::{GEOMETRIES, class_of, class_of_large, lut_class};
 use crate::sync::{word_load, word_store};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -26,27 +26,61 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // header: through its own provenance, not the caller's (a no-op
         // outside Miri).
         let ptr = self.source.rebase(ptr);
-        let m = self.tree.mode();
         // The class first, so the moded branch of a size-class free knows
-        // it has one. A zero size (nothing was allocated) has no class:
-        // its test is off the fast path, with the large objects'.
-        match class_of(size, align) {
-            Some(c) => {
+        // it has one. The sizes and alignments one table lookup serves
+        // inline; the rest (larger ones, and a zero size, for which
+        // nothing was allocated) out of line whole, a tail call.
+        match lut_class(size, align) {
+            // SAFETY: forwarded.
+            Some(c) => unsafe { self.free_class(c, ptr, size, align) },
+            // SAFETY: forwarded.
+            None => unsafe { Self::free_other(ptr, size, align, self) },
+        }
+    }
+
+    /// [`Kmem::free_raw`] of an object of size class `c`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`] (a rebased pointer), `c` being
+    /// `class_of(size, align)`.
+    #[inline(always)]
+    unsafe fn free_class(&self, c: usize, ptr: NonNull<u8>, size: usize, align: usize) {
+        let m = self.tree.mode();
+        if m != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
+        }
+        let Some(base) = self.base_for_free(c, ptr) else { return };
+        hardened_on_free(base, ptr);
+        // SAFETY: with no groups, every object of class `c` is in the base
+        // cache.
+        unsafe { base.free(self, ptr) }
+    }
+
+    /// [`Kmem::free_raw`] past its table: larger sizes, larger
+    /// alignments, zero sizes. The block's pointer, size and alignment
+    /// first, in the registers a `GlobalAlloc::dealloc` call brought them
+    /// in, so the tail call to it moves nothing on the fast path.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`] (a rebased pointer).
+    #[inline(never)]
+    unsafe fn free_other(ptr: NonNull<u8>, size: usize, align: usize, this: &Self) {
+        match class_of_large(size, align) {
+            // SAFETY: forwarded.
+            Some(c) => unsafe { this.free_class(c, ptr, size, align) },
+            None if size == 0 => {}
+            None => {
+                let m = this.tree.mode();
                 if m != 0 {
                     // SAFETY: forwarded.
-                    return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
+                    return unsafe { this.free_moded(m, None, ptr, size, align) };
                 }
-                let Some(base) = self.base_for_free(c, ptr) else { return };
-                hardened_on_free(base, ptr);
-                // SAFETY: with no groups, every object of class `c` is in
-                // the base cache.
-                unsafe { base.free(self, ptr) }
+                // SAFETY: forwarded: a live large object of this `Kmem`.
+                unsafe { this.free_large(ptr) }
             }
-            None if size == 0 => {}
-            // SAFETY: forwarded.
-            None if m != 0 => unsafe { self.free_moded(m, None, ptr, size, align) },
-            // SAFETY: forwarded: a live large object of this `Kmem`.
-            None => unsafe { self.free_large(ptr) },
         }
     }
 

@@ -134,6 +134,18 @@ const fn first_class_fitting(size: usize, align: usize) -> usize {
 /// paths). `align` must be a power of two.
 #[inline(always)]
 pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
+    match lut_class(size, align) {
+        Some(c) => Some(c),
+        None => class_of_large(size, align),
+    }
+}
+
+/// [`class_of`] of the requests its one table serves, `0 < size <=
+/// LUT_MAX` and `align <= 8` (`None` for the others, which
+/// [`class_of_large`] takes): for the fast paths, which send the rest
+/// out of line whole.
+#[inline(always)]
+pub(crate) fn lut_class(size: usize, align: usize) -> Option<usize> {
     // One test for `0 < size <= LUT_MAX && align <= 8`: both shifts are
     // zero exactly then (a zero size wraps around). Shifts to the right:
     // an alignment shifted left can overflow to zero (2^56 << 8), which
@@ -147,12 +159,12 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
         // 0 or 1.
         return Some(*unsafe { at(&at(&LUT, (size + 3) >> 2)[..], col) } as usize);
     }
-    class_of_large(size, align)
+    None
 }
 
 /// [`class_of`] for requests above [`LUT_MAX`] or aligned above 8.
 #[inline]
-fn class_of_large(size: usize, align: usize) -> Option<usize> {
+pub(crate) fn class_of_large(size: usize, align: usize) -> Option<usize> {
     let idx = if size == 0 {
         return None;
     } else if size <= LUT_MAX {
