@@ -141,6 +141,10 @@ pub(crate) struct Detector<R: RawMutex> {
     /// Size-class allocations left until the next sample (0 or 1: the
     /// next one is).
     sampled: AtomicUsize,
+    /// The platform clock's millisecond in which the slow-path countdown
+    /// last armed a sample (`usize::MAX`: never), so that it arms at most
+    /// one per millisecond (see `Kmem::sample_tick_slow`).
+    armed_ms: AtomicUsize,
     /// Sampled objects live (so frees look the table up only when some
     /// are).
     guarded_live: AtomicUsize,
@@ -228,6 +232,7 @@ impl<R: RawMutex> Detector<R> {
                 quarantine_max: atomic_usize(d.quarantine),
                 guard_every: atomic_usize(d.guard_every),
                 sampled: atomic_usize(0),
+                armed_ms: atomic_usize(usize::MAX),
                 guarded_live: atomic_usize(0),
                 guard_bits: repeat!(atomic_usize(0); guard::GUARD_WORDS),
                 quarantine: Mutex::const_new(R::INIT, Quarantine {

@@ -674,3 +674,32 @@ fn samples_sharing_a_summary_bit_are_each_found_by_their_free() {
         }
     }
 }
+
+/// Sampling alone at a rate counted on the slow paths arms at most one
+/// sample per millisecond of the platform's clock (besides the first
+/// allocation's): a loop that allocates fast gets no more samples than the
+/// milliseconds it ran, where one in 256 would have filled the table of 64
+/// in a few.
+#[test]
+fn sampling_alone_arms_at_most_one_sample_a_millisecond() {
+    if cfg!(miri) {
+        // No guard pages under Miri: nothing is sampled.
+        return;
+    }
+    let k: &'static Kmem<crate::OsPages> =
+        Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::sampled(256))));
+    let l = Layout::from_size_align(64, 8).unwrap();
+    let start = std::time::Instant::now();
+    // SAFETY: a valid layout; every block is freed below with it.
+    let blocks: Vec<*mut u8> = (0..20_000).map(|_| unsafe { k.alloc(l) }).collect();
+    let ms = start.elapsed().as_millis() as usize;
+    // Slab objects of 64 bytes end at a page boundary too (64 of them per
+    // page): count the samples by the table instead.
+    let samples = k.stats().large_objects;
+    assert!(samples >= 1, "the first allocation is a sample");
+    assert!(samples <= ms + 3, "{samples} samples in {ms} ms");
+    for p in blocks {
+        // SAFETY: allocated above with `l`, freed once.
+        unsafe { k.dealloc(p, l) };
+    }
+}

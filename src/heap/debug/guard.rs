@@ -119,6 +119,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return;
         }
         self.detect.sampled.store(n / ALLOCS_PER_SLOW_PATH, Ordering::Relaxed);
+        // At most one sample armed per millisecond of the platform's clock
+        // (where it has one): a sample costs two `mprotect` calls, a few
+        // microseconds, which at one allocation in 5,000 of a program
+        // allocating every few nanoseconds would be several percent of its
+        // time. KFENCE arms one per 100 ms.
+        if let Some(now) = self.platform.now_ms() {
+            let now = now as usize;
+            if self.detect.armed_ms.load(Ordering::Relaxed) == now {
+                return;
+            }
+            self.detect.armed_ms.store(now, Ordering::Relaxed);
+        }
         self.tree.set_mode(mode::ARMED, true);
     }
 

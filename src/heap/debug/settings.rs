@@ -34,7 +34,8 @@ impl Detection {
 
     /// Sampling alone at GWP-ASan's default rate, one size-class
     /// allocation in 5,000 on a guard page (at most [`GUARDED_MAX`](crate::GUARDED_MAX)
-    /// sampled objects live at once): cheap enough to leave on
+    /// sampled objects live at once, and at most one sample a millisecond
+    /// where the platform has a clock): cheap enough to leave on
     /// (`KMEMCG_DEBUG=sampled`). KFENCE samples one allocation per 100 ms
     /// into a pool of 255 objects; GWP-ASan one in 5,000 into 16 slots by
     /// default.
@@ -95,7 +96,11 @@ impl Detection {
     /// Sampling alone, cheap enough to leave on in production (the
     /// idea of KFENCE and GWP-ASan): one size-class allocation in `n` on a
     /// guard page ([`Detection::guard_pages`]), no red zones, poison or
-    /// quarantine for the others.
+    /// quarantine for the others. At one in 256 or rarer the count runs on
+    /// the slow paths, and arms at most one sample per millisecond of the
+    /// platform's clock (`Platform::now_ms`): each sample costs two
+    /// `mprotect` calls, which at one in 5,000 allocations of a few
+    /// nanoseconds each would take several percent of the program's time.
     pub const fn sampled(n: usize) -> Detection {
         Detection::OFF.guard_pages(n)
     }
