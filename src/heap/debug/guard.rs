@@ -95,6 +95,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if !self.sampling() || self.tree.mode() & mode::ARMED != 0 {
             return;
         }
+        // The countdown inline (a load and a store, as in `sample_due`):
+        // `ARMED` clear with a rate set means sampling alone at a low
+        // rate, which counts here (at a higher rate, or with red zones or
+        // poison, `ARMED` stays set), so only arming is out of line.
+        let left = self.detect.sampled.load(Ordering::Relaxed);
+        if left > 1 {
+            self.detect.sampled.store(left - 1, Ordering::Relaxed);
+            return;
+        }
         self.sample_tick_slow();
     }
 
@@ -106,16 +115,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.detect.guard_every.load(Ordering::Relaxed) != 0
     }
 
+    /// [`Kmem::sample_tick`] once its countdown ran out: arms the
+    /// allocation paths for one sample and restarts the count (not while
+    /// the table of samples is full, nor while the settings are still
+    /// being read and `ARMED` is not yet set).
     #[cold]
     fn sample_tick_slow(&self) {
         let n = self.detect.guard_every.load(Ordering::Relaxed);
         if n == 0 || !self.counts_on_slow_paths(n) || self.detect.guarded_live.load(Ordering::Relaxed) >= GUARDED_MAX {
-            return;
-        }
-        // A load and a store: as in `sample_due`.
-        let left = self.detect.sampled.load(Ordering::Relaxed);
-        if left > 1 {
-            self.detect.sampled.store(left - 1, Ordering::Relaxed);
             return;
         }
         self.detect.sampled.store(n / ALLOCS_PER_SLOW_PATH, Ordering::Relaxed);
