@@ -245,22 +245,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         g: *const Group<R>,
         this: &Self,
     ) -> Option<NonNull<u8>> {
-        this.alloc_pow2_rest::<NOUNWIND>(g, size, align)
-    }
-
-    /// The body of [`Kmem::alloc_pow2_other`].
-    #[inline(always)]
-    fn alloc_pow2_rest<const NOUNWIND: bool>(
-        &self,
-        g: *const Group<R>,
-        size: usize,
-        align: usize,
-    ) -> Option<NonNull<u8>> {
         match class_of_large(size, align) {
-            Some(c) => self.alloc_class::<NOUNWIND>(g, c),
+            Some(c) => this.alloc_class::<NOUNWIND>(g, c),
             None if size == 0 => None,
-            None if NOUNWIND => self.no_unwind_large(g, size, align),
-            None => self.alloc_large(g, size, align, false),
+            None if NOUNWIND => this.no_unwind_large(g, size, align),
+            None => this.alloc_large(g, size, align, false),
         }
     }
 
