@@ -253,10 +253,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// An object of size class `c` charged to `g` (null: root).
+    /// An object of size class `c` charged to `g` (null: root). Callers
+    /// pass a class from `lut_class` or `class_of_large` (below
+    /// NCLASSES) and null or a live group of this allocator.
     #[inline(always)]
     fn alloc_class<const NOUNWIND: bool>(&self, g: *const Group<R>, c: usize) -> Option<NonNull<u8>> {
-        // SAFETY: `class_of` returns indices below NCLASSES.
+        // SAFETY: `c` is below NCLASSES (callers).
         let base = unsafe { self.tree.classes().get_unchecked(c) };
         // SAFETY: callers pass null or a live group of this allocator.
         if let Some(g) = unsafe { g.as_ref() } {

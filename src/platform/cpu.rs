@@ -203,10 +203,14 @@ pub unsafe trait Platform: Sync {
     fn in_interrupt(&self) -> bool {
         false
     }
-    /// A monotonic clock in milliseconds, if the platform has one: the
-    /// allocator's decay ([`crate::Decay`]) then returns idle memory after
-    /// a time; without one, after a count of slow-path operations. Called
-    /// at most once per 256 slow paths; must not allocate or block.
+    /// A monotonic clock in milliseconds that advances, if the platform
+    /// has one: the allocator's decay ([`crate::Decay`]) then returns idle
+    /// memory after a time (without one, after a count of slow-path
+    /// operations), and guard-page sampling alone arms at most one sample
+    /// a millisecond (a clock that stood still would stop it after the
+    /// first). Called at most once per 256 slow paths by decay, and by
+    /// sampling once per sampling period (about `n / 32` slow paths at one
+    /// allocation in `n`, `n >= 256`); must not allocate or block.
     fn now_ms(&self) -> Option<u64> {
         None
     }

@@ -115,17 +115,22 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.detect.guard_every.load(Ordering::Relaxed) != 0
     }
 
-    /// [`Kmem::sample_tick`] once its countdown ran out: arms the
-    /// allocation paths for one sample and restarts the count (not while
-    /// the table of samples is full, nor while the settings are still
-    /// being read and `ARMED` is not yet set).
+    /// [`Kmem::sample_tick`] once its countdown ran out: restarts the
+    /// count and arms the allocation paths for one sample (not while the
+    /// table of samples is full, nor twice in one millisecond, nor while
+    /// the settings are still being read and `ARMED` is not yet set).
     #[cold]
     fn sample_tick_slow(&self) {
         let n = self.detect.guard_every.load(Ordering::Relaxed);
-        if n == 0 || !self.counts_on_slow_paths(n) || self.detect.guarded_live.load(Ordering::Relaxed) >= GUARDED_MAX {
+        if n == 0 || !self.counts_on_slow_paths(n) {
             return;
         }
+        // The count restarts whether or not this period arms a sample, so
+        // a full table or the clock below costs one call a period.
         self.detect.sampled.store(n / ALLOCS_PER_SLOW_PATH, Ordering::Relaxed);
+        if self.detect.guarded_live.load(Ordering::Relaxed) >= GUARDED_MAX {
+            return;
+        }
         // At most one sample armed per millisecond of the platform's clock
         // (where it has one): a sample costs two `mprotect` calls, a few
         // microseconds, which at one allocation in 5,000 of a program

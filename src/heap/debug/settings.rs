@@ -87,7 +87,9 @@ impl Detection {
     /// [`GUARDED_MAX`](crate::GUARDED_MAX) sampled objects live at once.
     /// Only layouts whose size is a multiple of their alignment are
     /// sampled (every Rust type's, and every byte buffer's): a free then
-    /// tells a sample by `ptr + size` alone.
+    /// tells a sample by `ptr + size` alone. Alone (no red zones or
+    /// poison) at one in 256 or rarer, at most one sample a millisecond
+    /// (see [`Detection::sampled`]).
     pub const fn guard_pages(mut self, n: usize) -> Self {
         self.guard_every = n;
         self
