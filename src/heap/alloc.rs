@@ -218,6 +218,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// [`Kmem::alloc_in`] for an `align` known to be a power of two, with
     /// no detection or injection.
+    ///
     /// The requests one table lookup serves (sizes up to a page, aligned
     /// to at most 8) inline; the rest out of line whole, a tail call, so
     /// the fast path has no merge point.

@@ -93,7 +93,7 @@ pub(crate) const GEOMETRIES: [Geometry; NCLASSES] = {
 /// The largest request the one-lookup path of [`class_of`] serves.
 const LUT_MAX: usize = 4096;
 
-/// `LUT[(size + 3) >> 2][(align > 4) as usize]`: the smallest class that
+/// `LUT[(size + 3) >> 2][align >> 3]`: the smallest class that
 /// holds `size <= LUT_MAX` bytes aligned to 4 (column 0) or 8 (column 1).
 /// Classes 12, 20 and 28 are only 4-aligned; every other class is at least
 /// 8-aligned. 2 KiB, so a request of any size up to a page costs one load
