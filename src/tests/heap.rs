@@ -703,3 +703,43 @@ fn sampling_alone_arms_at_most_one_sample_a_millisecond() {
         unsafe { k.dealloc(p, l) };
     }
 }
+
+/// The same from two threads at once: both count and arm on their own slow
+/// paths (racing on the countdown and the millisecond, which may give a
+/// sample each in one millisecond, never more), and every sample either
+/// took is found by its free.
+#[test]
+fn two_threads_sampling_alone_arm_within_the_cap_and_free_every_sample() {
+    if cfg!(miri) {
+        // No guard pages under Miri: nothing is sampled.
+        return;
+    }
+    let k: &'static Kmem<crate::OsPages> =
+        Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::sampled(256))));
+    let l = Layout::from_size_align(64, 8).unwrap();
+    let start = std::time::Instant::now();
+    let blocks: Vec<Vec<usize>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            // SAFETY: a valid layout; every block is freed below with it.
+            .map(|_| s.spawn(move || (0..20_000).map(|_| unsafe { k.alloc(l) }.addr()).collect::<Vec<_>>()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ms = start.elapsed().as_millis() as usize;
+    let samples = k.stats().large_objects;
+    assert!(samples >= 1 && samples <= 2 * (ms + 2) + 1, "{samples} samples in {ms} ms");
+    std::thread::scope(|s| {
+        for b in &blocks {
+            s.spawn(move || {
+                for &p in b {
+                    // SAFETY: allocated above with `l`, freed once.
+                    unsafe { k.dealloc(p as *mut u8, l) };
+                }
+            });
+        }
+    });
+    // Freed samples are retired runs (at most 16 kept); one whose free
+    // missed it would stay live as well.
+    let left = k.stats().large_objects;
+    assert!(left <= 16, "{left} sampled runs left after every free");
+}
