@@ -140,7 +140,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // than either.
         unsafe {
             ptr::copy_nonoverlapping(ptr.as_ptr(), fresh.as_ptr() as *mut u8, old.size().min(new.size()));
-            self.free_raw(ptr, old.size(), old.align());
+            self.free_moved(ptr, old.size(), old.align());
         }
         Some(fresh)
     }

@@ -1141,3 +1141,81 @@ fn a_resized_sample_is_still_found_by_its_free() {
         unsafe { k.dealloc(p, l60) };
     }
 }
+
+/// Sampling alone at a production rate, a random program of allocations,
+/// reallocations and frees checked against a shadow model: while samples
+/// live the mode word is `DEBUG` alone, and every free and resize of a
+/// block that cannot be a sample takes the plain path (`free_class` and
+/// `resize_in_place` test `ptr + size` first). Each block holds its own
+/// byte pattern, checked at every resize and free, so a block handed out
+/// twice, a resize that lost bytes or a sample freed as a slab object
+/// shows; at the end every block, samples included, is gone.
+#[test]
+fn sampling_alone_resizes_and_frees_a_random_program_exactly() {
+    let k = leak(Kmem::new(OsPages::new()).with_detection(Detection::sampled(256)));
+    let layout = |size: usize, align: usize| Layout::from_size_align(size, align).unwrap();
+    let fill = |p: *mut u8, size: usize, tag: u8| {
+        // SAFETY: a live block of at least `size` bytes.
+        unsafe { core::ptr::write_bytes(p, tag, size) };
+    };
+    let check = |p: *mut u8, size: usize, tag: u8| {
+        // SAFETY: a live block of at least `size` bytes.
+        let bytes = unsafe { core::slice::from_raw_parts(p, size) };
+        assert!(bytes.iter().all(|&b| b == tag), "a block of {size} bytes lost its pattern {tag:#x}");
+    };
+    let mut live: Vec<(*mut u8, Layout, u8)> = Vec::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut at_page_ends, steps) = (0usize, if cfg!(miri) { 2_000 } else { 300_000 });
+    for step in 0..steps {
+        let r = next();
+        let align = [8usize, 16, 64][(r % 3) as usize];
+        // Multiples of the alignment (the sampled layouts), up to past a page.
+        let size = ((r >> 8) as usize % 5000 / align + 1) * align;
+        let tag = (step % 251) as u8 + 1;
+        match (r >> 40) % 4 {
+            0 | 1 if live.len() < 3000 => {
+                let l = layout(size, align);
+                // SAFETY: a valid layout; freed below with it.
+                let p = unsafe { k.alloc(l) };
+                assert!(!p.is_null());
+                at_page_ends += usize::from((p.addr() + size).is_multiple_of(4096) && size < 4096);
+                fill(p, size, tag);
+                live.push((p, l, tag));
+            }
+            2 if !live.is_empty() => {
+                let i = (r >> 20) as usize % live.len();
+                let (p, l, t) = live[i];
+                check(p, l.size(), t);
+                let new_size = ((r >> 48) as usize % 5000 / l.align() + 1) * l.align();
+                // SAFETY: a live block of `k` with layout `l`.
+                let q = unsafe { k.realloc(p, l, new_size) };
+                assert!(!q.is_null());
+                check(q, l.size().min(new_size), t);
+                fill(q, new_size, t);
+                live[i] = (q, layout(new_size, l.align()), t);
+            }
+            _ if !live.is_empty() => {
+                let (p, l, t) = live.swap_remove((r >> 20) as usize % live.len());
+                check(p, l.size(), t);
+                // SAFETY: a live block of `k` with layout `l`.
+                unsafe { k.dealloc(p, l) };
+            }
+            _ => {}
+        }
+    }
+    for (p, l, t) in live {
+        check(p, l.size(), t);
+        // SAFETY: as above.
+        unsafe { k.dealloc(p, l) };
+    }
+    assert!(at_page_ends > 0, "nothing sampled in {steps} steps");
+    // Freed samples' runs wait, retired, for later samples until a shrink.
+    k.shrink();
+    assert_eq!(k.stats().large_objects, 0, "a block (a sample?) outlived its free");
+}

@@ -38,6 +38,22 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
+    /// [`Kmem::free_raw`] out of line: the old block's free when a resize
+    /// moves it. Inlined into a resize, the whole free path (each mode's
+    /// copy of it) would make that function too large for LLVM to inline
+    /// what the free path itself inlines (the thread-local slot reads
+    /// became calls); out of line it is one function as lean as
+    /// `dealloc`, for a call beside the copy.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_raw`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_moved(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        // SAFETY: forwarded.
+        unsafe { self.free_raw(ptr, size, align) }
+    }
+
     /// [`Kmem::free_raw`] of an object of size class `c`.
     ///
     /// # Safety
@@ -445,7 +461,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: both blocks are live, distinct, and at least this long.
         unsafe {
             core::ptr::copy_nonoverlapping(ptr.as_ptr(), new.as_ptr(), old_size.min(new_size));
-            self.free_raw(ptr, old_size, align);
+            self.free_moved(ptr, old_size, align);
         }
         Some(new)
     }
@@ -474,7 +490,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         new_size: usize,
     ) -> bool {
         let ptr = self.source.rebase(ptr);
-        if self.tree.mode() & mode::DEBUG != 0 {
+        let m = self.tree.mode();
+        // Sampling alone with a sample live (`DEBUG`, maybe with
+        // `GROUPS`, nothing else): a block that cannot be a sample resizes
+        // as plain, as its free frees it as plain.
+        if m & mode::DEBUG != 0 && (m & !(mode::DEBUG | mode::GROUPS) != 0 || self.may_be_sample(ptr, old_size, align))
+        {
             self.settle();
             // SAFETY: forwarded.
             return unsafe { self.resize_checked(ptr, old_size, align, new_size) };

@@ -207,6 +207,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         self.detect.flags.load(Ordering::Relaxed) & super::SITES != 0
     }
 
+    /// Whether a block of `size` and `align` at `ptr` may be a live sampled
+    /// object: its end, rounded to `align`, a page boundary whose bit in
+    /// the summary is set ([`Kmem::may_be_sampled`]). `false` is exact.
+    /// `align` is a power of two (from a `Layout`): rounded with a mask,
+    /// not a division; were it not, `end` would be an address no sample
+    /// ends at, and the block no sample.
+    #[inline(always)]
+    pub(crate) fn may_be_sample(&self, ptr: NonNull<u8>, size: usize, align: usize) -> bool {
+        let mask = align.wrapping_sub(1);
+        let end = ptr.as_ptr().addr().wrapping_add(size.wrapping_add(mask) & !mask);
+        end.is_multiple_of(PAGE_SIZE) && self.may_be_sampled(end)
+    }
+
     /// Whether a block ending at `end`, a page boundary, may be a live
     /// sampled object: its guard page's bit in the summary is set (a live
     /// sample's always is: set before the sample is handed out, cleared

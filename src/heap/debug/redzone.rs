@@ -331,10 +331,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // A sampled object has neither slab header nor red zones: it stays
         // only if it still ends at its guard page, else it moves (and its
         // free finds it in the table).
-        let end = ptr.as_ptr().addr().wrapping_add(old.next_multiple_of(align));
         if self.guarded_live()
-            && end.is_multiple_of(PAGE_SIZE)
-            && self.may_be_sampled(end)
+            && self.may_be_sample(ptr, old, align)
             && let Some(room) = self.guarded_room(ptr.as_ptr())
         {
             if old.checked_next_multiple_of(align) != Some(room) {
