@@ -10,11 +10,12 @@
 //! are printed.
 //!
 //! `detect_cost random-only <off|sampled|env> <steps>` runs `random`
-//! alone on one of them (`env`: detection as `KMEMCG_DEBUG` says, e.g.
-//! `guard=20000` for another sampling rate), for instruction counts that
-//! do not move with the machine's load: under `valgrind --tool=callgrind`
-//! at N and 2N steps, (2N - N) / N is one step, start-up and the 10k
-//! first allocations cancelled.
+//! (`pair-only`: the pairs) alone on one of them (`env`: detection as
+//! `KMEMCG_DEBUG` says, e.g. `guard=20000` for another sampling rate):
+//! for processes timed one after the other (`scripts/sampled-cost.sh`),
+//! and for instruction counts that do not move with the machine's load:
+//! under `valgrind --tool=callgrind` at N and 2N steps, (2N - N) / N is
+//! one step, start-up and the 10k first allocations cancelled.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -88,15 +89,19 @@ fn round<A: GlobalAlloc>(k: &A) -> (f64, f64) {
 fn main() {
     let rounds = 7;
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).is_some_and(|a| a == "random-only") {
+    if let Some(which @ ("random-only" | "pair-only")) = args.get(1).map(String::as_str) {
         let steps = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(200_000);
-        let ns = match args.get(2).map(String::as_str) {
-            Some("off") => random(&OFF, steps),
-            Some("sampled") => random(&SAMPLED, steps),
-            Some("env") => random(&ENV, steps),
-            other => panic!("random-only: off, sampled or env, not {other:?}"),
+        let k = match args.get(2).map(String::as_str) {
+            Some("off") => &OFF,
+            Some("sampled") => &SAMPLED,
+            Some("env") => &ENV,
+            other => panic!("{which}: off, sampled or env, not {other:?}"),
         };
-        println!("random ns per step {ns:.2}");
+        if which == "random-only" {
+            println!("random ns per step {:.2}", random(k, steps));
+        } else {
+            println!("pair-64 ns per pair {:.2}", pairs(k, steps));
+        }
         return;
     }
     if std::env::args().any(|a| a == "system-only") {
