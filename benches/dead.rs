@@ -5,8 +5,8 @@
 //! For each object size, a thread allocates 1M objects inside a group and
 //! then frees them all, timed: once with the group alive, once after the
 //! group was removed (the objects stay charged to it until freed; each
-//! free goes through the magazines as a live group's, its bytes straight
-//! to the group's spare instead of a CPU stock). Rounds
+//! free goes through the magazines and the CPU's byte stock as a live
+//! group's). Rounds
 //! interleave; medians of 5 are reported with the dead/alive ratio beside
 //! the seed's. Every round's time also goes to
 //! `target/kmemcg-results/dead.csv` for `cargo run --release -p kmemcg-plots`.

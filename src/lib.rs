@@ -110,7 +110,9 @@
 //!   sampled guard pages, on when asked ([`Detection`]).
 //! * **removed group**: no new charges (its tasks charge its nearest
 //!   online ancestor); its objects stay charged to it until freed, and it
-//!   goes with its last object and handle. It holds no cache.
+//!   goes with its last object and handle once the stocks holding its last
+//!   bytes are flushed (by another group's use of the slot, a reclaim, a
+//!   reap or `shrink`). It holds no cache.
 //!
 //! # Charging
 //!
@@ -139,8 +141,9 @@
 //! slot's stock; whole pages past a page go back to the counter, and a
 //! stock displaced by another group's is flushed into its group's
 //! `spare` (see `cgroup::tree::objects` for the invariant and the
-//! removal protocol, which loom checks). A removed group's frees go
-//! straight to its `spare` (one compare-and-swap) instead of a stock.
+//! removal protocol, which loom checks). A removed group's frees use the
+//! stock as a live group's do (seed 001: no atomic operation per free);
+//! a reap flushes stocks that hold removed groups' bytes.
 //!
 //! Object charges stop below the root. The root's counter counts what
 //! the page source gave to slabs (charged caches included) and large

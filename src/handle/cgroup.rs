@@ -148,15 +148,17 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// The group goes offline: it takes no new charges (a thread still
     /// inside it, or its allocator handle, charges the nearest online
     /// ancestor), its `min` and `low` go to 0 (what it still holds is
-    /// reclaimed as its parent's), its stock is drained, and each of its
-    /// caches turns dead: its magazines are emptied on every CPU at once,
-    /// later frees are buffered per CPU and go back to the slabs a
-    /// magazine at a time (each one straight to its slab once few objects
-    /// are left), and empty slabs go back immediately. What its live
-    /// objects hold stays charged to it and so to every ancestor, and
-    /// is uncharged from them as those objects are freed, from any thread:
-    /// no charge is lost. The group's memory (and its caches') is reclaimed
-    /// once its last handle, guard, cache slab and large object are gone.
+    /// reclaimed as its parent's), and the CPU slots' byte stocks give back
+    /// what they hold for it. What its live objects hold stays charged to
+    /// it and so to every ancestor, and is uncharged from them as those
+    /// objects are freed, from any thread: no charge is lost. Those frees
+    /// give their bytes to the freeing slot's stock as a live group's do
+    /// (no atomic operation per free), so up to a page per slot stays
+    /// charged to the removed group after its last free, until that slot's
+    /// stock serves another group, a reclaim, [`Kmem::reap`](crate::Kmem::reap)
+    /// (decay runs one once a second) or [`Kmem::shrink`](crate::Kmem::shrink).
+    /// The group's memory is reclaimed once its last handle, guard, object
+    /// and stocked byte are gone.
     /// Using a handle of a removed group: reads keep working; changes give
     /// [`Error::Removed`].
     pub fn remove(&self) -> Result<(), Error> {

@@ -108,12 +108,13 @@ impl Stocks {
     }
 
     /// Takes, through the handshake, every slot's stock that `want` picks
-    /// (by owner), and hands each to `each` once no slot holds it any
-    /// more. `each` runs with no slot held or drained.
+    /// (it sees the stock, owner and bytes, while no slot holds it), and
+    /// hands each to `each` once no slot holds it any more. `each` runs
+    /// with no slot held or drained.
     pub(crate) fn drain<R: RawMutex, E: Env<R>>(
         &self,
         cx: &E,
-        want: impl Fn(*mut ()) -> bool,
+        want: impl Fn(&Stock) -> bool,
         mut each: impl FnMut(Stock),
     ) {
         let used = self.used.load(Ordering::Relaxed);
@@ -122,7 +123,7 @@ impl Stocks {
             let taken = self.cells[slot].with_mut(|s| {
                 // SAFETY: the handshake (or the steal) gives us the slot.
                 let s = unsafe { &mut *s };
-                if !s.owner.is_null() && want(s.owner) { s.take() } else { Stock::EMPTY }
+                if !s.owner.is_null() && want(s) { s.take() } else { Stock::EMPTY }
             });
             if !taken.owner.is_null() {
                 // Counted before the slot is let go, so a drainer that

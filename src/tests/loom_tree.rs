@@ -398,8 +398,38 @@ fn stock_races_removal(warm_slot: usize, slot: usize) {
         });
         env.tree.remove(&*env, g).unwrap();
         user.join().unwrap();
-        assert_eq!(g.counter().usage(), 0, "a stock kept a removed group's bytes");
+        // A free after the removal leaves the bytes in the stock, named for
+        // the removed group, until a reap takes them.
+        env.tree.drain_dead_stocks(&*env);
+        assert_eq!(g.counter().usage(), 0, "a stock kept a removed group's bytes past a reap");
         env.put_and_settle(g);
+    });
+}
+
+#[test]
+fn loom_a_removed_groups_free_into_a_stock_races_a_reap() {
+    // `g` is removed with one object live and its handle's reference
+    // dropped: only the object's bytes keep it. A thread on slot 0 frees
+    // the object (its bytes go into the slot's stock, which then names a
+    // removed group) while the main thread takes the stocks of removed
+    // groups and reclaims, as a reap does. Whatever the order, the drain
+    // follows only a group its stock's bytes keep alive, and once the
+    // free is done and one more reap ran, the group is freed (once:
+    // `settle` counts) with nothing left charged, before any `shrink`.
+    model(|env| {
+        let (g, x) = env.child_with_an_object();
+        env.remove_and_put(g);
+        let freer = spawn(&env, move |env| {
+            on_slot(0);
+            env.free(x);
+        });
+        env.tree.drain_dead_stocks(&*env);
+        env.tree.finish_reclaim(&*env);
+        freer.join().unwrap();
+        env.tree.drain_dead_stocks(&*env);
+        env.tree.finish_reclaim(&*env);
+        assert_eq!(env.tree.groups.stats().active_objects, 0, "the removed group outlived its last bytes");
+        env.settle();
     });
 }
 

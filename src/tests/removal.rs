@@ -79,6 +79,11 @@ fn seed_001_a_removed_group_keeps_only_its_objects_and_goes_with_the_last() {
     // Free the rest from other threads, racing each other.
     // SAFETY: live, freed once.
     unsafe { free_on_threads(k, &objs, 4, |_| layout) };
+    // Their bytes went to the slots' stocks, as a live group's do: at most
+    // a page each, taken by the next reap.
+    assert!(g.usage() <= 4 * PAGE_SIZE, "more than the stocks' pages left: {}", g.usage());
+    assert_eq!(parent.usage(), g.usage());
+    k.reap();
     assert_eq!(g.usage(), 0);
     assert_eq!(parent.usage(), 0, "no charge lost or left");
     // The group goes with the last handle.
@@ -92,8 +97,9 @@ fn slot_misses(k: &K) -> usize {
 }
 
 /// Seed 001: frees of a removed group's objects stay on the fast path
-/// (magazines of the charged cache every group shares); only their
-/// uncharge differs, straight to the group's spare.
+/// (magazines of the charged cache every group shares), their bytes going
+/// to the slot's stock as a live group's do; the stock keeps at most a
+/// page of them, until a reap.
 #[test]
 fn seed_001_frees_after_removal_stay_on_the_fast_path() {
     let (k, g) = kmem_with_child("dying");
@@ -111,16 +117,19 @@ fn seed_001_frees_after_removal_stay_on_the_fast_path() {
         let slow = slot_misses(k) - before;
         // A miss per magazine of 64 (4 under Miri).
         assert!(slow < n / 2, "{slow} of {n} frees after removal took the slow path");
+        assert!(g.usage() <= PAGE_SIZE, "more than the stock's page left: {}", g.usage());
     });
+    k.reap();
     assert_eq!(g.usage(), 0);
     assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
     k.check_accounting();
 }
 
-/// A removed group goes with its last object while another thread's slot
-/// is busy: no stock keeps its bytes.
+/// A removed group goes with its last object and the next reap while
+/// another thread's slot is busy: the reap takes the stocks holding its
+/// bytes from every slot, the busy one's too.
 #[test]
-fn a_removed_group_goes_with_its_last_object_while_another_slot_is_busy() {
+fn a_removed_group_goes_with_its_last_object_and_a_reap_while_another_slot_is_busy() {
     let (k, g) = kmem_with_child("dying");
     let layout = Layout::from_size_align(64, 8).unwrap();
     let objs = {
@@ -147,11 +156,39 @@ fn a_removed_group_goes_with_its_last_object_while_another_slot_is_busy() {
         barrier.wait();
         // SAFETY: as above.
         unsafe { free_blocks(k, rest.iter().copied(), layout) };
+        assert!(g.usage() <= 2 * PAGE_SIZE, "more than two stocks' pages left: {}", g.usage());
+        k.reap();
         let seen = g.usage();
         barrier.wait();
         seen
     });
     assert_eq!(usage, 0, "the removed group is still charged");
+    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
+    k.check_accounting();
+}
+
+/// A removed group's bytes in a slot's stock go as soon as another group
+/// takes that stock: its last objects pin nothing in the slot beyond it.
+#[test]
+fn a_removed_groups_stock_goes_when_another_group_takes_the_slot() {
+    let (k, g) = kmem_with_child("dying");
+    let h = k.root().create_child("live").unwrap();
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    on_own_thread(|| {
+        let objs = {
+            let _in = g.enter();
+            alloc_blocks(k, layout, 10)
+        };
+        g.remove().unwrap();
+        // SAFETY: live blocks of `layout`, each freed once.
+        unsafe { free_blocks(k, objs, layout) };
+        assert_eq!(g.usage(), PAGE_SIZE, "the stock holds the removed group's bytes");
+        let _in = h.enter();
+        let x = alloc_blocks(k, layout, 1);
+        assert_eq!(g.usage(), 0, "the live group's charge flushed the removed group's stock");
+        // SAFETY: as above.
+        unsafe { free_blocks(k, x, layout) };
+    });
     assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
     k.check_accounting();
 }

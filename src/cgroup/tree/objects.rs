@@ -32,10 +32,19 @@
 //!
 //! **Removal.** `remove` marks the group offline, then (a full fence
 //! later) takes its stocks from every slot that ever held one. A charge or
-//! free that puts the group into a stock checks, a full fence after, that
-//! it is still online, and takes the stock back if not: either the removal
-//! sees the stock or the holder sees the removal (Dekker; loom checks it
-//! in `tests::loom_objects`).
+//! free that puts an online group into a stock checks, a full fence after,
+//! that it is still online, and takes the stock back if not: either the
+//! removal sees the stock or the holder sees the removal (Dekker; loom
+//! checks it in `tests::loom_tree`). So a removal leaves only its live
+//! objects' pages charged. Frees after it put the removed group's bytes
+//! into their slot's stock as a live group's (seed 001: the frees of a
+//! dead tenant's objects cost what a live one's do, with no atomic
+//! operation each); the stock keeps them, and the group, until another
+//! group takes the slot's stock, a reclaim or `shrink` drains every
+//! stock, or a reap drains the stocks holding removed groups' bytes
+//! ([`Tree::drain_dead_stocks`]; decay runs one once a second). At most a
+//! page per slot: Linux's per-CPU `obj_stock` keeps a dying cgroup's
+//! `obj_cgroup` the same way until the CPU's stock drains.
 
 use lock_api::RawMutex;
 
@@ -96,7 +105,7 @@ impl<R: RawMutex> Tree<R> {
 
     /// Uncharges an object of `n` bytes from its group, `owner` (the key
     /// its owner word holds): under the caller's slot when it gets one
-    /// ([`Tree::stock_give_at`]), else straight to the group's spare.
+    /// ([`Tree::stock_give_at`]), else to the group's spare.
     pub(crate) fn uncharge_object<E: Env<R>>(&self, env: &E, owner: *mut (), n: usize) {
         // SAFETY: the closure runs under the hold of `slot`.
         if self.stocks.with_slot(env, |slot| unsafe { self.stock_give_at(slot, owner, n) }).is_none() {
@@ -147,10 +156,11 @@ impl<R: RawMutex> Tree<R> {
     /// would go past a page. Still under the hold of `slot`: what it does
     /// is lock-free and calls nothing outside the allocator (flushes,
     /// counter uncharges, a group's last reference pushed on the zombie
-    /// stack). A removed group's bytes go straight to its spare; a stock
-    /// past a page flushes its whole pages; another group's stock is
-    /// flushed and replaced, and the group checked still online after a
-    /// full fence (see the module docs, *Removal*).
+    /// stack). A stock past a page flushes its whole pages; another
+    /// group's stock is flushed and replaced. A removed group's bytes go
+    /// into the stock as a live group's do, so its next frees on this
+    /// slot take no atomic either (seed 001); a live group is checked
+    /// still online after a full fence (see the module docs, *Removal*).
     ///
     /// # Safety
     ///
@@ -161,24 +171,23 @@ impl<R: RawMutex> Tree<R> {
         // SAFETY: the object's `n` bytes are still charged to its group,
         // which they keep alive.
         let g = unsafe { &*owner.cast::<Group<R>>() };
-        if g.is_offline() {
-            return self.flush(g, n);
-        }
+        let online = !g.is_offline();
         // SAFETY: forwarded.
-        unsafe { self.put_at(slot, g, n) }
+        unsafe { self.put_at(slot, g, n, online) }
     }
 
-    /// Puts `n` bytes charged to `g` (online when the caller looked) into
-    /// the stock of `slot`, which the caller holds: added to it if it holds
-    /// `g`'s (whole pages past a page flushed), else in place of the stock
-    /// there, which is flushed; then, a full fence later, `g` checked still
-    /// online, and the stock taken back if not (see the module docs,
-    /// *Removal*). Lock-free; calls nothing outside the allocator.
+    /// Puts `n` bytes charged to `g` into the stock of `slot`, which the
+    /// caller holds: added to it if it holds `g`'s (whole pages past a
+    /// page flushed), else in place of the stock there, which is flushed.
+    /// If `g` was `online` when the caller looked, then, a full fence
+    /// later, `g` is checked still online, and the stock taken back if not
+    /// (see the module docs, *Removal*); a removed group's stock stays.
+    /// Lock-free; calls nothing outside the allocator.
     ///
     /// # Safety
     ///
     /// The caller holds `slot`.
-    unsafe fn put_at(&self, slot: usize, g: &Group<R>, n: usize) {
+    unsafe fn put_at(&self, slot: usize, g: &Group<R>, n: usize, online: bool) {
         let owner = g.key();
         // SAFETY: forwarded.
         let (out, swapped) = unsafe {
@@ -195,7 +204,7 @@ impl<R: RawMutex> Tree<R> {
             })
         };
         self.flush_stock(out);
-        if swapped {
+        if swapped && online {
             // Pairs with the fence in `remove`.
             fence(Ordering::SeqCst);
             if g.is_offline() {
@@ -211,7 +220,7 @@ impl<R: RawMutex> Tree<R> {
     /// stock ([`Tree::put_at`]), or its spare without a slot.
     fn stash<E: Env<R>>(&self, env: &E, g: &Group<R>, bytes: usize) {
         // SAFETY: the closure runs under the hold of `slot`.
-        if self.stocks.with_slot(env, |slot| unsafe { self.put_at(slot, g, bytes) }).is_none() {
+        if self.stocks.with_slot(env, |slot| unsafe { self.put_at(slot, g, bytes, true) }).is_none() {
             self.flush(g, bytes);
         }
     }
@@ -252,13 +261,35 @@ impl<R: RawMutex> Tree<R> {
     /// Takes every stock holding `g` from the slots (a removal).
     pub(super) fn drain_stocks_of<E: Env<R>>(&self, env: &E, g: &Group<R>) {
         let key = g.key();
-        self.stocks.drain(env, |o| o == key, |s| self.flush_stock(s));
+        self.stocks.drain(env, |s| s.owner == key, |s| self.flush_stock(s));
     }
 
     /// Stocks drains have taken and not yet flushed (see
     /// [`Stocks::in_transit`](crate::magazine::Stocks::in_transit)).
     pub(crate) fn stocks_in_transit(&self) -> usize {
         self.stocks.in_transit()
+    }
+
+    /// Takes the stocks that hold bytes of removed groups (a reap): the
+    /// frees of a removed group's last objects leave their bytes there, and
+    /// with them the group.
+    pub(crate) fn drain_dead_stocks<E: Env<R>>(&self, env: &E) {
+        self.stocks.drain(
+            env,
+            |s| {
+                if s.bytes == 0 {
+                    // It may name a freed group: only compared, never followed.
+                    return false;
+                }
+                // SAFETY: a stock's bytes are charged to its group, which
+                // they keep alive; the drain holds the slot while it looks.
+                let g = unsafe { &*s.owner.cast::<Group<R>>() };
+                #[cfg(loom)]
+                assert!(!g.is_freed(), "a drain followed a freed group");
+                g.is_offline()
+            },
+            |s| self.flush_stock(s),
+        );
     }
 
     /// Takes every slot's stock, whatever its group (reclaim, `shrink`).

@@ -419,6 +419,7 @@ impl<R: RawMutex> Tree<R> {
                 pages += c.cache.shrink(&c.pages(env, None));
             }
         });
+        self.drain_dead_stocks(env);
         self.finish_reclaim(env);
         pages
     }
