@@ -193,6 +193,46 @@ fn a_removed_groups_stock_goes_when_another_group_takes_the_slot() {
     k.check_accounting();
 }
 
+/// Decay's reap flushes a removed group's stock by itself: a program
+/// that frees a removed group's last objects and then allocates only in
+/// the root (which touches no stock) still sees the group go, with no
+/// `reap()` or `shrink()` call.
+#[test]
+fn decay_flushes_a_removed_groups_stock() {
+    let (k, g) = kmem_with_child("dying");
+    // A reap per 256 slow paths (no clock), so the test does not wait on
+    // wall time.
+    k.set_decay(crate::Decay::new(0, 256));
+    let small = Layout::from_size_align(64, 8).unwrap();
+    let big = Layout::from_size_align(4096, 8).unwrap();
+    on_own_thread(|| {
+        let objs = {
+            let _in = g.enter();
+            alloc_blocks(k, small, 10)
+        };
+        g.remove().unwrap();
+        // SAFETY: live blocks of `small`, each freed once.
+        unsafe { free_blocks(k, objs, small) };
+        assert_eq!(g.usage(), PAGE_SIZE, "the stock holds the removed group's bytes");
+        let reaps = k.decay_stats().0;
+        // Root allocations of a class with 8-round magazines: every few
+        // operations a refill or a spill, a slow path that counts towards
+        // decay.
+        for _ in 0..400 {
+            let x = alloc_blocks(k, big, 20);
+            // SAFETY: as above.
+            unsafe { free_blocks(k, x, big) };
+            if g.usage() == 0 {
+                break;
+            }
+        }
+        assert!(k.decay_stats().0 > reaps, "decay ran no reap");
+        assert_eq!(g.usage(), 0, "decay's reap flushed the removed group's stock");
+    });
+    assert_frees_one_group_record(k, "the group's metadata was freed", || drop(g));
+    k.check_accounting();
+}
+
 #[test]
 fn zombie_groups_leave_nothing_behind() {
     let k = kmem();
