@@ -56,8 +56,8 @@ const SLAB_MAGIC: u32 = 0x6b6d_7362;
 /// Empty slabs each node keeps before giving slabs back to the page source.
 pub(crate) const EMPTY_RESERVE: usize = 1;
 
-/// How many objects ahead of the one being freed `free_bulk` prefetches
-/// the slab header of.
+/// How many objects ahead of the one being freed `free_bulk` (through
+/// `NodeSlabs::put_run`) prefetches the slab header of.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Hints that the line holding `p` is about to be written. Only a hint:
@@ -227,7 +227,7 @@ impl<R: RawMutex> Cache<R> {
     /// Every pointer must be a distinct live object of this cache from `src`.
     pub(crate) unsafe fn free_bulk<S: PageSource>(&self, pg: &Pages<'_, S>, objs: &[*mut u8]) {
         let slab_of = |p: *mut u8| self.slab_of(p) as *mut Slab;
-        // The first headers' misses start now, the rest in the scan below.
+        // The first headers' misses start now, the rest in `put_run`.
         for &p in objs.iter().take(PREFETCH_AHEAD) {
             prefetch_write(slab_of(p).cast());
         }
@@ -241,25 +241,16 @@ impl<R: RawMutex> Cache<R> {
                 let mut lists = self.nodes[node].lock();
                 // SAFETY: as above, and the slab's node matches the lock held.
                 while i < objs.len() && nrel < release.len() && unsafe { self.node_of(objs[i]) } == node {
-                    // The run of objects in the same slab as `objs[i]`
-                    // (a magazine of objects freed in order is a few runs).
-                    // Slab headers of objects freed long after they were
-                    // used miss the cache: the scan starts the miss of the
-                    // header `PREFETCH_AHEAD` objects ahead.
-                    let s = slab_of(objs[i]);
-                    let mut j = i;
-                    while j < objs.len() && slab_of(objs[j]) == s {
-                        if let Some(&ahead) = objs.get(j + PREFETCH_AHEAD) {
-                            prefetch_write(slab_of(ahead).cast());
-                        }
-                        j += 1;
-                    }
-                    // SAFETY: distinct live objects of slab `s`, on this node.
-                    if let Some(r) = unsafe { lists.put_run(s, &objs[i..j], self.geo(), self.reserve()) } {
+                    // The run of objects in the same slab as `objs[i]` (a
+                    // magazine of objects freed in order is a few runs).
+                    // SAFETY: distinct live objects of this cache, the
+                    // first in that slab, on this node.
+                    let (n, r) = unsafe { lists.put_run(slab_of(objs[i]), &objs[i..], self.geo(), self.reserve()) };
+                    if let Some(r) = r {
                         release[nrel] = r;
                         nrel += 1;
                     }
-                    i = j;
+                    i += n;
                 }
             }
             if nrel > 0 {

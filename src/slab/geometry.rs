@@ -323,10 +323,16 @@ impl Geometry {
 
     /// The index of the object at byte `off` from the first object, or
     /// `None` if `off` is not a multiple of `size`. `off` must be below
-    /// 2^32 (slabs are at most 1 MiB).
+    /// 2^32 (slabs are at most 1 MiB): the answer for a larger one means
+    /// nothing.
+    ///
+    /// One multiplication gives both: its high word is the quotient, and
+    /// its low word is below `recip` exactly when `size` divides `off`
+    /// (Lemire, Kaser & Kurz's divisibility test, for `recip =
+    /// ceil(2^64 / size)` and offsets below 2^32).
     #[inline(always)]
     pub(crate) const fn index_of(&self, off: usize) -> Option<usize> {
-        let q = ((self.recip as u128 * off as u128) >> 64) as usize;
-        if q * self.size == off { Some(q) } else { None }
+        let p = self.recip as u128 * off as u128;
+        if (p as u64) < self.recip { Some((p >> 64) as usize) } else { None }
     }
 }

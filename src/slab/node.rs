@@ -5,7 +5,7 @@
 use core::ptr::{self, NonNull};
 
 use super::geometry::Geometry;
-use super::{HEADER, MAP_OFFSET};
+use super::{HEADER, MAP_OFFSET, PREFETCH_AHEAD, prefetch_write};
 
 /// Which list a slab is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,25 +230,31 @@ impl NodeSlabs {
     #[inline]
     pub(super) unsafe fn put(&mut self, s: *mut Slab, obj: *mut u8, g: &Geometry, reserve: usize) -> Option<*mut Slab> {
         // SAFETY: forwarded.
-        unsafe { self.put_run(s, &[obj], g, reserve) }
+        unsafe { self.put_run(s, &[obj], g, reserve) }.1
     }
 
-    /// Returns `objs`, all of slab `s`, chained in order onto its free
-    /// list with one header update and at most one list move; yields the
-    /// slab to give back to the page source when it empties and more
-    /// than `reserve` slabs are empty.
+    /// Returns the objects at the front of `objs` that lie in slab `s`
+    /// (the first does; the run ends at the first that does not), each
+    /// marked free in its bitmap, with one header update and at most one
+    /// list move. Yields how many it took, and the slab to give back to
+    /// the page source when it empties and more than `reserve` slabs are
+    /// empty. As it walks, it starts the miss of the header of the object
+    /// [`PREFETCH_AHEAD`] places on, which a later run will update (the
+    /// headers of objects freed long after they were used miss the
+    /// cache).
     ///
     /// # Safety
     ///
-    /// `objs` are distinct live objects of `s`, a slab of this node with
-    /// geometry `g`; `objs` is not empty.
+    /// `objs` are distinct live objects of slabs with geometry `g` (of
+    /// any node; only their addresses are read beyond the run), and
+    /// `objs[0]` is one of `s`, a slab of this node.
     pub(super) unsafe fn put_run(
         &mut self,
         s: *mut Slab,
         objs: &[*mut u8],
         g: &Geometry,
         reserve: usize,
-    ) -> Option<*mut Slab> {
+    ) -> (usize, Option<*mut Slab>) {
         // SAFETY: per the contract: `s` is a live slab header of this node,
         // whose list lock we hold, so it is ours to update; the objects
         // are only located in its bitmap, never touched.
@@ -259,31 +265,46 @@ impl NodeSlabs {
             // the header is written once, after the loop (the bitmap
             // stores in it could otherwise alias the header for the
             // compiler, which then reloads and stores the hint per object).
-            let mut hint = (*s).hint;
-            for &obj in objs {
-                let off = obj.addr().wrapping_sub(s.addr() + g.first);
+            let mut hint = usize::from((*s).hint);
+            let first = s.addr() + g.first;
+            // Object slots end here (from `first`): an offset past it, or
+            // before `first` (wrapped), is no slot.
+            let span = g.capacity * g.size;
+            let mut rest = objs;
+            while let Some((&obj, tail)) = rest.split_first() {
+                if obj.addr() & g.slab_mask != s.addr() {
+                    break;
+                }
+                rest = tail;
+                if let Some(&ahead) = tail.get(PREFETCH_AHEAD) {
+                    prefetch_write(ahead.map_addr(|a| a & g.slab_mask));
+                }
+                let off = obj.addr().wrapping_sub(first);
                 let i = match g.index_of(off) {
-                    Some(i) if i < g.capacity => i,
+                    Some(i) if off < span => i,
                     // Not an object slot of this slab: a contract breach
                     // the layers above catch in hardened mode; leave the
                     // slab as it is.
                     _ => continue,
                 };
-                let (word, bit) = (map.add(i / 64), 1u64 << (i % 64));
-                if *word & bit != 0 {
+                let word = map.add(i / 64);
+                let (old, new) = (*word, *word | 1u64 << (i % 64));
+                if new == old {
                     // Already free: a double free. Refusing it keeps the
                     // slab's count and bitmap right.
                     crate::platform::hardened_abort("kmemcg: double free");
                     continue;
                 }
-                *word |= bit;
-                hint = hint.min((i / 64) as u16);
+                *word = new;
+                hint = hint.min(i / 64);
                 back += 1;
             }
+            let k = objs.len() - rest.len();
             if back == 0 {
-                return None;
+                return (k, None);
             }
-            (*s).hint = hint;
+            // A word index of this slab: below 2^14 (see `Slab::hint`).
+            (*s).hint = hint as u16;
             let was_full = (*s).inuse as usize == g.capacity;
             (*s).inuse -= back;
             self.active -= back as usize;
@@ -291,12 +312,12 @@ impl NodeSlabs {
                 self.relist(s, ListKind::Empty);
                 if self.empty.len > reserve {
                     self.empty.remove(s);
-                    return Some(s);
+                    return (k, Some(s));
                 }
             } else if was_full {
                 self.relist(s, ListKind::Partial);
             }
+            (k, None)
         }
-        None
     }
 }

@@ -350,3 +350,57 @@ fn double_free_reaching_a_slab_is_refused() {
     assert!(c != d && c != b && d != b, "an object was handed out twice");
     cache.check();
 }
+
+/// `Geometry::index_of` (one multiplication for the quotient and the
+/// divisibility test) against division, at every offset of a slab of
+/// every size class and of odd sizes, and just past the slab.
+#[test]
+fn index_of_is_division() {
+    let odd = [(24usize, 8usize), (40, 8), (56, 8), (72, 8), (100, 4), (4000, 16), (65_536, 4096)];
+    let geos =
+        crate::slab::classes::GEOMETRIES.iter().copied().chain(odd.iter().map(|&(s, a)| Geometry::new(s, a).unwrap()));
+    for g in geos {
+        let bytes = PAGE_SIZE << g.order;
+        let step = if cfg!(miri) { g.size / 2 + 1 } else { 1 };
+        for off in (0..2 * bytes).step_by(step) {
+            let want = off.is_multiple_of(g.size).then_some(off / g.size);
+            assert_eq!(g.index_of(off), want, "size {} offset {off}", g.size);
+        }
+    }
+}
+
+/// A batch given back to the slabs with misuse in it (the same object
+/// twice in one run and across runs, a pointer inside an object, one
+/// before the first object): the misuse is refused and the slabs' counts
+/// and bitmaps stay right.
+#[cfg(not(feature = "hardened"))]
+#[test]
+fn bulk_free_refuses_misuse_in_a_batch() {
+    let (src, cache, objs) = full_slabs(1 << 20, 48, 16, 3);
+    let per = cache.geometry().capacity;
+    let o = |i: usize| objs[i].as_ptr();
+    let first = cache.geometry().first;
+    let slab0 = o(0).map_addr(|a| a & cache.geometry().slab_mask);
+    let batch = [
+        o(1),
+        o(1),                 // twice in one run
+        o(2).wrapping_add(8), // inside an object
+        o(3),
+        o(per),                         // the next slab
+        o(1),                           // again, in another run
+        slab0.wrapping_add(first - 16), // before the first object
+        o(per + 1),
+    ];
+    // SAFETY: the live objects among them are distinct objects of this
+    // cache; the rest is the misuse under test, which must be refused
+    // without touching anything.
+    unsafe { cache.free_bulk(&Pages::plain(src), &batch) };
+    cache.check();
+    assert_eq!(cache.stats().active_objects, objs.len() - 4, "only the four distinct objects went back");
+    let mut again: Vec<usize> = (0..4).map(|_| cache.alloc(&Pages::plain(src), 0).unwrap().as_ptr() as usize).collect();
+    again.sort();
+    let mut want = [o(1), o(3), o(per), o(per + 1)].map(|p| p as usize);
+    want.sort();
+    assert_eq!(again, want, "the objects handed out again are the four that went back");
+    cache.check();
+}
