@@ -97,11 +97,15 @@ impl Zone {
     }
 }
 
-/// Link words at the start of a free block (null ends a list).
+/// Link words at the start of a free block (null ends a list), and the
+/// index of its zone when it was pushed: a hint that spares `alloc_on`
+/// the search over the zones (zones move in the array when one is added
+/// or removed, so it is checked before use).
 #[repr(C)]
 struct FreeBlock {
     next: *mut FreeBlock,
     prev: *mut FreeBlock,
+    zone: usize,
 }
 
 /// Why a zone could not be added.
@@ -353,7 +357,7 @@ impl<const Z: usize, const N: usize> Buddy<Z, N> {
         let head = self.heads[node][order as usize];
         let block = block.cast::<FreeBlock>();
         // SAFETY: the block is free memory we manage, at least a page long.
-        unsafe { block.write(FreeBlock { next: head, prev: core::ptr::null_mut() }) };
+        unsafe { block.write(FreeBlock { next: head, prev: core::ptr::null_mut(), zone: zi }) };
         if !head.is_null() {
             // SAFETY: `head` is a free block on this list.
             unsafe { (*head).prev = block };
@@ -375,7 +379,7 @@ impl<const Z: usize, const N: usize> Buddy<Z, N> {
         let block = block.cast::<FreeBlock>();
         // SAFETY: the block is free, so its links are ours to read and fix.
         unsafe {
-            let FreeBlock { next, prev } = block.read();
+            let FreeBlock { next, prev, .. } = block.read();
             if !prev.is_null() {
                 (*prev).next = next;
             } else {
@@ -406,8 +410,12 @@ impl<const Z: usize, const N: usize> Buddy<Z, N> {
         if k as usize >= ORDERS {
             return None;
         }
-        let block = heads[k as usize].cast::<u8>();
-        let zi = self.zone_of(block.addr())?;
+        let head = heads[k as usize];
+        // SAFETY: `head` heads a free list, so it is a free block whose
+        // header `push` wrote.
+        let hint = unsafe { (*head).zone };
+        let block = head.cast::<u8>();
+        let zi = if hint < self.nzones { self.zone_near(hint, block.addr())? } else { self.zone_of(block.addr())? };
         // SAFETY: `block` heads the list of order k.
         unsafe { self.unlink(zi, block, k) };
         while k > order {

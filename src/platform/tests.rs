@@ -128,6 +128,39 @@ fn region_exhausts_cleanly_and_refills() {
     r.check();
 }
 
+/// A free block remembers its zone's index as a hint; a zone added
+/// below it moves its zone up the array, and the hint then names another
+/// zone: the allocation that takes the block must find its real zone.
+#[test]
+fn a_free_blocks_zone_hint_survives_a_zone_added_below() {
+    let (a, b) = (arena(64 * PAGE_SIZE), arena(64 * PAGE_SIZE));
+    let (low, high) = if (a.as_ptr() as usize) < (b.as_ptr() as usize) { (a, b) } else { (b, a) };
+    let high_range = high.as_ptr_range();
+    let r = leak(R::new());
+    r.add(high, 0).unwrap();
+    // Every free block of the high zone now carries hint 0.
+    let run = r.alloc_pages(2, 0).unwrap();
+    // SAFETY: from `r`, freed once.
+    unsafe { r.free_pages(run.addr, run.order) };
+    r.add(low, 0).unwrap();
+    r.check();
+    let mut runs = Vec::new();
+    while let Some(run) = r.alloc_pages(2, 0) {
+        runs.push(run);
+    }
+    assert!(
+        runs.iter().any(|run| high_range.contains(&(run.addr.as_ptr() as *const _))),
+        "no run came from the high zone"
+    );
+    r.check();
+    for run in runs {
+        // SAFETY: each run came from `r` and is freed once.
+        unsafe { r.free_pages(run.addr, run.order) };
+    }
+    assert_eq!(r.stats().pages_in_use, 0);
+    r.check();
+}
+
 #[test]
 fn adjacent_regions_merge() {
     let r = leak(R::new());
