@@ -1,7 +1,6 @@
 use core::alloc::{GlobalAlloc, Layout};
 use std::boxed::Box;
 use std::collections::BTreeMap;
-use std::string::ToString;
 use std::vec::Vec;
 
 use crate::PAGE_SIZE;
@@ -588,7 +587,7 @@ fn detection_leaves_huge_alignments_unchecked() {
         Box::leak(Box::new(Kmem::new(OsPages::new()).with_detection(crate::Detection::ALL.guard_pages(0))));
     let rss_kib = || {
         let s = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_string();
+        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
         line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap()
     };
     let before = rss_kib();
