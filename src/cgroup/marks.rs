@@ -61,12 +61,7 @@ pub(crate) struct Marks<'p, P: Platform> {
 impl<'p, P: Platform> Marks<'p, P> {
     /// Adds `tags` to the calling context's marks until the guard drops.
     pub(crate) fn add(platform: &'p P, tags: usize) -> Self {
-        let token = platform.current_group();
-        if token.addr() & tags != tags {
-            // SAFETY: the context's own token, tagged: the same group and
-            // reference.
-            unsafe { platform.set_current_group(token.map_addr(|a| a | tags)) };
-        }
+        let token = retag(platform, |a| a | tags);
         Marks { platform, saved: token.addr() & TAGS }
     }
 
@@ -78,12 +73,8 @@ impl<'p, P: Platform> Marks<'p, P> {
 
 impl<P: Platform> Drop for Marks<'_, P> {
     fn drop(&mut self) {
-        let now = self.platform.current_group();
-        if now.addr() & TAGS != self.saved {
-            // SAFETY: the context's current token, retagged: the same group
-            // and reference.
-            unsafe { self.platform.set_current_group(now.map_addr(|a| (a & !TAGS) | self.saved)) };
-        }
+        let saved = self.saved;
+        retag(self.platform, |a| (a & !TAGS) | saved);
     }
 }
 
@@ -127,14 +118,28 @@ pub(crate) fn swap_token<P: Platform>(platform: &P, token: *const ()) -> *const 
 /// whether it was set. While set, allocations are atomic: no reclaim, no
 /// shrinkers, no tree lock.
 pub(crate) fn set_no_reclaim<P: Platform>(platform: &P, on: bool) -> bool {
-    let token = platform.current_group();
-    let was = token.addr() & RECLAIMING != 0;
-    if was != on {
+    let token = retag(platform, |a| if on { a | RECLAIMING } else { a & !RECLAIMING });
+    token.addr() & RECLAIMING != 0
+}
+
+/// Changes the calling context's marks to `f` of them (its token's
+/// address, marks included; the group bits stay) and returns the token
+/// from before. Through [`Platform::retag_current_group`], retried until
+/// no other context swapped the token in between: on `NoCpus` every
+/// thread shares the token, and a plain read and write would undo another
+/// thread's `enter` (losing the reference it swapped in, and leaving its
+/// guard to release ours a second time).
+fn retag<P: Platform>(platform: &P, f: impl Fn(usize) -> usize) -> *const () {
+    loop {
+        let token = platform.current_group();
+        let new = token.map_addr(&f);
+        debug_assert_eq!(untag(new), untag(token), "a retag changes marks only");
         // SAFETY: the context's own token, retagged: the same group and
         // reference.
-        unsafe { platform.set_current_group(token.map_addr(|a| if on { a | RECLAIMING } else { a & !RECLAIMING })) };
+        if new == token || unsafe { platform.retag_current_group(token, new) } {
+            return token;
+        }
     }
-    was
 }
 
 /// Releases the reference a current-group token holds; null (the root)

@@ -120,6 +120,34 @@ pub unsafe trait Platform: Sync {
     /// The allocator makes its own calls through this contract.
     unsafe fn set_current_group(&self, token: *const ()) -> *const ();
 
+    /// Makes `new` the calling context's current group token if the
+    /// token is still `current`; returns whether it did. The allocator
+    /// uses it to change a token's marks (the low bits, see
+    /// `cgroup::marks`), never its group.
+    ///
+    /// The default reads the token and sets it, which is exact on a
+    /// platform whose token only the calling context changes (a thread's,
+    /// a CPU's, where an interrupt restores what it changed before it
+    /// returns). A platform whose contexts share one token word must
+    /// override it with a compare-and-swap, as [`crate::NoCpus`] does:
+    /// otherwise another context's swap between the read and the write
+    /// is undone, and a group's reference is lost or released twice.
+    ///
+    /// # Safety
+    ///
+    /// `new` names the group `current` names, with the same reference
+    /// (they differ in their marks only).
+    unsafe fn retag_current_group(&self, current: *const (), new: *const ()) -> bool {
+        if self.current_group() != current {
+            return false;
+        }
+        // SAFETY: per the contract, `new` carries the reference the
+        // current token (`current`) holds, and what comes back is that
+        // token, whose reference `new` now holds.
+        unsafe { self.set_current_group(new) };
+        true
+    }
+
     /// The calling context's slot, held until [`Platform::exit`]; `None`
     /// sends the operation to the shared (locked) path.
     ///
@@ -269,7 +297,12 @@ pub struct RseqFast {
 /// One context only: threads that share a `NoCpus` share its current
 /// group, so one thread's guard drop can release the group another thread
 /// is allocating in. Enter groups from one thread (or use `Threads`, or a
-/// per-CPU platform with interrupts masked).
+/// per-CPU platform with interrupts masked). The token's references stay
+/// exact whatever the threads do: swaps are atomic, and the allocator
+/// changes a token's marks (atomic scopes, callbacks) by compare-and-swap
+/// ([`Platform::retag_current_group`]); a plain read and write there lost
+/// a reference that another thread's `enter` swapped in, and freed a
+/// group under its handle.
 #[derive(Debug, Default)]
 pub struct NoCpus {
     current: AtomicPtr<()>,
@@ -310,6 +343,11 @@ unsafe impl Platform for NoCpus {
     }
     unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         self.current.swap(token.cast_mut(), Ordering::Relaxed)
+    }
+    /// A compare-and-swap: every thread shares the one token, so another
+    /// thread may swap it between a read and a write.
+    unsafe fn retag_current_group(&self, current: *const (), new: *const ()) -> bool {
+        self.current.compare_exchange(current.cast_mut(), new.cast_mut(), Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
     #[inline(always)]
     unsafe fn enter(&self) -> Option<usize> {
