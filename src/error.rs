@@ -51,10 +51,11 @@ pub enum Error {
     /// A handle of another allocator was passed (e.g. a group of one
     /// `Kmem` to a typed cache of another).
     ForeignGroup,
-    /// An uncharge of more than the resource holds (bytes); nothing was
+    /// An uncharge of more than was charged through the resource (bytes;
+    /// its descendants' charges are theirs to give back); nothing was
     /// uncharged.
     UnchargeAboveUsage {
-        /// What the resource holds, in bytes.
+        /// What was charged through the resource itself, in bytes.
         usage: usize,
     },
     /// The group's fault-injection rule failed this allocation

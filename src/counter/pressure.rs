@@ -50,12 +50,17 @@ pub enum PressureState {
 ///
 /// | field | ordering | paired with |
 /// | --- | --- | --- |
-/// | `usage` | `Relaxed` compare-and-swap within `max`, from the top level down, then `fence(SeqCst)` in `charge`; `Relaxed` RMW in `uncharge` (CAS at its own level) | the fence in `set_thresholds` (as `try_charge`/`set_max`) |
+/// | `usage` | `Relaxed` compare-and-swap within `max`, from the top level down, then `fence(SeqCst)` in `charge`; `Relaxed` RMW in `uncharge` | the fence in `set_thresholds` (as `try_charge`/`set_max`) |
+/// | `own` | `Relaxed` add once `charge` is accepted; `Relaxed` compare-and-swap in `uncharge`, before any `usage` goes down | nothing: it bounds what an `uncharge` may take, so no `usage` goes below zero |
 /// | `max` | `Relaxed` store, then `fence(SeqCst)` | the fence in `charge` |
 /// | `min`, `pressure` | `Relaxed` | advisory: a stale value shifts a pressure transition by one charge |
 /// | `under` | `Relaxed` swap | one `entered` event per transition; no memory is guarded by it |
 pub struct PressureCounter {
     usage: AtomicUsize,
+    /// Bytes charged through this level itself and not yet given back:
+    /// what its `uncharge` may take (its `usage` also holds what levels
+    /// below charged, which only they give back).
+    own: AtomicUsize,
     min: AtomicUsize,
     pressure: AtomicUsize,
     max: AtomicUsize,
@@ -87,6 +92,7 @@ impl PressureCounter {
         pub unsafe fn new(parent: *const PressureCounter) -> Self {
             PressureCounter {
                 usage: atomic_usize(0),
+                own: atomic_usize(0),
                 min: atomic_usize(usize::MAX),
                 pressure: atomic_usize(usize::MAX),
                 max: atomic_usize(usize::MAX),
@@ -192,6 +198,8 @@ impl PressureCounter {
                 }
             }
         }
+        // Accepted: this level's own bytes, which its `uncharge` may take.
+        self.own.fetch_add(bytes, Ordering::Relaxed);
         state
     }
 
@@ -245,26 +253,29 @@ impl PressureCounter {
     }
 
     /// Takes `bytes` off this level and every ancestor; a level that falls
-    /// below its `min` leaves pressure. More than this level holds is
-    /// refused with its usage, and nothing changes.
+    /// below its `min` leaves pressure. More than was charged through this
+    /// level itself (bytes charged below it are theirs to give back) is
+    /// refused with what was, and nothing changes.
     pub fn uncharge(&self, bytes: usize) -> Result<(), usize> {
-        // This level first, by compare-and-swap: more than it holds is
-        // refused and changes nothing. Every ancestor holds at least what
-        // this level holds, so the `fetch_sub`s above cannot go below
-        // zero (a charge in flight between two levels can make one
-        // transiently short, never lastingly).
-        let mut old = self.usage.load(Ordering::Relaxed);
+        // This level's own bytes first, by compare-and-swap: more than it
+        // charged is refused and changes nothing. Every level from here up
+        // holds at least those bytes in its usage (a level's usage is its
+        // own bytes and those of the levels below), so the `fetch_sub`s
+        // cannot go below zero (a charge in flight between two levels can
+        // make one transiently short, never lastingly). A parent giving
+        // back its child's bytes used to be accepted, and the child's
+        // later uncharge wrapped the parent's usage.
+        let mut own = self.own.load(Ordering::Relaxed);
         loop {
-            if old < bytes {
-                return Err(old);
+            if own < bytes {
+                return Err(own);
             }
-            match self.usage.compare_exchange_weak(old, old - bytes, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.own.compare_exchange_weak(own, own - bytes, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => break,
-                Err(now) => old = now,
+                Err(now) => own = now,
             }
         }
-        self.leave_pressure(old - bytes);
-        let mut c = self.parent();
+        let mut c = Some(self);
         while let Some(k) = c {
             let new = k.usage.fetch_sub(bytes, Ordering::Relaxed).wrapping_sub(bytes);
             k.leave_pressure(new);

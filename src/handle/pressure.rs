@@ -55,9 +55,10 @@ impl<K: Heap> Pressure<'_, K> {
         self.counter().charge(bytes)
     }
 
-    /// Gives back `bytes` charged before. More than this group's resource
-    /// holds is refused with [`Error::UnchargeAboveUsage`] and changes
-    /// nothing.
+    /// Gives back `bytes` charged before through this group's resource.
+    /// More than was charged through it (bytes its descendants charged are
+    /// theirs to give back) is refused with [`Error::UnchargeAboveUsage`]
+    /// (with what was) and changes nothing.
     #[inline]
     pub fn uncharge(&self, bytes: usize) -> Result<(), Error> {
         self.counter().uncharge(bytes).map_err(|usage| Error::UnchargeAboveUsage { usage })

@@ -54,6 +54,31 @@ fn thresholds_are_validated_against_order_and_the_parent() {
     drop(p);
 }
 
+/// A parent's resource gives back only what was charged through it: a
+/// parent that could give back its child's bytes left the child's own
+/// uncharge to wrap the parent's usage, and every later charge on both
+/// was refused (found by a review helper).
+#[test]
+fn a_parent_cannot_uncharge_its_childs_bytes() {
+    let k = kmem();
+    let p = k.root().create_child("p").unwrap();
+    let c = p.create_child("c").unwrap();
+    let pp = p.pressure("tcp", t(0, 1000, 10_000)).unwrap();
+    let cp = c.pressure("tcp", t(0, 1000, 10_000)).unwrap();
+    assert_eq!(cp.charge(100), PressureState::Normal);
+    assert_eq!(pp.uncharge(100), Err(Error::UnchargeAboveUsage { usage: 0 }), "the child's bytes");
+    assert_eq!((pp.usage(), cp.usage()), (100, 100), "a refused uncharge changes nothing");
+    assert_eq!(pp.charge(30), PressureState::Normal);
+    assert_eq!(pp.uncharge(31), Err(Error::UnchargeAboveUsage { usage: 30 }));
+    pp.uncharge(30).unwrap();
+    cp.uncharge(100).unwrap();
+    assert_eq!((pp.usage(), cp.usage()), (0, 0));
+    assert_eq!(cp.charge(1), PressureState::Normal, "nothing wrapped");
+    assert_eq!(pp.charge(1), PressureState::Normal);
+    cp.uncharge(1).unwrap();
+    pp.uncharge(1).unwrap();
+}
+
 #[test]
 fn state_transitions_at_each_boundary() {
     let (g, p) = tcp_of_fresh_group(t(100, 200, 300));
