@@ -79,6 +79,21 @@ fn a_parent_cannot_uncharge_its_childs_bytes() {
     pp.uncharge(1).unwrap();
 }
 
+/// Extreme uncharges: zero is accepted and changes nothing; `usize::MAX`
+/// and one byte more than was charged are refused with what was.
+#[test]
+fn uncharge_extremes_change_nothing() {
+    let (_g, p) = tcp_of_fresh_group(t(0, 100, 200));
+    p.uncharge(0).unwrap();
+    assert_eq!(p.uncharge(usize::MAX), Err(Error::UnchargeAboveUsage { usage: 0 }));
+    assert_eq!(p.charge(10), PressureState::Normal);
+    assert_eq!(p.uncharge(11), Err(Error::UnchargeAboveUsage { usage: 10 }));
+    assert_eq!(p.uncharge(usize::MAX), Err(Error::UnchargeAboveUsage { usage: 10 }));
+    assert_eq!(p.usage(), 10);
+    p.uncharge(10).unwrap();
+    assert_eq!(p.usage(), 0);
+}
+
 #[test]
 fn state_transitions_at_each_boundary() {
     let (g, p) = tcp_of_fresh_group(t(100, 200, 300));
