@@ -16,7 +16,7 @@
 //! | `max` | `set_max` (`swap`) | `Relaxed`, then `fence(SeqCst)` | the fence in `try_charge` |
 //! | `high`, `soft`, `low`, `min` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
 //! | `setting` | limit setters (a spin lock: `Acquire` CAS, `Release` store) | `Acquire`/`Release` | the previous setter's writes to `max` (and its rollback) |
-//! | `watermark` | charges (`fetch_max`) | `Relaxed` | statistic; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
+//! | `watermark` | charges (`fetch_max`), after every level accepted | `Relaxed` | statistic: a refused charge never raises it; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
 //! | `failcnt` | failed charges | `Relaxed` | statistic |
 //! | `stock[slot]` | stock take/refill/drain (`compare_exchange`/`swap`) | `Relaxed` | nothing: the pages are charged either way; RMWs make every page counted exactly once |
 //! | `node_pages[node]` | slab grows and frees, large objects (RMWs) | `Relaxed` | statistic |
@@ -47,6 +47,10 @@ use crate::sync::{
 pub const STOCK_BATCH: usize = 8;
 /// The most pages one CPU slot may hold in a counter's stock.
 pub const STOCK_MAX: usize = 2 * STOCK_BATCH;
+/// Levels of a charge that note in their watermark the usage their own
+/// add made (`PageCounter::try_charge_with`); deeper levels note their
+/// usage after the whole charge succeeded.
+const WATERMARK_LEVELS: usize = 8;
 
 // A stock is a `u32`.
 static_assertions::const_assert!(STOCK_MAX <= u32::MAX as usize);
@@ -371,6 +375,8 @@ impl PageCounter {
         count: bool,
         stop: *const PageCounter,
     ) -> Result<(), &PageCounter> {
+        let mut seen = [0usize; WATERMARK_LEVELS];
+        let mut depth = 0;
         let mut c = Some(self);
         while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
             let new = k.usage.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
@@ -390,7 +396,26 @@ impl PageCounter {
                 }
                 return Err(k);
             }
+            if let Some(slot) = seen.get_mut(depth) {
+                *slot = new;
+            }
+            depth += 1;
+            c = k.parent();
+        }
+        // Every level accepted: only now note the watermarks, so that a
+        // charge refused higher up never shows in a lower level's peak. The
+        // first `WATERMARK_LEVELS` levels note the usage their own add made,
+        // which that level accepted; a deeper one notes its usage now,
+        // capped at what it allows.
+        let mut c = Some(self);
+        let mut depth = 0;
+        while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
+            let new = match seen.get(depth) {
+                Some(&new) => new,
+                None => k.usage().min(k.max().saturating_add(extra)),
+            };
             k.note_watermark(new);
+            depth += 1;
             c = k.parent();
         }
         Ok(())

@@ -12,6 +12,11 @@
 
 use crate::sync::{AtomicBool, AtomicUsize, Ordering, Stat, atomic_bool, atomic_usize, fence, loom_const_fn};
 
+/// Levels of a charge whose peak and pressure state see the usage their
+/// own add made (`PressureCounter::charge`); farther ones see their usage
+/// once the whole charge is in.
+const SEEN_LEVELS: usize = 8;
+
 /// The three thresholds of a pressure resource, in bytes:
 /// `min <= pressure <= max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +176,7 @@ impl PressureCounter {
         // sees bytes that a refused charge takes back. Depth is the number
         // of same-named resources up the tree: small, walked once per level.
         let depth = self.levels();
-        let mut state = PressureState::Normal;
+        let mut seen = [0usize; SEEN_LEVELS];
         for i in (0..depth).rev() {
             let k = self.up(i);
             let Some(new) = k.add_within_max(bytes) else {
@@ -181,6 +186,21 @@ impl PressureCounter {
                     self.up(j).usage.fetch_sub(bytes, Ordering::Relaxed);
                 }
                 return PressureState::Refused;
+            };
+            if let Some(slot) = seen.get_mut(i) {
+                *slot = new;
+            }
+        }
+        // Every level accepted: only now do peaks and pressure states see
+        // the charge, so a refused one moves neither. The nearest
+        // `SEEN_LEVELS` levels use the usage their own add made; a farther
+        // one its usage now, capped at its max.
+        let mut state = PressureState::Normal;
+        for i in (0..depth).rev() {
+            let k = self.up(i);
+            let new = match seen.get(i) {
+                Some(&new) => new,
+                None => k.usage().min(k.max.load(Ordering::Relaxed)),
             };
             if new > k.watermark.load(Ordering::Relaxed) {
                 k.watermark.fetch_max(new, Ordering::Relaxed);

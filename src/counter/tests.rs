@@ -1,5 +1,6 @@
 use std::boxed::Box;
 use std::thread;
+use std::vec;
 use std::vec::Vec;
 
 use super::*;
@@ -178,4 +179,36 @@ fn protected_is_usage_up_to_each_setting() {
     assert_eq!(root.protected(), (10, 20));
     assert_eq!((root.min(), root.low()), (10, 30));
     root.uncharge(20);
+}
+
+/// A charge refused at some level raises no watermark below it: the peak
+/// of a child never shows pages its parent refused. Twelve levels, so the
+/// levels past the ones that note their own add's usage are covered too.
+#[test]
+fn a_refused_charge_raises_no_watermark() {
+    let mut levels: Vec<&'static PageCounter> = vec![Box::leak(Box::new(PageCounter::new_root()))];
+    for _ in 0..11 {
+        let parent = *levels.last().unwrap();
+        // SAFETY: every level is leaked, so it outlives its children.
+        levels.push(Box::leak(Box::new(unsafe { PageCounter::with_parent(parent) })));
+    }
+    let leaf = levels[11];
+    for refusing in [0, 1, 5, 10] {
+        levels[refusing].set_max(3).unwrap();
+        leaf.try_charge(2).unwrap();
+        assert!(core::ptr::eq(leaf.try_charge(2).unwrap_err(), levels[refusing]));
+        for (i, l) in levels.iter().enumerate() {
+            assert_eq!((l.usage(), l.watermark()), (2, 2), "level {i}, refused at {refusing}");
+        }
+        leaf.try_charge(1).unwrap();
+        assert!(levels.iter().all(|l| l.watermark() == 3));
+        leaf.uncharge(3);
+        levels[refusing].set_max(usize::MAX).unwrap();
+        levels.iter().for_each(|l| l.reset_watermark());
+    }
+    // An overdraft's peak is what it charged, at every level.
+    levels[0].set_max(1).unwrap();
+    leaf.try_charge_over(3, 2).unwrap();
+    assert!(levels.iter().all(|l| l.watermark() == 3));
+    leaf.uncharge(3);
 }

@@ -628,3 +628,24 @@ fn the_same_name_created_from_two_threads_is_one_group() {
         k.root().create_child(&name).unwrap().remove().unwrap();
     }
 }
+
+/// A large allocation the parent's limit refuses leaves no trace in the
+/// child's peak: the child's peak never passes its parent's limit (found
+/// by a review: the child noted 2 MiB while its parent allowed 1 MiB).
+#[test]
+fn a_refused_charge_leaves_no_peak_below_the_refusing_parent() {
+    use allocator_api2::alloc::Allocator;
+    let (k, p) = kmem_with_child("parent");
+    p.set_max(1 << 20).unwrap();
+    let c = p.create_child("child").unwrap();
+    let a = c.allocator();
+    assert!(a.allocate(Layout::from_size_align(2 << 20, 8).unwrap()).is_err());
+    assert!(c.peak() <= 1 << 20, "child peak {} over its parent's limit", c.peak());
+    assert!(p.peak() <= 1 << 20);
+    let small = a.allocate(Layout::from_size_align(64 << 10, 8).unwrap()).unwrap();
+    assert!(c.peak() >= 64 << 10 && c.peak() <= 1 << 20, "child peak {}", c.peak());
+    // SAFETY: allocated above with this layout, freed once.
+    unsafe { a.deallocate(small.cast(), Layout::from_size_align(64 << 10, 8).unwrap()) };
+    drop(a);
+    assert_uncharged_after_shrink(k, &[&c, &p]);
+}

@@ -105,6 +105,30 @@ fn loom_two_set_max_race_a_charge() {
     });
 }
 
+/// Watermarks are noted only once every level accepted a charge: a charge
+/// the parent refuses never shows in the child's peak, racing or not. A
+/// peak is a usage its level held and accepted: the child's may count the
+/// refused charge while it was in flight (5), never on its own (4).
+#[test]
+fn loom_a_refused_charge_raises_no_watermark() {
+    loom::model(|| {
+        let t = tree(usize::MAX);
+        t.root.set_max(3).unwrap();
+        let small = spawn_with(&t, |t| t.child.try_charge(1).is_ok());
+        assert!(t.child.try_charge(4).is_err(), "4 pages never fit under the root's 3");
+        let ok = small.join().unwrap();
+        let (child, root) = (t.child.watermark(), t.root.watermark());
+        if ok {
+            assert_eq!(root, 1, "the root's peak is its accepted usage");
+            assert!(child == 1 || child == 5, "child peak {child}: the refused charge noted alone");
+            t.child.uncharge(1);
+        } else {
+            assert_eq!((child, root), (0, 0), "only refused charges, yet a peak");
+        }
+        assert_eq!((t.child.usage(), t.root.usage()), (0, 0));
+    });
+}
+
 #[test]
 fn loom_stock_refill_races_drain() {
     model_tree(usize::MAX, |t| {
@@ -157,5 +181,33 @@ fn loom_pressure_charge_races_threshold_change() {
             c.uncharge(2).unwrap();
         }
         assert_eq!(c.usage(), 0);
+    });
+}
+
+/// A pressure charge goes in from the top level down; one the child
+/// refuses leaves the parent's peak as it was, racing an accepted charge
+/// or not (the parent's peak may count it only while it is in flight
+/// under the accepted one: 4, never 3 alone).
+#[test]
+fn loom_pressure_refused_below_leaves_the_parents_peak() {
+    use crate::counter::{PressureCounter, PressureState, Thresholds};
+    loom::model(|| {
+        struct Pair {
+            parent: Arc<PressureCounter>,
+            child: PressureCounter,
+        }
+        // SAFETY: no parent.
+        let parent = Arc::new(unsafe { PressureCounter::new(core::ptr::null()) });
+        // SAFETY: the pair holds the parent's `Arc` as long as the child.
+        let child = unsafe { PressureCounter::new(Arc::as_ptr(&parent)) };
+        child.set_thresholds(Thresholds { min: 0, pressure: 2, max: 2 }).unwrap();
+        let t = Arc::new(Pair { parent, child });
+        let big = spawn_with(&t, |t| t.child.charge(3));
+        assert_ne!(t.child.charge(1), PressureState::Refused);
+        assert_eq!(big.join().unwrap(), PressureState::Refused, "3 bytes never fit under the child's 2");
+        let peak = t.parent.peak();
+        assert!(peak == 1 || peak == 4, "parent peak {peak}: the refused charge noted alone");
+        t.child.uncharge(1).unwrap();
+        assert_eq!((t.child.usage(), t.parent.usage()), (0, 0));
     });
 }
