@@ -42,10 +42,10 @@ pub enum Error {
     RootGroup,
     /// Pressure thresholds not ordered `min <= pressure <= max`.
     BadThresholds,
-    /// A pressure threshold above the parent's `max` for that resource
+    /// A pressure threshold above an ancestor's `max` for that resource
     /// (bytes).
     AboveParentMax {
-        /// The parent's `max`.
+        /// The smallest `max` among the ancestors' resources.
         parent_max: usize,
     },
     /// A handle of another allocator was passed (e.g. a group of one
@@ -111,7 +111,7 @@ impl fmt::Display for Error {
             Error::RootGroup => f.write_str("the root group cannot be removed or protected"),
             Error::BadThresholds => f.write_str("pressure thresholds must satisfy min <= pressure <= max"),
             Error::AboveParentMax { parent_max } => {
-                write!(f, "a threshold is above the parent's max of {parent_max} bytes")
+                write!(f, "a threshold is above an ancestor's max of {parent_max} bytes")
             }
             Error::ForeignGroup => f.write_str("the group belongs to another allocator"),
             Error::UnchargeAboveUsage { usage } => {

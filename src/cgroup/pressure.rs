@@ -97,6 +97,12 @@ impl<R: RawMutex> Tree<R> {
     /// Group `g`'s pressure resource `name`, created with `thresholds` if
     /// it does not exist, else re-tuned to them (see `Cgroup::pressure`).
     /// It lives as long as the group.
+    ///
+    /// Every ancestor of a group holding a resource holds it too: one that
+    /// lacks it gets it here, unlimited ([`Thresholds::UNLIMITED`]), before
+    /// `g` does. So a resource's parent is always its parent group's, set
+    /// once, and a charge reaches every ancestor, including one tuned
+    /// after its descendants charged.
     pub(crate) fn open_pressure<E: Env<R>>(
         &self,
         env: &E,
@@ -107,72 +113,149 @@ impl<R: RawMutex> Tree<R> {
         if !thresholds.is_ordered() {
             return Err(Error::BadThresholds);
         }
-        let below_usage = |usage| Error::LimitBelowUsage { usage };
-        // A new resource's node, made before the tree lock is taken (the
-        // allocation may reclaim, which takes it); freed if not needed.
-        let mut node: Option<NonNull<u8>> = None;
+        // New resources' nodes, made before the tree lock is taken (the
+        // allocation may reclaim, which takes it) and kept in a list
+        // through their first word; freed if not needed.
+        let mut spare = SpareNodes(None);
         loop {
-            let _tree = self.lock.lock();
-            let found = (|| {
+            let tree = self.lock.lock();
+            let r = (|| {
                 if g.is_offline() {
                     return Err(Error::Removed);
                 }
-                let parent = g.parent().and_then(|p| p.nearest_pressure(&name));
-                if let Some(pc) = parent {
-                    let parent_max = pc.thresholds().max;
-                    if thresholds.max > parent_max {
-                        return Err(Error::AboveParentMax { parent_max });
-                    }
+                if let Some(parent_max) =
+                    ancestors(g).filter_map(|a| a.pressure(&name)).map(|c| c.thresholds().max).min()
+                    && thresholds.max > parent_max
+                {
+                    return Err(Error::AboveParentMax { parent_max });
                 }
                 if let Some(c) = g.pressure(&name) {
-                    c.set_thresholds(thresholds).map_err(below_usage)?;
+                    c.set_thresholds(thresholds).map_err(|usage| Error::LimitBelowUsage { usage })?;
                     return Ok(Some(NonNull::from(c)));
                 }
-                let Some(mem) = node else { return Ok(None) };
-                let n = mem.cast::<PressureNode>();
-                let parent_ptr = parent.map_or(ptr::null(), |p| p as *const PressureCounter);
-                // SAFETY: a fresh object of the node cache, sized and
-                // aligned for a node, unpublished; the parent resource
-                // lives in an ancestor group, which outlives this group.
-                unsafe {
-                    n.as_ptr().write(PressureNode {
-                        next: atomic_null(),
-                        name,
-                        counter: PressureCounter::new(parent_ptr),
-                    });
-                    if let Err(e) = n.as_ref().counter.set_thresholds(thresholds).map_err(below_usage) {
-                        n.as_ptr().drop_in_place();
-                        return Err(e);
+                let missing = core::iter::once(g).chain(ancestors(g)).filter(|x| x.pressure(&name).is_none()).count();
+                if spare.len() < missing {
+                    return Ok(None);
+                }
+                // Top down, so each resource's parent exists when it is made.
+                while let Some(top) =
+                    core::iter::once(g).chain(ancestors(g)).filter(|x| x.pressure(&name).is_none()).last()
+                {
+                    let t = if core::ptr::eq(top, g) { thresholds } else { Thresholds::UNLIMITED };
+                    let Some(mem) = spare.pop() else { return Ok(None) };
+                    // SAFETY: a spare node, unused; `top` is `g` or one of
+                    // its ancestors, alive while `g` is.
+                    unsafe { link_node(top, mem, name, t) };
+                }
+                Ok(g.pressure(&name).map(NonNull::from))
+            })();
+            match r {
+                Ok(None) => {
+                    drop(tree);
+                    let mem = self.alloc_meta(env, &self.pressure_nodes).ok_or(Error::OutOfMemory);
+                    match mem {
+                        // SAFETY: a fresh node of the node cache, ours.
+                        Ok(mem) => unsafe { spare.push(mem) },
+                        Err(e) => {
+                            self.free_spare(env, &mut spare);
+                            return Err(e);
+                        }
                     }
                 }
-                // Linked last, so the list stays in the order made.
-                let mut link = &g.pressures;
-                while let Some(last) = NonNull::new(link.load(Ordering::Relaxed)) {
-                    // SAFETY: a linked node, alive with its group.
-                    link = unsafe { &last.as_ref().next };
+                Ok(Some(c)) => {
+                    drop(tree);
+                    self.free_spare(env, &mut spare);
+                    return Ok(c);
                 }
-                // Release: the node is written before it can be seen.
-                link.store(n.as_ptr(), Ordering::Release);
-                node = None;
-                // SAFETY: just linked; lives as long as the group.
-                Ok(Some(NonNull::from(unsafe { &n.as_ref().counter })))
-            })();
-            let r = match found {
-                Ok(None) => {
-                    drop(_tree);
-                    node = Some(self.alloc_meta(env, &self.pressure_nodes).ok_or(Error::OutOfMemory)?);
-                    continue;
+                Err(e) => {
+                    drop(tree);
+                    self.free_spare(env, &mut spare);
+                    return Err(e);
                 }
-                Ok(Some(c)) => Ok(c),
-                Err(e) => Err(e),
-            };
-            if let Some(mem) = node {
-                // SAFETY: ours and not linked (a node written and refused
-                // was dropped again): unused.
-                unsafe { self.pressure_nodes.free(&Pages::plain(env.src()), mem) };
             }
-            return r;
         }
+    }
+
+    /// Frees the nodes `spare` still holds.
+    fn free_spare<E: Env<R>>(&self, env: &E, spare: &mut SpareNodes) {
+        while let Some(mem) = spare.pop() {
+            // SAFETY: a node of the node cache, never linked: unused.
+            unsafe { self.pressure_nodes.free(&Pages::plain(env.src()), mem) };
+        }
+    }
+}
+
+/// The ancestors of `g`, nearest first.
+fn ancestors<R: RawMutex>(g: &Group<R>) -> impl Iterator<Item = &Group<R>> {
+    let mut cur = g.parent();
+    core::iter::from_fn(move || {
+        let x = cur?;
+        cur = x.parent();
+        Some(x)
+    })
+}
+
+/// Writes a resource node named `name` with `thresholds` into `mem` and
+/// links it last in `g`'s list. Its parent is the nearest ancestor's
+/// resource of that name (none at the top). Under the tree lock.
+///
+/// # Safety
+///
+/// `mem` is an unused object of the tree's node cache; `g` has no resource
+/// `name`. `thresholds` are ordered and at most every ancestor's `max`.
+unsafe fn link_node<R: RawMutex>(g: &Group<R>, mem: NonNull<u8>, name: Name, thresholds: Thresholds) {
+    let n = mem.cast::<PressureNode>();
+    let parent = g.parent().and_then(|p| p.nearest_pressure(&name));
+    let parent_ptr = parent.map_or(ptr::null(), |p| p as *const PressureCounter);
+    // SAFETY: the caller's node, sized and aligned for a node and
+    // unpublished; the parent resource lives in an ancestor group, which
+    // outlives this group.
+    unsafe {
+        n.as_ptr().write(PressureNode { next: atomic_null(), name, counter: PressureCounter::new(parent_ptr) });
+    }
+    // SAFETY: just written, not yet shared.
+    let set = unsafe { n.as_ref() }.counter.set_thresholds(thresholds);
+    debug_assert!(set.is_ok(), "a new resource holds nothing, so ordered thresholds fit");
+    // Linked last, so the list stays in the order made.
+    let mut link = &g.pressures;
+    while let Some(last) = NonNull::new(link.load(Ordering::Relaxed)) {
+        // SAFETY: a linked node, alive with its group.
+        link = unsafe { &last.as_ref().next };
+    }
+    // Release: the node is written before it can be seen.
+    link.store(n.as_ptr(), Ordering::Release);
+}
+
+/// Unused resource nodes, a list through their first word.
+struct SpareNodes(Option<NonNull<u8>>);
+
+impl SpareNodes {
+    /// # Safety
+    ///
+    /// `mem` is an unused node of the tree's node cache, now the list's.
+    unsafe fn push(&mut self, mem: NonNull<u8>) {
+        let next = self.0.map_or(ptr::null_mut(), NonNull::as_ptr);
+        // SAFETY: the node is ours, and sized and aligned for a pointer.
+        unsafe { mem.cast::<*mut u8>().as_ptr().write(next) };
+        self.0 = Some(mem);
+    }
+
+    fn pop(&mut self) -> Option<NonNull<u8>> {
+        let mem = self.0?;
+        // SAFETY: pushed: its first word is the next node or null.
+        self.0 = NonNull::new(unsafe { mem.cast::<*mut u8>().as_ptr().read() });
+        Some(mem)
+    }
+
+    fn len(&self) -> usize {
+        let mut n = 0;
+        let mut cur = self.0;
+        while let Some(mem) = cur {
+            n += 1;
+            // SAFETY: as in `pop`.
+            cur = NonNull::new(unsafe { mem.cast::<*mut u8>().as_ptr().read() });
+        }
+        n
     }
 }
 

@@ -12,10 +12,12 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// The group's pressure resource `name` (e.g. `"tcp"`), created with
     /// `thresholds` (bytes) if it does not exist, else re-tuned to them.
     ///
-    /// Charges propagate to the same-named resource of every ancestor that
-    /// has one, and none of the three thresholds may exceed the nearest
-    /// such ancestor's `max` (the admin sets the max, the container tunes
-    /// the rest, seed 003). Errors: [`Error::BadThresholds`],
+    /// Charges propagate to the same-named resource of every ancestor: an
+    /// ancestor that has none gets one here, unlimited
+    /// ([`Thresholds::UNLIMITED`]; tune it later by calling this on the
+    /// ancestor, which then counts what its descendants charged). None of
+    /// the three thresholds may exceed an ancestor's `max` (the admin sets
+    /// the max, the container tunes the rest, seed 003). Errors: [`Error::BadThresholds`],
     /// [`Error::AboveParentMax`], [`Error::Removed`],
     /// [`Error::OutOfMemory`] (a new resource's few dozen bytes of
     /// metadata could not be had), name errors; re-tuning below the

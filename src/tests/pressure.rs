@@ -54,6 +54,53 @@ fn thresholds_are_validated_against_order_and_the_parent() {
     drop(p);
 }
 
+/// A resource opened in a child before its parent's still charges the
+/// parent: the parent gets the resource, unlimited, with the child's, and
+/// tuning it later binds the child (found by a review: the child's
+/// resource kept a null parent and charged no ancestor).
+#[test]
+fn a_childs_resource_made_first_still_charges_its_parent() {
+    let k = kmem();
+    let parent = k.root().create_child("container").unwrap();
+    let child = parent.create_child("app").unwrap();
+    let grandchild = child.create_child("worker").unwrap();
+    let w = grandchild.pressure("tcp", t(100, 200, 1000)).unwrap();
+    assert_eq!(w.charge(300), PressureState::UnderPressure);
+    let p = parent.pressure("tcp", t(400, 500, 600)).unwrap();
+    assert_eq!(p.usage(), 300, "the parent counts what its descendant charged before");
+    assert_eq!(child.pressure("tcp", Thresholds::UNLIMITED).err(), Some(Error::AboveParentMax { parent_max: 600 }));
+    let c = child.pressure("tcp", t(0, 550, 600)).unwrap();
+    assert_eq!(c.usage(), 300);
+    assert_eq!(parent.pressure("tcp", t(0, 0, 299)).err(), Some(Error::LimitBelowUsage { usage: 300 }));
+    assert_eq!(w.charge(301), PressureState::Refused, "the parent's max binds: 300 + 301 > 600");
+    assert_eq!(w.charge(250), PressureState::UnderPressure);
+    assert_eq!((w.usage(), c.usage(), p.usage()), (550, 550, 550));
+    let root = k.root().pressure("tcp", Thresholds::UNLIMITED).unwrap();
+    assert_eq!(root.usage(), 550, "the root got the resource too");
+    assert_eq!(p.uncharge(1).err(), Some(Error::UnchargeAboveUsage { usage: 0 }));
+    w.uncharge(550).unwrap();
+    assert_eq!((w.usage(), c.usage(), p.usage(), root.usage()), (0, 0, 0, 0));
+    assert!(parent.stat().to_string().contains("pressure tcp usage 0 min 400 pressure 500 max 600"));
+}
+
+/// A charge the child refuses moves nothing above it: charges go in from
+/// the top level down, and the parent's peak and pressure state used to
+/// take the charge before the child refused it.
+#[test]
+fn a_charge_refused_below_leaves_the_parents_peak_and_state() {
+    let k = kmem();
+    let parent = k.root().create_child("container").unwrap();
+    let child = parent.create_child("app").unwrap();
+    let p = parent.pressure("tcp", t(0, 50, 1000)).unwrap();
+    let c = child.pressure("tcp", t(0, 100, 100)).unwrap();
+    assert_eq!(c.charge(200), PressureState::Refused);
+    assert_eq!((p.usage(), p.peak(), p.entered(), p.state()), (0, 0, 0, PressureState::Normal));
+    assert_eq!((c.refused(), p.refused()), (1, 0));
+    assert_eq!(c.charge(60), PressureState::UnderPressure, "the parent's pressure threshold is 50");
+    assert_eq!((p.peak(), p.entered(), c.peak(), c.entered()), (60, 1, 60, 0));
+    c.uncharge(60).unwrap();
+}
+
 /// A parent's resource gives back only what was charged through it: a
 /// parent that could give back its child's bytes left the child's own
 /// uncharge to wrap the parent's usage, and every later charge on both
