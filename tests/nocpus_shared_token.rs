@@ -1,11 +1,20 @@
-//! `NoCpus` keeps one current-group token for every thread (it is `Sync`,
-//! so a `static` can hold it). Changing a context's marks (an atomic
-//! scope, a callback) reads that token and writes it back retagged: done
-//! as a plain read and write, another thread's `enter` between the two
-//! was undone, its group's reference lost, and its guard later released
-//! another reference a second time, so a group was freed while a handle
-//! still held it (found by a review session's attack). The retag is now
-//! a compare-and-swap on `NoCpus`.
+//! `NoCpus` is `Sync` (a `static` can hold it), so safe code can share it
+//! among threads.
+//!
+//! 1. Each thread has its own current group with `std`: an allocation
+//!    reads the token and uses its group without a reference of its own,
+//!    and with one token for every thread, one thread's guard drop
+//!    released the group another thread was allocating in (found by a
+//!    review). `enter_on_one_thread_is_not_anothers_group` checks it.
+//! 2. Changing a context's marks (an atomic scope, a callback) reads the
+//!    token and writes it back retagged: done as a plain read and write
+//!    on a token shared by every thread, another thread's `enter` between
+//!    the two was undone, its group's reference lost, and its guard later
+//!    released another reference a second time, so a group was freed
+//!    while a handle still held it (found by a review session's attack).
+//!    Without `std` the token is still shared, and the retag is a
+//!    compare-and-swap; with it, the race below must keep every reference
+//!    all the same.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,4 +57,24 @@ fn atomic_scopes_racing_enters_on_nocpus_keep_every_group_reference() {
     let others: Vec<_> = (0..8).map(|i| k.root().create_child(&format!("other{i}")).unwrap()).collect();
     assert_eq!(g.name(), "g", "g was freed and its memory reused while its handle lived");
     drop(others);
+}
+
+#[test]
+fn enter_on_one_thread_is_not_anothers_group() {
+    let k: &'static K = Box::leak(Box::new(Kmem::with_platform(Region::new(), NoCpus::new())));
+    k.source().add(Box::leak(vec![MaybeUninit::uninit(); 8 << 20].into_boxed_slice()), 0).unwrap();
+    let g = k.root().create_child("g").unwrap();
+    let guard = g.enter();
+    assert_eq!(k.current_group().name(), "g");
+    let other = std::thread::spawn(move || {
+        let name = k.current_group().name().to_string();
+        let _mine = k.root().create_child("mine").unwrap().enter();
+        (name, k.current_group().name().to_string())
+    });
+    let (seen, mine) = other.join().unwrap();
+    assert_eq!(seen, "/", "another thread allocated in this thread's group, without a reference to it");
+    assert_eq!(mine, "mine");
+    assert_eq!(k.current_group().name(), "g", "another thread's guard changed this thread's group");
+    drop(guard);
+    assert_eq!(k.current_group().name(), "/");
 }

@@ -286,25 +286,31 @@ pub struct RseqFast {
 /// A platform for one context (a single-threaded kernel or program): one
 /// CPU slot, taken with a compare-and-swap (a try-lock: a second context that
 /// finds it taken, an interrupt handler say, takes the shared, locked
-/// path), and one global current group. The default without `std`;
-/// kernels with several CPUs supply their own ([`crate::PerCpu`]).
+/// path), and a current group per thread with `std`, one for the whole
+/// program without. The default without `std`; kernels with several CPUs
+/// supply their own ([`crate::PerCpu`]).
 ///
 /// Its magazines serve allocations as any platform's do, on the fast path
 /// (it is *asymmetric*: its heavy barrier takes and gives back the slot,
 /// so a drain waits for the one holder to finish its operation, and the
 /// next holder sees the drain).
 ///
-/// One context only: threads that share a `NoCpus` share its current
-/// group, so one thread's guard drop can release the group another thread
-/// is allocating in. Enter groups from one thread (or use `Threads`, or a
-/// per-CPU platform with interrupts masked). The token's references stay
-/// exact whatever the threads do: swaps are atomic, and the allocator
-/// changes a token's marks (atomic scopes, callbacks) by compare-and-swap
-/// ([`Platform::retag_current_group`]); a plain read and write there lost
-/// a reference that another thread's `enter` swapped in, and freed a
-/// group under its handle.
+/// The current group token: an allocation reads it and uses its group
+/// without a reference of its own, so only the context that swaps the
+/// token may allocate with it. With `std`, safe code can share a
+/// `NoCpus` among threads, so each thread keeps its own token, as
+/// `Threads` does (one thread's guard drop once released the group another
+/// thread was allocating in). Without `std` there is one token, an atomic:
+/// a kernel that runs several contexts on one `NoCpus` (made so by its own
+/// `unsafe` code) must enter groups from one of them only, with interrupt
+/// handlers restoring what they change, or use a per-CPU platform. The
+/// token's references stay exact whatever the contexts do: swaps are
+/// atomic, and the allocator changes a token's marks (atomic scopes,
+/// callbacks) by compare-and-swap ([`Platform::retag_current_group`]).
 #[derive(Debug, Default)]
 pub struct NoCpus {
+    /// The token without `std` (with it, [`NOCPUS_GROUP`]).
+    #[cfg_attr(feature = "std", allow(dead_code))]
     current: AtomicPtr<()>,
     /// Whether slot 0 is held (by the context, or stolen by a drain):
     /// taken by CAS with `Acquire`, given back with `Release`, so
@@ -326,6 +332,18 @@ impl NoCpus {
     }
 }
 
+#[cfg(all(feature = "std", not(loom)))]
+std::thread_local! {
+    /// This thread's token for every `NoCpus` (with `std`).
+    static NOCPUS_GROUP: core::cell::Cell<*const ()> = const { core::cell::Cell::new(core::ptr::null()) };
+}
+
+#[cfg(all(feature = "std", loom))]
+crate::sync::model_thread_local! {
+    /// This model thread's token for every `NoCpus` (with `std`).
+    static NOCPUS_GROUP: core::cell::Cell<*const ()> = core::cell::Cell::new(core::ptr::null());
+}
+
 // SAFETY: (1) slot 0 is handed out only by the CAS that found `busy`
 // false, and `exit` frees it: one holder at a time, whichever context;
 // (2) node 0 is valid; (3) always asymmetric, and `heavy_barrier` takes
@@ -335,17 +353,28 @@ impl NoCpus {
 // wrote before (our `Release`), which is what a barrier on every holder
 // gives the slot handshake; (4) `steal` takes `busy` by CAS, so no `enter`
 // returns the slot until `unsteal` frees it; (5) only atomics, and a spin
-// bounded by one operation of the holder; (6) one global context, whose
-// token is the atomic.
+// bounded by one operation of the holder; (6) with `std`, a per-thread
+// cell; without, one global context, whose token is the atomic.
 unsafe impl Platform for NoCpus {
+    #[cfg(feature = "std")]
+    fn current_group(&self) -> *const () {
+        NOCPUS_GROUP.try_with(core::cell::Cell::get).unwrap_or(core::ptr::null())
+    }
+    #[cfg(feature = "std")]
+    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
+        NOCPUS_GROUP.try_with(|g| g.replace(token)).unwrap_or(core::ptr::null())
+    }
+    #[cfg(not(feature = "std"))]
     fn current_group(&self) -> *const () {
         self.current.load(Ordering::Relaxed)
     }
+    #[cfg(not(feature = "std"))]
     unsafe fn set_current_group(&self, token: *const ()) -> *const () {
         self.current.swap(token.cast_mut(), Ordering::Relaxed)
     }
-    /// A compare-and-swap: every thread shares the one token, so another
-    /// thread may swap it between a read and a write.
+    /// Without `std`, a compare-and-swap: every context shares the one
+    /// token, so another may swap it between a read and a write.
+    #[cfg(not(feature = "std"))]
     unsafe fn retag_current_group(&self, current: *const (), new: *const ()) -> bool {
         self.current.compare_exchange(current.cast_mut(), new.cast_mut(), Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
