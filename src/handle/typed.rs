@@ -68,7 +68,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             align = align.max(64);
         }
         // With detection on, objects carry its header and red zones.
-        let size = size_of::<T>() + if self.detecting() { self.typed_padding(size_of::<T>(), align) } else { 0 };
+        // (Saturating: a padding that cannot fit is `usize::MAX`, which the
+        // geometry refuses.)
+        let size =
+            size_of::<T>().saturating_add(if self.detecting() { self.typed_padding(size_of::<T>(), align) } else { 0 });
         let geo = self.cache_geometry(size, align).ok_or(Error::BadLayout)?;
         let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
         Ok(KmemCache { kmem: self, desc: NonNull::from(desc), _type: PhantomData })

@@ -139,3 +139,16 @@ fn create_cache_reclaims_when_the_source_is_dry() {
     let c = k.create_cache::<[u64; 8]>("after-dry", crate::CacheFlags::NONE);
     assert!(c.is_ok(), "{:?} with {held} pages in use", c.err());
 }
+
+/// A type too large for detection's padding is refused (`BadLayout`).
+/// On 32-bit targets, whose types may take up to `isize::MAX` bytes, its
+/// size plus the padding once overflowed (a panic in a user's debug build);
+/// on 64-bit ones types stop at 2^47 bytes, so this checks the refusal.
+#[test]
+fn a_huge_type_with_detection_on_is_a_bad_layout() {
+    type Huge = [u8; 1 << 46];
+    let k: &'static Kmem = Box::leak(Box::new(Kmem::new(crate::OsPages::new()).with_detection(crate::Detection::ALL)));
+    assert_eq!(k.create_cache::<Huge>("huge", CacheFlags::NONE).err(), Some(Error::BadLayout));
+    assert_eq!(k.create_cache::<[u8; 2 << 20]>("big", CacheFlags::NONE).err(), Some(Error::BadLayout));
+    assert!(k.create_cache::<u64>("small", CacheFlags::NONE).is_ok());
+}
