@@ -257,10 +257,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Frees `ptr` into `owner`, the cache its slab names: a charged
     /// cache's object is first uncharged from the group its owner word
     /// names; then a magazine push inline, everything else out of line.
-    /// (The slow path held a read guard while per-group caches could die
-    /// with their last slab; nothing a free touches is freed under it now:
-    /// charged caches go with the tree or with their typed cache, whose
-    /// handle every free of it borrows.)
+    /// (Charged caches go with the tree, with their typed cache, whose
+    /// handle every free of it borrows, or at a shrink with no group left,
+    /// which waits for a slot's holder and for the read guard the slow
+    /// path takes for them, `Tree::free_uncharged`.)
     ///
     /// # Safety
     ///
@@ -396,7 +396,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(super) unsafe fn free_into_slow(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         self.settle();
         // SAFETY: forwarded.
-        unsafe { owner.free_slow(self, ptr) };
+        unsafe {
+            if owner.cache.geometry().has_owners() {
+                // An object already uncharged keeps neither its group nor
+                // the charged cache: freed under a read guard.
+                self.tree.free_uncharged(self, owner, ptr);
+            } else {
+                owner.free_slow(self, ptr);
+            }
+        }
         self.decay_tick();
     }
 

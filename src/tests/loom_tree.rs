@@ -198,6 +198,8 @@ impl TreeEnv {
                 }
                 ChargedPush::NoSlot => self.tree.uncharge_object(self, key, geo.size),
             }
+            // SAFETY: live, freed once.
+            return unsafe { self.tree.free_uncharged(self, owner, p) };
         }
         // SAFETY: live, freed once.
         unsafe { owner.free(self, p) };
@@ -339,6 +341,57 @@ fn loom_an_id_lookup_races_the_last_free_and_reclamation() {
         // Reclaimed now: its id names nothing.
         // SAFETY: as above.
         assert!(!unsafe { Tree::<R>::knows(core::ptr::from_ref(&env.tree).cast(), id) });
+    });
+}
+
+#[test]
+fn loom_an_uncharged_free_races_the_release_of_charged_caches() {
+    // The last object of the last group is uncharged (its group then goes)
+    // before it is freed into its charged cache, as a free without a slot
+    // does. A shrink with no group left frees the charged caches once
+    // their slabs are gone: it must not free the cache while that free
+    // still runs in it (found by a review: the free's uncharge let the
+    // group and so the cache go before the free was done).
+    model(|env| {
+        let (g, x) = env.child_with_an_object();
+        env.remove_and_put(g);
+        let base = &env.tree.classes()[class()];
+        let p = core::ptr::NonNull::new(x as *mut u8).unwrap();
+        // SAFETY: a live object of the class's charged cache.
+        let owner = unsafe { &*(base.cache.owner_of(p.as_ptr()) as *const MagCache<R>) };
+        let size = owner.cache.geometry().size;
+        // SAFETY: a live object of a charged cache; owner words are
+        // accessed only so.
+        let key = unsafe {
+            let w = owner.cache.owner_word(p.as_ptr());
+            let key = word_load(w);
+            word_store(w, core::ptr::null_mut());
+            key
+        };
+        env.tree.uncharge_object(&*env, key, size);
+        env.tree.finish_reclaim(&*env);
+        assert!(env.tree.no_groups(), "the object's charge was the group's last reference");
+        let in_free = Arc::new(loom::sync::atomic::AtomicBool::new(true));
+        let ptr = p.as_ptr() as usize;
+        let flag = in_free.clone();
+        let freer = spawn(&env, move |env| {
+            let base = &env.tree.classes()[class()];
+            let p = core::ptr::NonNull::new(ptr as *mut u8).unwrap();
+            // SAFETY: as above: its slab names the charged cache.
+            let owner = unsafe { &*(base.cache.owner_of(p.as_ptr()) as *const MagCache<R>) };
+            // SAFETY: live, uncharged, freed once. The flag drops once the
+            // free is done with the cache.
+            unsafe {
+                env.tree.free_uncharged_then(env, owner, p, || flag.store(false, loom::sync::atomic::Ordering::SeqCst))
+            };
+        });
+        env.tree.release_charged(&*env);
+        let freed = env.tree.charged_caches.stats().active_objects == 0;
+        let running = in_free.load(loom::sync::atomic::Ordering::SeqCst);
+        assert!(!(freed && running), "the charged cache was freed while a free ran in it");
+        freer.join().unwrap();
+        env.settle();
+        assert_eq!(env.tree.charged_caches.stats().active_objects, 0, "the settling shrink frees the cache");
     });
 }
 

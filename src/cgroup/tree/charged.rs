@@ -79,15 +79,57 @@ impl<R: RawMutex> Tree<R> {
         }
     }
 
+    /// Frees `ptr`, an object of charged cache `owner` whose bytes may be
+    /// uncharged already, into it on the slow path, under a read guard:
+    /// with its charge gone nothing keeps its group, and with no group
+    /// left [`Tree::release_charged`] may free the cache once its slabs
+    /// are gone, which this free's release of its slab can be; the cache's
+    /// freeing waits for the guard.
+    ///
+    /// # Safety
+    ///
+    /// As for `MagCache::free_slow`: `ptr` is a live object of `owner`,
+    /// freed once.
+    #[inline(always)]
+    pub(crate) unsafe fn free_uncharged<E: Env<R>>(&self, env: &E, owner: &MagCache<R>, ptr: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe { self.free_uncharged_then(env, owner, ptr, || {}) }
+    }
+
+    /// [`Tree::free_uncharged`], running `then` once the free is done,
+    /// still under the guard (the loom model marks the end of the free's
+    /// use of the cache with it).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Tree::free_uncharged`].
+    #[inline(always)]
+    pub(crate) unsafe fn free_uncharged_then<E: Env<R>>(
+        &self,
+        env: &E,
+        owner: &MagCache<R>,
+        ptr: NonNull<u8>,
+        then: impl FnOnce(),
+    ) {
+        let _read = self.read_guard();
+        // SAFETY: forwarded.
+        unsafe { owner.free_slow(env, ptr) };
+        then();
+    }
+
     /// Frees the charged caches once no group is left (a `shrink`), so an
     /// allocator whose groups are all gone holds none of their memory.
-    /// Safe then without a grace period: every path that uses a charged
-    /// cache holds a reference on a group, and every charged object keeps
-    /// its group, so with no group in the tree (checked under the tree
-    /// lock, which creation takes) nobody uses them and they hold no
-    /// object; a group made after the lock is let go makes them anew.
-    /// (Typed caches' too: a destroy waits for the tree lock, then finds
-    /// its descriptor's pointer null.)
+    /// Every allocation from a charged cache holds a reference on a group,
+    /// and every charged object keeps its group, so with no group in the
+    /// tree (checked under the tree lock, which creation takes) only the
+    /// frees of objects already uncharged can still use them. Those run
+    /// under a slot's hold, which the drain here waits for, or under a
+    /// read guard (`Kmem::free_into_slow`), which the caches' freeing
+    /// waits for (they go through limbo). A cache is freed only once its
+    /// slabs are gone, so a free whose object is still in a slab keeps it.
+    /// A group made after the lock is let go makes them anew. (Typed
+    /// caches' too: a destroy waits for the tree lock, then finds its
+    /// descriptor's pointer null.)
     pub(crate) fn release_charged<E: Env<R>>(&self, env: &E) {
         let mut limbo = self.lock.lock();
         if !self.all_groups.load(Ordering::Acquire).is_null() {
