@@ -15,7 +15,9 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// Charges propagate to the same-named resource of every ancestor: an
     /// ancestor that has none gets one here, unlimited
     /// ([`Thresholds::UNLIMITED`]; tune it later by calling this on the
-    /// ancestor, which then counts what its descendants charged). None of
+    /// ancestor, which then counts what its descendants charged); a
+    /// resource lives as long as its group, so the root keeps one for every
+    /// name opened anywhere (a few dozen bytes each). None of
     /// the three thresholds may exceed an ancestor's `max` (the admin sets
     /// the max, the container tunes the rest, seed 003). Errors: [`Error::BadThresholds`],
     /// [`Error::AboveParentMax`], [`Error::Removed`],
