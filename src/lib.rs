@@ -258,7 +258,7 @@
 //! | `Group::next_zombie`, `MagCache::retired_next`, `CacheDesc::retired_next` | the zombie push (before its `Release` CAS), the tree lock's limbo lists | `Relaxed` | the push's `Release` / the swap's `Acquire`, or the tree lock |
 //! | `Tree::contention_mark` | `set_contention_mark` | `Relaxed` | nothing: a stale mark delays or adds one contention check |
 //! | `Tree::event_hook` | `set_event_hook` | `Release` | `Acquire` before each call: the hook sees what its setter wrote |
-//! | `Tree::readers` | read guards (iterations of groups, caches and descriptors; slow frees): `fetch_add`, then `fence(SeqCst)`; `Release` dec | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
+//! | `Tree::readers` | read guards (iterations of groups, caches and descriptors; slow frees into charged caches, `Tree::free_uncharged`): `fetch_add`, then `fence(SeqCst)`; `Release` dec | `Relaxed` RMW | `fence(SeqCst)` then `Acquire` load in `reclaim_groups` (Dekker) before anything unlinked is freed |
 //! | `Group::visited`, `Tree::episodes` | contention-reclaim episodes | `Relaxed` | nothing: a lost mark costs one visit, within the episode's bound; episode ids need only be unique (an RMW) |
 //! | `PageCounter::setting` | limit setters (a spin flag) | `Acquire` CAS, `Release` store | the previous setter's writes to the limits |
 //! | platform current-group token | `Cgroup::enter`, guard drops, `reset_current_group` (all through `cgroup::swap_token`), callbacks (the `RECLAIMING`, `IN_HOOK` and `MEMALLOC` bits, set and restored by the `Marks` drop guard) | per context | the slot owns one reference on the group it names (see `cgroup::TokenHead`) |
