@@ -56,7 +56,7 @@ pub use inject::{FailRule, FaultInjection};
 pub use marks::RECLAIM_OVERDRAFT;
 use marks::untag;
 pub(crate) use marks::{IN_HOOK, MEMALLOC};
-pub(crate) use marks::{Marks, RECLAIMING, callback_marks, in_callback, release_token, set_no_reclaim, swap_token};
+pub(crate) use marks::{Marks, RECLAIMING, in_callback, release_token, set_no_reclaim, swap_token};
 pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 #[cfg(all(test, not(loom)))]
 pub(crate) use tree::delay;

@@ -173,6 +173,10 @@ const SETTLING: usize = 1;
 /// overdraw a group's `max` as a shrinker's do
 /// ([`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT)).
 ///
+/// Like every callback of the allocator, it leaves its context's current
+/// group as it found it (a group it enters, or a reset to the root, is
+/// undone when it returns).
+///
 /// If it panics and the panic unwinds (with `panic = abort` nothing
 /// does), the panic goes on up the allocation that called it: the
 /// context's marks are restored, no allocator lock is held, and the
@@ -588,9 +592,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // The callback marks make the handler's own allocations atomic
         // (and let them overdraw a `max`), and a nested out-of-memory (or
         // one in a shrinker or an atomic scope) skips the handler. The
-        // guard restores the marks when the handler returns or unwinds.
-        let marks = crate::cgroup::callback_marks(&self.platform);
-        if marks.saved() & crate::cgroup::RECLAIMING != 0 {
+        // scope restores the marks and the current group (see
+        // `CallbackScope`) when the handler returns or unwinds.
+        let scope = self.tree.callback_scope(&self.platform, crate::cgroup::RECLAIMING | crate::cgroup::MEMALLOC);
+        if scope.saved() & crate::cgroup::RECLAIMING != 0 {
             return false;
         }
         // SAFETY: `oom` holds null or an `OomHandler<Self>` (only

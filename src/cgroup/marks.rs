@@ -78,14 +78,6 @@ impl<P: Platform> Drop for Marks<'_, P> {
     }
 }
 
-/// Marks the calling context as running a callback that is not the event
-/// hook (a shrinker, the out-of-memory handler) until the guard drops:
-/// its allocations skip reclaim and may overdraw a `max`
-/// ([`RECLAIM_OVERDRAFT`]).
-pub(crate) fn callback_marks<P: Platform>(platform: &P) -> Marks<'_, P> {
-    Marks::add(platform, RECLAIMING | MEMALLOC)
-}
-
 /// Whether the calling context runs a callback of the allocator, whose
 /// refused charges may overdraw (see [`MEMALLOC`]).
 #[inline]

@@ -21,7 +21,7 @@ use core::ptr;
 use lock_api::RawMutex;
 
 use super::Tree;
-use crate::cgroup::{Event, Group, GroupId, IN_HOOK, MEMALLOC, Marks, RECLAIMING};
+use crate::cgroup::{Event, Group, GroupId, IN_HOOK, MEMALLOC, Marks, RECLAIMING, release_token, swap_token};
 use crate::magazine::Env;
 use crate::platform::Platform;
 use crate::sync::Ordering;
@@ -41,6 +41,11 @@ use crate::sync::Ordering;
 /// most [`RECLAIM_OVERDRAFT`](crate::RECLAIM_OVERDRAFT) pages, as for a
 /// shrinker) and the events it raises are counted but not reported to the
 /// hook again; in interrupt context nothing guards against that.
+///
+/// The hook leaves its context's current group as it found it: if it
+/// enters another group, or resets to the root, that is undone when it
+/// returns, and the group current before stays alive while it runs (the
+/// allocation that raised the event still charges it).
 ///
 /// If the hook panics and the panic unwinds (with `panic = abort` nothing
 /// does), it goes on up the allocation or reclaim that raised the event:
@@ -73,10 +78,10 @@ impl<R: RawMutex> Tree<R> {
         }
         let platform = env.plat();
         // In interrupt context the platform keeps no per-context marks.
-        let _marks = if platform.in_interrupt() {
+        let _scope = if platform.in_interrupt() {
             None
         } else {
-            let m = Marks::add(platform, IN_HOOK | RECLAIMING | MEMALLOC);
+            let m = self.callback_scope(platform, IN_HOOK | RECLAIMING | MEMALLOC);
             if m.saved() & IN_HOOK != 0 {
                 // Raised by the hook's own allocation: counted, not reported.
                 return;
@@ -87,8 +92,81 @@ impl<R: RawMutex> Tree<R> {
         // `EventHook` (only `set_event_hook` stores to it), and pointers to
         // data and to functions have one size here.
         let f = unsafe { core::mem::transmute::<*mut (), EventHook>(hook) };
-        // The marks guard restores the context's marks when the hook
-        // returns or unwinds.
+        // The scope restores the context's marks and current group when
+        // the hook returns or unwinds.
         f(self.group_id(g), e);
+    }
+}
+
+impl<R: RawMutex> Tree<R> {
+    /// Enters a callback of the allocator (the event hook, shrinkers, the
+    /// out-of-memory handler) on the calling context: adds `tags` to its
+    /// marks and takes a reference on its current group, both until the
+    /// scope drops. See [`CallbackScope`].
+    pub(crate) fn callback_scope<'a, P: Platform>(&'a self, platform: &'a P, tags: usize) -> CallbackScope<'a, R, P> {
+        let token = crate::cgroup::marks::untag(platform.current_group());
+        // SAFETY: the context's token names null or a live group, which
+        // its reference keeps (of this tree or another).
+        let pinned = match unsafe { Group::<R>::of_token(token, self.id()) } {
+            Some(g) => {
+                g.get();
+                token
+            }
+            None => ptr::null(),
+        };
+        CallbackScope { tree: self, platform, pinned, marks: Marks::add(platform, tags) }
+    }
+}
+
+/// A callback's hold on the context that runs it. An allocation that
+/// calls back (its event hook on a refused charge, shrinkers, the
+/// out-of-memory handler) goes on charging the group its context's token
+/// names, on the token's reference alone; the callback may drop that
+/// reference (reset the current group, drop a guard it kept) and remove
+/// the group. So the scope holds a reference of its own on the token's
+/// group, and when it drops (the callback returned or unwound) the
+/// context's current group is the one it had before: a group the callback
+/// left current is released, and the scope's reference goes back into
+/// the context in its place. Dropping also restores the marks, after the
+/// token.
+pub(crate) struct CallbackScope<'a, R: RawMutex, P: Platform> {
+    tree: &'a Tree<R>,
+    platform: &'a P,
+    /// The context's token (untagged) from before, whose group the scope
+    /// holds a reference on; null: none (the root, or another allocator's
+    /// group, which this allocation does not charge).
+    pinned: *const (),
+    marks: Marks<'a, P>,
+}
+
+impl<R: RawMutex, P: Platform> CallbackScope<'_, R, P> {
+    /// The context's marks from before the scope.
+    pub(crate) fn saved(&self) -> usize {
+        self.marks.saved()
+    }
+}
+
+impl<R: RawMutex, P: Platform> Drop for CallbackScope<'_, R, P> {
+    fn drop(&mut self) {
+        if self.pinned.is_null() {
+            return;
+        }
+        let now = crate::cgroup::marks::untag(self.platform.current_group());
+        if now == self.pinned {
+            // SAFETY: the group the scope holds a reference on, of this
+            // tree (checked when it was taken).
+            let g = unsafe { Group::<R>::of_token(self.pinned, self.tree.id()) };
+            if let Some(g) = g {
+                self.tree.put_group(g);
+            }
+        } else {
+            // The callback left another group current: ours goes back,
+            // with the scope's reference, and the one it left (with the
+            // reference the context held on it) is released.
+            let left = swap_token(self.platform, self.pinned);
+            // SAFETY: the context's token, whose reference the swap
+            // handed to us.
+            unsafe { release_token(left) };
+        }
     }
 }

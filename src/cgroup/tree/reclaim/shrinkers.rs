@@ -8,7 +8,7 @@ use lock_api::RawMutex;
 
 use super::super::Tree;
 use super::super::protection::{Pass, Take, Visit};
-use crate::cgroup::{Group, TokenHead, callback_marks};
+use crate::cgroup::{Group, MEMALLOC, RECLAIMING, TokenHead};
 use crate::counter::PageCounter;
 use crate::error::Error;
 use crate::magazine::Env;
@@ -294,6 +294,11 @@ fn ask(n: usize, share: usize, u: usize, floor: usize, bound: usize) -> usize {
 /// reclaim takes back what was overdrawn. Beyond the overdraft, or with
 /// the page source exhausted, its allocations fail.
 ///
+/// **The current group.** A shrinker leaves its thread's current group as
+/// it found it: a group it enters, or a reset to the root, is undone when
+/// it returns, and the group current before stays alive while it runs
+/// (the allocation that reclaimed still charges it).
+///
 /// **Panicking.** A shrinker should not panic. If `count` or `scan`
 /// panics and the panic unwinds (with `panic = abort` nothing does), the
 /// reclaim that called it stops there and the panic goes on up the
@@ -385,10 +390,11 @@ impl<R: RawMutex> Tree<R> {
         let platform = env.plat();
         // The tagged token names the same group with the same reference,
         // so the platform slot's reference is untouched. The guards restore
-        // the context's marks and release the read guard when the
-        // shrinkers return or one of them unwinds (nothing else is held
-        // across the calls, and `freed`, `held` and the goal are ours).
-        let _marks = callback_marks(platform);
+        // the context's marks and current group (see `CallbackScope`) and
+        // release the read guard when the shrinkers return or one of them
+        // unwinds (nothing else is held across the calls, and `freed`,
+        // `held` and the goal are ours).
+        let _scope = self.callback_scope(platform, RECLAIMING | MEMALLOC);
         {
             let _read = self.read_guard();
             Self::plan(root, target, pass, |v, Visit { take, floor, .. }| {
