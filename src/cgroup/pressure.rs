@@ -70,6 +70,14 @@ impl<R: RawMutex> Group<R> {
         None
     }
 
+    /// Gives back what the group's resources hold to their ancestors' (the
+    /// group is going, and with it every handle that could).
+    pub(super) fn give_back_pressures(&self) {
+        for node in self.pressure_nodes() {
+            node.counter.give_back_own();
+        }
+    }
+
     /// Snapshots of the group's first [`STAT_PRESSURES`] resources, and
     /// how many it holds.
     pub(crate) fn pressure_rows(&self) -> ([PressureRow; STAT_PRESSURES], usize) {

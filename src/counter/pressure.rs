@@ -272,6 +272,19 @@ impl PressureCounter {
         k
     }
 
+    /// Gives back every byte charged through this level (its `own`), from
+    /// it and its ancestors: what a resource still holds when its group
+    /// goes, which no handle can give back any more.
+    pub(crate) fn give_back_own(&self) {
+        let own = self.own.load(Ordering::Relaxed);
+        if own != 0 {
+            // Nothing else changes `own` now (no handle is left), so the
+            // uncharge takes exactly it.
+            let r = self.uncharge(own);
+            debug_assert!(r.is_ok(), "a resource's own bytes are its to give back");
+        }
+    }
+
     /// Takes `bytes` off this level and every ancestor; a level that falls
     /// below its `min` leaves pressure. More than was charged through this
     /// level itself (bytes charged below it are theirs to give back) is

@@ -33,7 +33,8 @@ impl<'k, K: Heap> Cgroup<'k, K> {
 }
 
 /// A group's named pressure resource; see [`Cgroup::pressure`]. Amounts
-/// are in bytes.
+/// are in bytes. What it still holds when its group goes (removed, with
+/// its last handle dropped) is given back to its ancestors' resources.
 pub struct Pressure<'k, K: Heap = Kmem> {
     /// Keeps the group, and so its resource, alive.
     _group: Cgroup<'k, K>,

@@ -101,6 +101,32 @@ fn a_charge_refused_below_leaves_the_parents_peak_and_state() {
     c.uncharge(60).unwrap();
 }
 
+/// What a group's resource still holds when the group goes (removed, its
+/// handles dropped) leaves its ancestors' resources: no handle could give
+/// it back any more, and the parent stayed full and under pressure for
+/// good (found by a review).
+#[test]
+fn a_freed_groups_pressure_bytes_leave_its_ancestors() {
+    let k = kmem();
+    let p = k.root().create_child("p").unwrap();
+    let pp = p.pressure("tcp", t(0, 50, 100)).unwrap();
+    let c = p.create_child("c").unwrap();
+    let w = c.pressure("tcp", t(0, 100, 100)).unwrap();
+    assert_eq!(w.charge(100), PressureState::UnderPressure);
+    assert_eq!(pp.charge(1), PressureState::Refused);
+    drop(w);
+    c.remove().unwrap();
+    assert_eq!(pp.usage(), 100, "a removed group's handle-less bytes stay until the group goes");
+    drop(c);
+    k.shrink();
+    assert_eq!(pp.usage(), 0, "the freed group's bytes stayed in its parent");
+    assert_eq!(pp.charge(1), PressureState::Normal);
+    assert_eq!(pp.state(), PressureState::Normal);
+    pp.uncharge(1).unwrap();
+    let root = k.root().pressure("tcp", Thresholds::UNLIMITED).unwrap();
+    assert_eq!(root.usage(), 0);
+}
+
 /// A parent's resource gives back only what was charged through it: a
 /// parent that could give back its child's bytes left the child's own
 /// uncharge to wrap the parent's usage, and every later charge on both

@@ -344,6 +344,9 @@ impl<R: RawMutex> Tree<R> {
         gr.counter.drain_stock();
         debug_assert_eq!(gr.counter.usage(), 0, "a reclaimed group still holds charges");
         debug_assert_eq!(gr.obj_pages.load(Ordering::Relaxed), 0, "a reclaimed group still holds objects");
+        // Bytes charged through its pressure resources, which no handle
+        // can give back now, leave its ancestors' resources.
+        gr.give_back_pressures();
         let nodes = gr.pressures.load(Ordering::Relaxed);
         // SAFETY: the group's resources, which nothing can reach once the
         // group cannot be (handles keep the group), objects of
