@@ -11,8 +11,10 @@
 //! ```
 //!
 //! (instructions over `rounds` x 1M is the cost of one free, or of one
-//! allocation with `*alloc_all*`). Allocators: `kmemcg`, `jemalloc`,
-//! `mimalloc`, `system`. `rounds` defaults to 3.
+//! allocation with `*alloc_all*`). Allocators: `kmemcg`, `kmemcg-group`
+//! (the same inside a group: objects charged one by one, through the
+//! CPU's byte stock), `jemalloc`, `mimalloc`, `system`. `rounds` defaults
+//! to 3.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -51,7 +53,7 @@ fn rounds<A: GlobalAlloc>(a: &A, size: usize, n: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: batch_phases <kmemcg|jemalloc|mimalloc|system> <size> [rounds]";
+    let usage = "usage: batch_phases <kmemcg|kmemcg-group|jemalloc|mimalloc|system> <size> [rounds]";
     let (Some(which), Some(size)) = (args.get(1), args.get(2).and_then(|s| s.parse::<usize>().ok())) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -59,6 +61,11 @@ fn main() {
     let n = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3);
     match which.as_str() {
         "kmemcg" => rounds(&KMEM, size, n),
+        "kmemcg-group" => {
+            let g = KMEM.root().create_child("batch").unwrap();
+            let _in = g.enter();
+            rounds(&KMEM, size, n);
+        }
         "jemalloc" => rounds(&tikv_jemallocator::Jemalloc, size, n),
         "mimalloc" => rounds(&mimalloc::MiMalloc, size, n),
         "system" => rounds(&System, size, n),

@@ -375,7 +375,9 @@ impl PageCounter {
         count: bool,
         stop: *const PageCounter,
     ) -> Result<(), &PageCounter> {
-        let mut seen = [0usize; WATERMARK_LEVELS];
+        // Written before it is read (below): not zeroed, as this runs on
+        // every page charge.
+        let mut seen = [core::mem::MaybeUninit::<usize>::uninit(); WATERMARK_LEVELS];
         let mut depth = 0;
         let mut c = Some(self);
         while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
@@ -396,26 +398,30 @@ impl PageCounter {
                 }
                 return Err(k);
             }
-            if let Some(slot) = seen.get_mut(depth) {
-                *slot = new;
+            c = k.parent();
+            if c.is_none_or(|p| core::ptr::eq(p, stop)) {
+                // The last level: nothing above it can refuse now.
+                k.note_watermark(new);
+            } else if let Some(slot) = seen.get_mut(depth) {
+                slot.write(new);
             }
             depth += 1;
-            c = k.parent();
         }
-        // Every level accepted: only now note the watermarks, so that a
-        // charge refused higher up never shows in a lower level's peak. The
-        // first `WATERMARK_LEVELS` levels note the usage their own add made,
-        // which that level accepted; a deeper one notes its usage now,
-        // capped at what it allows.
+        // Every level accepted: only now the levels below the last note
+        // their watermarks, so that a charge refused higher up never shows
+        // in a lower level's peak. The first `WATERMARK_LEVELS` levels note
+        // the usage their own add made, which that level accepted; a
+        // deeper one notes its usage now, capped at what it allows.
         let mut c = Some(self);
-        let mut depth = 0;
-        while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
-            let new = match seen.get(depth) {
-                Some(&new) => new,
+        for i in 0..depth.saturating_sub(1) {
+            let Some(k) = c else { break };
+            let new = match seen.get(i) {
+                // SAFETY: level `i` is below the last, so the first loop
+                // wrote its slot.
+                Some(new) => unsafe { new.assume_init() },
                 None => k.usage().min(k.max().saturating_add(extra)),
             };
             k.note_watermark(new);
-            depth += 1;
             c = k.parent();
         }
         Ok(())
