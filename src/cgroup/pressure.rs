@@ -141,14 +141,13 @@ impl<R: RawMutex> Tree<R> {
                     c.set_thresholds(thresholds).map_err(|usage| Error::LimitBelowUsage { usage })?;
                     return Ok(Some(NonNull::from(c)));
                 }
-                let missing = core::iter::once(g).chain(ancestors(g)).filter(|x| x.pressure(&name).is_none()).count();
-                if spare.len() < missing {
+                // `g` and its ancestors without the resource, nearest first.
+                let lacking = || core::iter::once(g).chain(ancestors(g)).filter(|x| x.pressure(&name).is_none());
+                if spare.len() < lacking().count() {
                     return Ok(None);
                 }
                 // Top down, so each resource's parent exists when it is made.
-                while let Some(top) =
-                    core::iter::once(g).chain(ancestors(g)).filter(|x| x.pressure(&name).is_none()).last()
-                {
+                while let Some(top) = lacking().last() {
                     let t = if core::ptr::eq(top, g) { thresholds } else { Thresholds::UNLIMITED };
                     let Some(mem) = spare.pop() else { return Ok(None) };
                     // SAFETY: a spare node, unused; `top` is `g` or one of
@@ -157,30 +156,21 @@ impl<R: RawMutex> Tree<R> {
                 }
                 Ok(g.pressure(&name).map(NonNull::from))
             })();
-            match r {
-                Ok(None) => {
-                    drop(tree);
-                    let mem = self.alloc_meta(env, &self.pressure_nodes).ok_or(Error::OutOfMemory);
-                    match mem {
+            drop(tree);
+            let r = match r {
+                Ok(None) => match self.alloc_meta(env, &self.pressure_nodes) {
+                    Some(mem) => {
                         // SAFETY: a fresh node of the node cache, ours.
-                        Ok(mem) => unsafe { spare.push(mem) },
-                        Err(e) => {
-                            self.free_spare(env, &mut spare);
-                            return Err(e);
-                        }
+                        unsafe { spare.push(mem) };
+                        continue;
                     }
-                }
-                Ok(Some(c)) => {
-                    drop(tree);
-                    self.free_spare(env, &mut spare);
-                    return Ok(c);
-                }
-                Err(e) => {
-                    drop(tree);
-                    self.free_spare(env, &mut spare);
-                    return Err(e);
-                }
-            }
+                    None => Err(Error::OutOfMemory),
+                },
+                Ok(Some(c)) => Ok(c),
+                Err(e) => Err(e),
+            };
+            self.free_spare(env, &mut spare);
+            return r;
         }
     }
 
