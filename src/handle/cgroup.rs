@@ -77,7 +77,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// back after guards were dropped out of order or forgotten (see
     /// [`Cgroup::enter`]). Guards still alive restore what they saved when
     /// they drop, as usual.
+    ///
+    /// In interrupt context ([`Platform::in_interrupt`]) it does nothing:
+    /// the current group there is the interrupted code's, which may be
+    /// allocating in it.
     pub fn reset_current_group(&self) {
+        if self.platform().in_interrupt() {
+            return;
+        }
         let out = swap_token(self.platform(), core::ptr::null());
         // SAFETY: the slot owned a reference on the token it held (see
         // `TokenHead`); having swapped it out, it is ours to release.
@@ -470,7 +477,15 @@ impl<K: Heap> Cgroup<'static, K> {
     /// drop(b);` leaves `ga` current, and referenced, until
     /// [`Kmem::reset_current_group`] or another out-of-order drop replaces
     /// it (a thread that exits with it current leaves its metadata behind).
+    ///
+    /// In interrupt context ([`Platform::in_interrupt`](crate::Platform::in_interrupt))
+    /// the guard changes nothing: the current group there is the
+    /// interrupted code's, which may be allocating in it (and interrupt
+    /// context charges the root anyway).
     pub fn enter(&self) -> CgroupGuard<'static, K> {
+        if self.kmem.platform().in_interrupt() {
+            return CgroupGuard { kmem: self.kmem, prev: core::ptr::null(), active: false };
+        }
         let g = self.g();
         let token = self.kmem.tree().token(g);
         if !token.is_null() {
@@ -479,7 +494,7 @@ impl<K: Heap> Cgroup<'static, K> {
         }
         // The swapped-out token's reference passes to the guard.
         let prev = swap_token(self.kmem.platform(), token);
-        CgroupGuard { kmem: self.kmem, prev }
+        CgroupGuard { kmem: self.kmem, prev, active: true }
     }
 }
 
@@ -524,7 +539,7 @@ impl<K: Heap> Drop for AtomicScope<'_, K> {
 
 /// Keeps a group current until dropped; see [`Cgroup::enter`].
 ///
-/// Invariant: `prev` is the token that was current when the guard was
+/// Invariant (while `active`): `prev` is the token that was current when the guard was
 /// made, and the guard owns the reference that token holds (see
 /// `cgroup::TokenHead`); dropping the guard makes it current again,
 /// handing that reference to the platform's slot, and releases the
@@ -533,10 +548,24 @@ impl<K: Heap> Drop for AtomicScope<'_, K> {
 pub struct CgroupGuard<'k, K: Heap = Kmem> {
     kmem: &'k KmemOf<K>,
     prev: *const (),
+    /// Whether the guard made its group current (false: made in
+    /// interrupt context, it holds nothing and restores nothing).
+    active: bool,
 }
 
 impl<K: Heap> Drop for CgroupGuard<'_, K> {
     fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        if self.kmem.platform().in_interrupt() {
+            // Dropped in an interrupt handler (which reached a guard of the
+            // code it interrupted): that code's current group stays, as it
+            // may be allocating in it; the guard lets go of what it saved.
+            // SAFETY: the guard owns the reference of the token it saved.
+            unsafe { release_token(self.prev) };
+            return;
+        }
         // The saved token's mark is dropped and the running context's kept
         // (a guard made inside a shrinker and dropped after it, or the
         // reverse, neither leaves the mark behind nor clears it early).
