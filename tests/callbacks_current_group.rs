@@ -143,6 +143,12 @@ fn an_oom_handler_leaves_its_threads_current_group_as_it_found_it() {
     assert!(OOM_RAN.load(Ordering::Relaxed), "the handler ran");
     assert_eq!(k.current_group().name(), "g", "the handler's change of the current group was not undone");
     drop(guard);
+    // The same with the root current.
+    OOM_RAN.store(false, Ordering::Relaxed);
+    // SAFETY: a non-zero size.
+    assert!(unsafe { core::alloc::GlobalAlloc::alloc(k, layout) }.is_null());
+    assert!(OOM_RAN.load(Ordering::Relaxed), "the handler ran");
+    assert!(k.platform().current_group().is_null(), "the handler's group stayed current where the root was");
     k.set_oom_handler(None);
     OOM_OTHER.lock().unwrap().take();
     assert_eq!(other.usage(), 0);

@@ -114,7 +114,7 @@ impl<R: RawMutex> Tree<R> {
             }
             None => ptr::null(),
         };
-        CallbackScope { tree: self, platform, pinned, marks: Marks::add(platform, tags) }
+        CallbackScope { tree: self, platform, pinned, was_root: token.is_null(), marks: Marks::add(platform, tags) }
     }
 }
 
@@ -136,6 +136,9 @@ pub(crate) struct CallbackScope<'a, R: RawMutex, P: Platform> {
     /// holds a reference on; null: none (the root, or another allocator's
     /// group, which this allocation does not charge).
     pinned: *const (),
+    /// Whether the root was current before (put back as well; another
+    /// allocator's group, which the scope holds no reference on, is not).
+    was_root: bool,
     marks: Marks<'a, P>,
 }
 
@@ -148,10 +151,17 @@ impl<R: RawMutex, P: Platform> CallbackScope<'_, R, P> {
 
 impl<R: RawMutex, P: Platform> Drop for CallbackScope<'_, R, P> {
     fn drop(&mut self) {
+        let now = crate::cgroup::marks::untag(self.platform.current_group());
         if self.pinned.is_null() {
+            if self.was_root && !now.is_null() {
+                // The callback left a group current where the root was.
+                let left = swap_token(self.platform, ptr::null());
+                // SAFETY: the context's token, whose reference the swap
+                // handed to us.
+                unsafe { release_token(left) };
+            }
             return;
         }
-        let now = crate::cgroup::marks::untag(self.platform.current_group());
         if now == self.pinned {
             // SAFETY: the group the scope holds a reference on, of this
             // tree (checked when it was taken).
