@@ -124,7 +124,7 @@ impl<R: RawMutex> Tree<R> {
     /// tree (checked under the tree lock, which creation takes) only the
     /// frees of objects already uncharged can still use them. Those run
     /// under a slot's hold, which the drain here waits for, or under a
-    /// read guard (`Kmem::free_into_slow`), which the caches' freeing
+    /// read guard (`Tree::free_uncharged`), which the caches' freeing
     /// waits for (they go through limbo). A cache is freed only once its
     /// slabs are gone, so a free whose object is still in a slab keeps it.
     /// A group made after the lock is let go makes them anew. (Typed
