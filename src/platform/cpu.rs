@@ -309,7 +309,7 @@ pub struct RseqFast {
 /// callbacks) by compare-and-swap ([`Platform::retag_current_group`]).
 #[derive(Debug, Default)]
 pub struct NoCpus {
-    /// The token without `std` (with it, [`NOCPUS_GROUP`]).
+    /// The token without `std` (with it, `NOCPUS_GROUP`).
     #[cfg_attr(feature = "std", allow(dead_code))]
     current: AtomicPtr<()>,
     /// Whether slot 0 is held (by the context, or stolen by a drain):
