@@ -134,6 +134,9 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
         if node >= MAX_NODES {
             return Err(RegionError::BadNode);
         }
+        if self.overlaps_a_span(start, len) {
+            return Err(RegionError::Overlap);
+        }
         let mut buddy = self.nodes[node].lock();
         // The first region of the source serves a `Kmem`'s first
         // allocation. (Two regions added at once to different nodes may
@@ -156,6 +159,23 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
         self.spans[node].store(n + 1, Ordering::Release);
         self.reserved.add(buddy.managed_pages() - before);
         Ok(())
+    }
+
+    /// Whether `[start, start + len)` overlaps a region of any node (from
+    /// its first byte, metadata included, to the end of its pages). Each
+    /// node's buddy refuses overlaps among its own zones; this covers the
+    /// others: frees find their node by address, so memory added to two
+    /// nodes (a block of this source, leaked and added again elsewhere)
+    /// sent one node's pages to the other.
+    fn overlaps_a_span(&self, start: *mut u8, len: usize) -> bool {
+        let (lo, hi) = (start.addr(), start.addr().saturating_add(len));
+        (0..MAX_NODES).any(|node| {
+            let n = self.spans[node].load(Ordering::Acquire);
+            self.span_table[node][..n].iter().any(|s| {
+                let (base, end) = (s.base.load(Ordering::Relaxed).addr(), s.end.load(Ordering::Relaxed));
+                lo < end && base < hi
+            })
+        })
     }
 
     /// The span that holds `addr`, without taking a lock.

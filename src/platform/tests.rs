@@ -38,6 +38,34 @@ fn region_errors() {
     r.check();
 }
 
+/// Memory already in one node's region is refused on every other node,
+/// not only on its own: frees find their node by address, so memory in
+/// two nodes (a block of the source, leaked and added again) sent one
+/// node's pages to the other (found by a review).
+#[test]
+fn a_region_overlapping_another_nodes_is_refused() {
+    let r = leak(R::new());
+    let mem = arena(64 * PAGE_SIZE);
+    let (p, len) = (mem.as_mut_ptr() as *mut u8, mem.len());
+    r.add(mem, 0).unwrap();
+    let free = (r.free_pages_on(0), r.free_pages_on(1));
+    for node in 1..MAX_NODES {
+        // SAFETY: each call is refused before the memory is touched.
+        unsafe {
+            assert_eq!(r.add_raw(p, len, node), Err(RegionError::Overlap), "the whole region, node {node}");
+            assert_eq!(r.add_raw(p.add(16 * PAGE_SIZE), 8 * PAGE_SIZE, node), Err(RegionError::Overlap), "inside it");
+            assert_eq!(
+                r.add_raw(p.wrapping_sub(PAGE_SIZE), 2 * PAGE_SIZE, node),
+                Err(RegionError::Overlap),
+                "its start"
+            );
+        }
+    }
+    assert_eq!((r.free_pages_on(0), r.free_pages_on(1)), free, "a refused add changed a node");
+    r.add(arena(16 * PAGE_SIZE), 1).unwrap();
+    r.check();
+}
+
 /// `len` bytes of leaked memory starting `skew` bytes past a 1 MiB
 /// boundary.
 fn placed(len: usize, skew: usize) -> *mut u8 {
