@@ -46,11 +46,12 @@
 //! # The fast paths
 //!
 //! A hit touches the slot's handshake line, the cache's `CpuMags` for the
-//! slot (the loaded magazine, its fill level and capacity; no other busy
-//! slot shares its line) and one round of the loaded magazine, with no
-//! call and no stack frame: a `GlobalAlloc` hit, the size-class lookup
-//! included, is 47 instructions to allocate and 51 to free under
-//! callgrind (jemalloc's: 33 and 36). Every other case (no slot yet, an
+//! slot (the loaded magazine's top, floor and ceiling; no other busy slot
+//! shares its line) and one round of the loaded magazine, with no call
+//! and no stack frame: a `GlobalAlloc` hit, the size-class lookup
+//! included, is 41 instructions to allocate and 43 to free under
+//! callgrind (`__rust_alloc` and `__rust_dealloc` in `scripts/icount.sh`'s
+//! `box` case; jemalloc's, in an earlier count: 33 and 36). Every other case (no slot yet, an
 //! empty or full magazine, a remote-node free, a drain racing) goes out
 //! of line. Loom checks the protocol with full fences on both sides
 //! (`src/tests/loom_magazine.rs`).
@@ -89,7 +90,7 @@ mod refill;
 mod slots;
 mod stock;
 
-use cpu_mags::CpuMags;
+use cpu_mags::{CpuMags, Spilled};
 use depot::Depot;
 pub(crate) use drain::drain_many;
 pub use slots::SlotStats;
@@ -471,9 +472,9 @@ impl<R: RawMutex> MagCache<R> {
                 } else {
                     cx.slots().note(slot, false);
                     self.note_slot(slot);
-                    m.spill_count();
-                    let r = self.alloc_refill(cx, slot, m);
-                    m.reload(self.rounds);
+                    let mut s = m.spill();
+                    let r = self.alloc_refill(cx, slot, &mut s);
+                    m.load(s, self.rounds);
                     r
                 }
             }
@@ -489,7 +490,7 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// `m.loaded` is a live magazine with at least one round.
     #[inline(always)]
-    unsafe fn pop(m: &mut CpuMags) -> Result<NonNull<u8>, GrowError> {
+    unsafe fn pop(m: &mut Spilled) -> Result<NonNull<u8>, GrowError> {
         // SAFETY: per the contract.
         unsafe {
             let l = m.loaded;
@@ -577,9 +578,9 @@ impl<R: RawMutex> MagCache<R> {
                         cx.slots().note(slot, hit);
                         if !hit {
                             self.note_slot(slot);
-                            m.spill_count();
-                            self.free_spill(cx, slot, m, ptr);
-                            m.reload(self.rounds);
+                            let mut s = m.spill();
+                            self.free_spill(cx, slot, &mut s, ptr);
+                            m.load(s, self.rounds);
                         }
                     }
                 });
@@ -597,10 +598,9 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// # Safety
     ///
-    /// The caller holds `slot`, `m` is its magazines of this cache with
-    /// current counts (`spill_count`), and `ptr` is a live object of this
-    /// cache.
-    unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut CpuMags, ptr: NonNull<u8>) {
+    /// The caller holds `slot`, `m` is its magazines of this cache
+    /// ([`CpuMags::spill`]), and `ptr` is a live object of this cache.
+    unsafe fn free_spill<E: Env<R>>(&self, cx: &E, slot: usize, m: &mut Spilled, ptr: NonNull<u8>) {
         let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
         // SAFETY: as in `alloc_refill`; `ptr` is a live object of ours.
         unsafe {

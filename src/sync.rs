@@ -163,17 +163,6 @@ impl<T> core::ops::DerefMut for OneCell<T> {
     }
 }
 
-/// [`at`] for a mutable element.
-///
-/// # Safety
-///
-/// `i < s.len()`.
-#[inline(always)]
-pub(crate) unsafe fn at_mut<T>(s: &mut [T], i: usize) -> &mut T {
-    // SAFETY: in bounds (caller).
-    unsafe { &mut *s.as_mut_ptr().add(i) }
-}
-
 /// Loom has no compiler fence, and needs none: it never reorders one
 /// thread's own accesses, and a compiler fence orders nothing between
 /// threads. So it is nothing here, as on the hardware: a model of an

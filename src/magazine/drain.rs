@@ -5,7 +5,7 @@ use lock_api::RawMutex;
 
 use core::ptr::NonNull;
 
-use super::{CpuMags, Env, MagCache, Magazine};
+use super::{Env, MagCache, Magazine};
 use crate::platform::{MAX_CPUS, MAX_NODES};
 use crate::slab::Pages;
 use crate::sync::Ordering;
@@ -34,10 +34,8 @@ impl<R: RawMutex> MagCache<R> {
             // SAFETY: per the caller, the slot is ours.
             let m = unsafe { &mut *m };
             // SAFETY: the invariant of `CpuMags` holds between operations.
-            unsafe { m.spill_count() };
-            let t = (m.loaded, m.previous);
-            *m = CpuMags::EMPTY;
-            t
+            let s = unsafe { m.spill() };
+            (s.loaded, s.previous)
         })
     }
 

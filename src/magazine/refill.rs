@@ -5,7 +5,7 @@ use core::ptr::{self, NonNull};
 
 use lock_api::RawMutex;
 
-use super::{CpuMags, Env, MagCache, Magazine};
+use super::{Env, MagCache, Magazine, Spilled};
 use crate::platform::{MAX_NODES, PageSource, Platform};
 use crate::slab::{GrowError, Pages};
 
@@ -21,15 +21,15 @@ impl<R: RawMutex> MagCache<R> {
     ///
     /// # Safety
     ///
-    /// The caller holds `slot`, `m` is its magazines of this cache, and
-    /// the magazines' own counts are current (`spill_count`).
+    /// The caller holds `slot`, and `m` is its magazines of this cache
+    /// ([`CpuMags::spill`](super::CpuMags::spill)).
     #[cold]
     #[inline(never)]
     pub(super) unsafe fn alloc_refill<E: Env<R>>(
         &self,
         cx: &E,
         slot: usize,
-        m: &mut CpuMags,
+        m: &mut Spilled,
     ) -> Result<NonNull<u8>, GrowError> {
         let node = cx.plat().node_of(slot).min(MAX_NODES - 1);
         // SAFETY: the slot's magazines are ours (contract); magazines taken
@@ -107,7 +107,7 @@ impl<R: RawMutex> MagCache<R> {
         cx: &E,
         slot: usize,
         node: usize,
-        m: &mut CpuMags,
+        m: &mut Spilled,
     ) -> Result<NonNull<u8>, GrowError> {
         let p = self.cache.alloc(&self.pages(cx, Some(slot)), node)?;
         let Some(e) = Self::new_magazine(cx, node) else { return Ok(p) };
