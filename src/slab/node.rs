@@ -58,6 +58,12 @@ pub(super) fn free_map(s: *mut Slab) -> *mut u64 {
     s.cast::<u8>().wrapping_add(MAP_OFFSET).cast()
 }
 
+/// The `t` lowest bits set (`t <= 63`).
+#[inline(always)]
+fn low_bits(t: usize) -> u64 {
+    (1u64 << t) - 1
+}
+
 /// An intrusive doubly linked list of slabs.
 pub(super) struct List {
     pub(super) head: *mut Slab,
@@ -243,6 +249,14 @@ impl NodeSlabs {
     /// headers of objects freed long after they were used miss the
     /// cache).
     ///
+    /// Objects next to each other in `objs` and in the slab, going up or
+    /// down (a magazine of objects freed in the order they were
+    /// allocated: a refill hands a slab's objects out from the top down),
+    /// are taken a bitmap word at a time: their bits gather in a
+    /// register, with one address compare each, and go into the word
+    /// with one double-free test for them all. Any other object takes the
+    /// division and the slot test of its own.
+    ///
     /// # Safety
     ///
     /// `objs` are distinct live objects of slabs with geometry `g` (of
@@ -270,13 +284,13 @@ impl NodeSlabs {
             // Object slots end here (from `first`): an offset past it, or
             // before `first` (wrapped), is no slot.
             let span = g.capacity * g.size;
-            let mut rest = objs;
-            while let Some((&obj, tail)) = rest.split_first() {
+            let mut k = 0;
+            while let Some(&obj) = objs.get(k) {
                 if obj.addr() & g.slab_mask != s.addr() {
                     break;
                 }
-                rest = tail;
-                if let Some(&ahead) = tail.get(PREFETCH_AHEAD) {
+                k += 1;
+                if let Some(&ahead) = objs.get(k + PREFETCH_AHEAD - 1) {
                     prefetch_write(ahead.map_addr(|a| a & g.slab_mask));
                 }
                 let off = obj.addr().wrapping_sub(first);
@@ -287,19 +301,57 @@ impl NodeSlabs {
                     // slab as it is.
                     _ => continue,
                 };
-                let word = map.add(i / 64);
-                let (old, new) = (*word, *word | 1u64 << (i % 64));
-                if new == old {
+                let k0 = k - 1;
+                let w = i / 64;
+                let mut bits = 1u64 << (i % 64);
+                // The neighbours that follow `obj` in `objs`, in one
+                // direction, as far as the word's slots go (below
+                // `capacity`, so each is a slot of this slab).
+                let lo = w * 64;
+                let hi = (lo + 64).min(g.capacity);
+                let next = objs.get(k).map_or(0, |p| p.addr());
+                if next == obj.addr().wrapping_add(g.size) {
+                    let n = (hi - 1 - i).min(objs.len() - k);
+                    let mut at = next;
+                    let mut t = 0;
+                    while t < n && objs.get_unchecked(k + t).addr() == at {
+                        t += 1;
+                        at = at.wrapping_add(g.size);
+                    }
+                    // Bits `i % 64 + 1 ..= i % 64 + t` (none for `t == 0`,
+                    // whose shift may be 64).
+                    bits |= low_bits(t).wrapping_shl((i % 64 + 1) as u32);
+                    k += t;
+                } else if next == obj.addr().wrapping_sub(g.size) {
+                    let n = (i - lo).min(objs.len() - k);
+                    let mut at = next;
+                    let mut t = 0;
+                    while t < n && objs.get_unchecked(k + t).addr() == at {
+                        t += 1;
+                        at = at.wrapping_sub(g.size);
+                    }
+                    // Bits `i % 64 - t .. i % 64`.
+                    bits |= low_bits(t) << (i % 64 - t);
+                    k += t;
+                }
+                let word = map.add(w);
+                let old = *word;
+                // `obj` and its `t` neighbours.
+                let mut freed = (k - k0) as u32;
+                if old & bits != 0 {
                     // Already free: a double free. Refusing it keeps the
                     // slab's count and bitmap right.
                     crate::platform::hardened_abort("kmemcg: double free");
-                    continue;
+                    bits &= !old;
+                    freed = bits.count_ones();
+                    if bits == 0 {
+                        continue;
+                    }
                 }
-                *word = new;
-                hint = hint.min(i / 64);
-                back += 1;
+                *word = old | bits;
+                hint = hint.min(w);
+                back += freed;
             }
-            let k = objs.len() - rest.len();
             if back == 0 {
                 return (k, None);
             }

@@ -404,3 +404,79 @@ fn bulk_free_refuses_misuse_in_a_batch() {
     assert_eq!(again, want, "the objects handed out again are the four that went back");
     cache.check();
 }
+
+/// Frees in runs of neighbouring objects, going up and going down (what
+/// a magazine flush of objects freed in the order they were allocated
+/// hands `free_bulk`), of every length from one to past a bitmap word
+/// and across slab ends, with gaps, singles and, outside hardened mode,
+/// objects already free inside a run: after every batch the slabs are
+/// consistent, the count is the shadow's, and what is allocated again is
+/// exactly what went back, each object once. (One object of each slab
+/// stays live, so no slab goes back to the source under a double free.)
+#[test]
+fn bulk_free_of_neighbouring_runs_model() {
+    for &(size, align) in &[(8usize, 8usize), (48, 16), (64, 8), (1024, 1024)] {
+        let slabs = if cfg!(miri) { 2 } else { 4 };
+        let (src, cache, objs) = full_slabs(8 << 20, size, align, slabs);
+        let mut objs: Vec<*mut u8> = objs.iter().map(|p| p.as_ptr()).collect();
+        objs.sort();
+        let index: std::collections::BTreeMap<usize, usize> =
+            objs.iter().enumerate().map(|(i, &p)| (p as usize, i)).collect();
+        // The lowest object of each slab stays live, so that no slab goes
+        // back to the source and a double free never reads a freed header.
+        let mask = cache.geometry().slab_mask;
+        let pinned: Vec<bool> =
+            (0..objs.len()).map(|i| i == 0 || objs[i] as usize & mask != objs[i - 1] as usize & mask).collect();
+        let mut live = std::vec![true; objs.len()];
+        let mut nlive = objs.len();
+        let mut rng = Rng::new(size as u64 ^ 0x5eed);
+        let rounds = if cfg!(miri) { 6 } else { 200 };
+        for round in 0..rounds {
+            let mut batch = Vec::new();
+            let mut freed = std::collections::BTreeSet::new();
+            for _ in 0..1 + rng.below(4) {
+                let most = if rng.chance(50) { 8 } else { 150 };
+                let len = 1 + rng.below(most);
+                let start = rng.below(objs.len());
+                let up = rng.chance(50);
+                for t in 0..len {
+                    let Some(i) = (if up { start.checked_add(t) } else { start.checked_sub(t) }) else { break };
+                    if i >= objs.len() {
+                        break;
+                    }
+                    // Free ones in a run are gaps, or (not hardened, one
+                    // round in four) double frees the slab must refuse.
+                    let misuse = cfg!(not(feature = "hardened")) && round % 4 == 3;
+                    if pinned[i] {
+                        continue;
+                    }
+                    if (live[i] && freed.insert(i)) || (misuse && !live[i] && rng.chance(30)) {
+                        batch.push(objs[i]);
+                    }
+                }
+            }
+            // SAFETY: the live objects in `batch` are distinct objects of
+            // this cache, each freed once; the rest (not hardened) is the
+            // misuse under test, which must be refused.
+            unsafe { cache.free_bulk(&Pages::plain(src), &batch) };
+            for &i in &freed {
+                live[i] = false;
+            }
+            nlive -= freed.len();
+            cache.check();
+            assert_eq!(cache.stats().active_objects, nlive, "round {round}, size {size}");
+            // Take some back: each must be one of ours that is free.
+            let n = rng.below(objs.len() - nlive + 1);
+            let mut out = std::vec![core::ptr::null_mut(); n];
+            let got = cache.alloc_bulk(&Pages::plain(src), 0, &mut out).unwrap();
+            for &p in &out[..got] {
+                let i = *index.get(&(p as usize)).expect("an object outside the slabs freed into");
+                assert!(!live[i], "{p:p} handed out twice");
+                live[i] = true;
+            }
+            nlive += got;
+            cache.check();
+            assert_eq!(cache.stats().active_objects, nlive);
+        }
+    }
+}
