@@ -199,10 +199,19 @@ impl NodeSlabs {
                 while got < want && w < g.words() {
                     let mut bits = *map.add(w);
                     while bits != 0 && got < want {
-                        let i = w * 64 + bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        out[n + got] = (s as *mut u8).add(g.first + i * g.size);
-                        got += 1;
+                        // A run of free slots, from the lowest free bit:
+                        // its objects are `size` apart, one add each (a
+                        // fresh slab's words are whole runs).
+                        let low = bits.trailing_zeros() as usize;
+                        let take = ((!(bits >> low)).trailing_zeros() as usize).min(want - got);
+                        let mut p = (s as *mut u8).add(g.first + (w * 64 + low) * g.size);
+                        for slot in &mut out[n + got..n + got + take] {
+                            *slot = p;
+                            p = p.wrapping_add(g.size);
+                        }
+                        // `1 <= take <= 64 - low`.
+                        bits &= !((u64::MAX >> (64 - take)) << low);
+                        got += take;
                     }
                     *map.add(w) = bits;
                     if bits == 0 {
