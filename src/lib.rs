@@ -51,8 +51,8 @@
 //!   request wastes at most 25% of its class.
 //! * **magazine**: a small stack of free objects of one cache; each CPU
 //!   slot has a *loaded* and a *previous* one per cache (Bonwick), in a
-//!   cache line of its own that also holds the loaded one's fill level, so
-//!   a hit touches that line and one round.
+//!   cache line of its own that also holds the loaded one's top, floor and
+//!   ceiling, so a hit touches that line and one round.
 //! * **depot**: per node and cache, the spare full and empty magazines.
 //! * **group**: a node of the cgroup tree ([`Cgroup`]); the root is the
 //!   whole allocator.
