@@ -92,7 +92,7 @@ mod stock;
 
 use cpu_mags::{CpuMags, Spilled};
 use depot::Depot;
-pub(crate) use drain::drain_many;
+pub(crate) use drain::{drain_many, reap_slots};
 pub use slots::SlotStats;
 pub(crate) use slots::Slots;
 pub(crate) use stock::{Stock, Stocks};

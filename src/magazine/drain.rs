@@ -58,22 +58,11 @@ impl<R: RawMutex> MagCache<R> {
         drain_many(cx, |f| f(self), None)
     }
 
-    /// Bonwick's working-set reap: give back the depot magazines unused
-    /// since the last reap, drain slots nobody holds, and drain the slots
-    /// `idle` marks (unused for a whole reap interval, see
-    /// [`Slots::reap_idle_mask`](super::Slots::reap_idle_mask)) or that took
-    /// no slow path on this cache since the last reap. Returns objects
-    /// flushed.
-    pub(crate) fn reap<E: Env<R>>(&self, cx: &E, idle: &[bool; MAX_CPUS]) -> usize {
+    /// The depot part of Bonwick's working-set reap: give back the depot
+    /// magazines unused since the last reap (the slots' part is
+    /// [`reap_slots`]). Returns objects flushed.
+    pub(crate) fn reap_depots<E: Env<R>>(&self, cx: &E) -> usize {
         let mut n = 0;
-        // Slots that took no slow path on this cache since the last reap
-        // left it alone: their magazines of it go back too, even while the
-        // slot is in use for other caches.
-        let active = self.active_slots.swap(0, Ordering::Relaxed);
-        for (slot, &idle) in idle.iter().enumerate() {
-            let cold = active & (1 << slot) == 0;
-            n += drain_slots(cx, |f| f(self), 1 << slot, !(idle || cold));
-        }
         for node in 0..MAX_NODES {
             let (full, empty) = {
                 let mut d = self.depots[node].lock();
@@ -100,6 +89,59 @@ impl<R: RawMutex> MagCache<R> {
     }
 }
 
+/// The slots' part of Bonwick's working-set reap, for every cache `each`
+/// yields, with at most one handshake per slot and none that waits: a
+/// slot's magazines of a cache go back when nobody holds the slot
+/// (stolen), when the slot went unused for a whole interval (`idle`, see
+/// [`Slots::reap_idle_mask`](super::Slots::reap_idle_mask)), or when the
+/// slot took no slow path on that cache since the last reap (its working
+/// set left the cache alone). A slot held at this instant, or drained by
+/// someone else, is passed over: reaps run inside allocations (decay),
+/// where waiting for a preempted holder stalled the allocating thread for
+/// seconds, one scheduling round per cache and slot. Each slot then
+/// starts a new interval. Returns objects flushed.
+pub(crate) fn reap_slots<E: Env<R>, R: RawMutex>(
+    cx: &E,
+    each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
+    idle: &[bool; MAX_CPUS],
+) -> usize {
+    let mut used = 0usize;
+    each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed));
+    let mut n = 0;
+    for slot in (0..MAX_CPUS).filter(|s| used & (1 << s) != 0) {
+        let bit = 1usize << slot;
+        let cold_in = |c: &MagCache<R>| {
+            c.used_slots.load(Ordering::Relaxed) & bit != 0 && c.active_slots.load(Ordering::Relaxed) & bit == 0
+        };
+        let mut cold = idle[slot];
+        if !cold {
+            each(&mut |c| cold |= cold_in(c));
+        }
+        let stolen = if cold {
+            cx.slots().try_begin_drain(cx.plat(), slot)
+        } else {
+            cx.slots().try_steal(cx.plat(), slot).then_some(true)
+        };
+        if let Some(stolen) = stolen {
+            each(&mut |c| {
+                if c.used_slots.load(Ordering::Relaxed) & bit != 0 && (stolen || idle[slot] || cold_in(c)) {
+                    // Cleared before taking: see `used_slots`.
+                    c.used_slots.fetch_and(!bit, Ordering::Relaxed);
+                    let taken = c.take_slot(slot);
+                    n += c.discard_pair(cx, taken);
+                }
+            });
+            cx.slots().end_drain(cx.plat(), slot, stolen);
+        }
+        each(&mut |c| {
+            if c.active_slots.load(Ordering::Relaxed) & bit != 0 {
+                c.active_slots.fetch_and(!bit, Ordering::Relaxed);
+            }
+        });
+    }
+    n
+}
+
 /// Empties the magazines of every cache `each` yields, on every slot and
 /// in every depot, with one handshake per slot that any of them used (and
 /// at most the slots in `mask`, if given). Returns the objects flushed.
@@ -110,34 +152,30 @@ pub(crate) fn drain_many<E: Env<R>, R: RawMutex>(
 ) -> usize {
     let mut used = 0u64;
     each(&mut |c| used |= c.used_slots.load(Ordering::Relaxed) as u64);
-    let mut n = drain_slots(cx, &each, used & mask.unwrap_or(u64::MAX), false);
+    let mut n = drain_slots(cx, &each, used & mask.unwrap_or(u64::MAX));
     each(&mut |c| n += c.empty_depots(cx));
     n
 }
 
 /// Drains the slots in `slots` for every cache `each` yields: one
-/// handshake (or steal) per slot; with `orphans_only`, only slots that
-/// nobody holds.
+/// handshake (or steal) per slot.
 pub(super) fn drain_slots<E: Env<R>, R: RawMutex>(
     cx: &E,
     each: impl Fn(&mut dyn FnMut(&MagCache<R>)),
     slots: u64,
-    orphans_only: bool,
 ) -> usize {
     let mut n = 0;
     for slot in (0..MAX_CPUS).filter(|s| slots & (1 << s) != 0) {
         let bit = 1u64 << slot;
         let stolen = cx.slots().begin_drain(cx.plat(), slot);
-        if stolen || !orphans_only {
-            each(&mut |c| {
-                if c.used_slots.load(Ordering::Relaxed) as u64 & bit != 0 {
-                    // Cleared before taking: see `used_slots`.
-                    c.used_slots.fetch_and(!(bit as usize), Ordering::Relaxed);
-                    let taken = c.take_slot(slot);
-                    n += c.discard_pair(cx, taken);
-                }
-            });
-        }
+        each(&mut |c| {
+            if c.used_slots.load(Ordering::Relaxed) as u64 & bit != 0 {
+                // Cleared before taking: see `used_slots`.
+                c.used_slots.fetch_and(!(bit as usize), Ordering::Relaxed);
+                let taken = c.take_slot(slot);
+                n += c.discard_pair(cx, taken);
+            }
+        });
         cx.slots().end_drain(cx.plat(), slot, stolen);
     }
     n

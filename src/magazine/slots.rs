@@ -95,7 +95,7 @@ impl Slots {
 
     /// The holder's side: the caller's slot, or `None` for the shared path.
     #[inline(always)]
-    pub(super) fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
+    pub(crate) fn hold<P: Platform>(&self, plat: &P) -> Option<usize> {
         // SAFETY: the allocator holds one slot at a time: the caller holds
         // none, and `unhold` (or the handshake's refusal) exits this one.
         self.handshake(plat, unsafe { plat.enter() }?, false)
@@ -145,7 +145,7 @@ impl Slots {
 
     /// Ends the holder's use of `slot`.
     #[inline(always)]
-    pub(super) fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
+    pub(crate) fn unhold<P: Platform>(&self, plat: &P, slot: usize) {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let state = &unsafe { self.sync.get_unchecked(slot) }.state;
         if plat.slots_are_locks() {
@@ -197,6 +197,56 @@ impl Slots {
         false
     }
 
+    /// [`Slots::begin_drain`] that waits for nobody: `None` when another
+    /// drainer has the slot or its holder is in an operation now (which
+    /// may last a scheduling round when the holder was preempted in it),
+    /// else exclusive access until `end_drain`, as `begin_drain` gives
+    /// (`Some(stolen)`). For reaps, which run inside allocations (decay)
+    /// and give back what nobody uses: a slot held at this instant is in
+    /// use, and the next reap finds it.
+    pub(crate) fn try_begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> Option<bool> {
+        let s = &self.sync[slot];
+        if s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return None;
+        }
+        // SAFETY: as in `begin_drain`.
+        if unsafe { plat.steal(slot) } {
+            return Some(true);
+        }
+        if !plat.slots_are_locks() {
+            s.drain.store(true, Ordering::Relaxed);
+            if plat.asymmetric() {
+                plat.heavy_barrier();
+            } else {
+                fence(Ordering::SeqCst);
+            }
+            if s.state.load(Ordering::Acquire) != HELD {
+                return Some(false);
+            }
+            // Held: withdraw. A holder that saw the flag meanwhile took
+            // the shared path for one operation; nothing else changed.
+            s.drain.store(false, Ordering::Relaxed);
+        }
+        s.drainers.store(false, Ordering::Release);
+        None
+    }
+
+    /// Exclusive access to `slot`'s magazines if nobody holds the slot
+    /// (the platform's `steal`), with no handshake: for a reap's drain of
+    /// orphaned slots. `end_drain(.., true)` ends it.
+    pub(crate) fn try_steal<P: Platform>(&self, plat: &P, slot: usize) -> bool {
+        let s = &self.sync[slot];
+        if s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        // SAFETY: as in `begin_drain`.
+        if unsafe { plat.steal(slot) } {
+            return true;
+        }
+        s.drainers.store(false, Ordering::Release);
+        false
+    }
+
     /// For a reap: which slots went unused since the previous call; marks
     /// every slot unused for the next one.
     pub(crate) fn reap_idle_mask(&self) -> [bool; MAX_CPUS] {
@@ -210,7 +260,7 @@ impl Slots {
         idle
     }
 
-    pub(super) fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
+    pub(crate) fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
         let s = &self.sync[slot];
         if stolen {
             // SAFETY: `begin_drain` stole it (`stolen`).

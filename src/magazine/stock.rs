@@ -110,16 +110,26 @@ impl Stocks {
     /// Takes, through the handshake, every slot's stock that `want` picks
     /// (it sees the stock, owner and bytes, while no slot holds it), and
     /// hands each to `each` once no slot holds it any more. `each` runs
-    /// with no slot held or drained.
+    /// with no slot held or drained. `wait`: wait out a holder's operation
+    /// in progress; else pass a slot held now over
+    /// ([`Slots::try_begin_drain`](super::Slots::try_begin_drain)).
     pub(crate) fn drain<R: RawMutex, E: Env<R>>(
         &self,
         cx: &E,
+        wait: bool,
         want: impl Fn(&Stock) -> bool,
         mut each: impl FnMut(Stock),
     ) {
         let used = self.used.load(Ordering::Relaxed);
         for slot in (0..MAX_CPUS).filter(|s| used & (1 << s) != 0) {
-            let stolen = cx.slots().begin_drain(cx.plat(), slot);
+            let stolen = if wait {
+                cx.slots().begin_drain(cx.plat(), slot)
+            } else {
+                match cx.slots().try_begin_drain(cx.plat(), slot) {
+                    Some(stolen) => stolen,
+                    None => continue,
+                }
+            };
             let taken = self.cells[slot].with_mut(|s| {
                 // SAFETY: the handshake (or the steal) gives us the slot.
                 let s = unsafe { &mut *s };

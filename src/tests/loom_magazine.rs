@@ -324,16 +324,81 @@ fn loom_depot_exchange_between_two_cpus() {
     });
 }
 
+/// Spawns the owner of slot 0, which fills its magazine with one round
+/// trip, says so, then allocates and frees more (two magazines' worth of
+/// holds), and waits until it has said so: a drain or reap that follows
+/// has work on the slot, and races the owner's later holds. (Started
+/// without the wait, such a model had loom explore one execution: the
+/// drain ran first and found no slot used.)
+fn owner_with_a_used_slot(env: &Arc<TestEnv>, c: &Arc<MagCache<R>>) -> thread::JoinHandle<()> {
+    let ready = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+    let said = ready.clone();
+    let owner = spawn_on(0, env, c, move |env, c| {
+        churn(env, c, 1, 6);
+        said.store(true, std::sync::atomic::Ordering::Release);
+        churn(env, c, 2, 7);
+        churn(env, c, 2, 8);
+    });
+    while !ready.load(std::sync::atomic::Ordering::Acquire) {
+        thread::yield_now();
+    }
+    owner
+}
+
 #[test]
 fn loom_slot_drained_while_owner_allocates() {
     model(1, |env, c| {
-        let owner = spawn_on(0, &env, &c, |env, c| {
-            churn(env, c, 2, 7);
-            churn(env, c, 2, 8);
-        });
+        let owner = owner_with_a_used_slot(&env, &c);
         // This thread holds no slot: it drains slot 0 through the handshake.
         c.drain(&*env);
         owner.join().unwrap();
+        settle(&env, &c);
+    });
+}
+
+#[test]
+fn loom_slot_reaped_while_owner_allocates() {
+    // A reap waits for no holder (`reap_slots`, `Slots::try_begin_drain`):
+    // it passes over a slot held at the instant it looks, and otherwise
+    // drains it while its owner, whose slot counts as idle and whose
+    // cache as cold, allocates and frees through it. No object is handed
+    // out twice or lost, and the reap never touches magazines a holder is
+    // using.
+    model(1, |env, c| {
+        let owner = owner_with_a_used_slot(&env, &c);
+        crate::magazine::reap_slots(&*env, |f| f(&c), &[true; crate::platform::MAX_CPUS]);
+        owner.join().unwrap();
+        settle(&env, &c);
+    });
+}
+
+#[test]
+fn loom_percpu_slots_reaped_while_cpus_allocate() {
+    // As `loom_slot_reaped_while_owner_allocates`, on `PerCpu`'s try-lock
+    // slots (both idle, so the reap drains each it can): the reap steals a
+    // slot whose lock is free and passes over a taken one; no slot is left
+    // taken. Fails if a taken slot is drained anyway.
+    loom::model(|| {
+        let env = Arc::new(TestEnv::per_cpu());
+        let c = Arc::new(cache(&env));
+        for slot in 0..2 {
+            set_slot(slot);
+            churn(&env, &c, 1, 9);
+        }
+        set_slot(usize::MAX);
+        let ths: Vec<_> =
+            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 3, slot as u8 + 1))).collect();
+        crate::magazine::reap_slots(&*env, |f| f(&c), &[true; crate::platform::MAX_CPUS]);
+        for t in ths {
+            t.join().unwrap();
+        }
+        for slot in 0..2 {
+            let p = env.plat.single.as_ref().unwrap();
+            // SAFETY: no other thread runs now; given back at once.
+            assert!(unsafe { p.steal(slot) }, "slot {slot} was left taken");
+            // SAFETY: stolen just above.
+            unsafe { p.unsteal(slot) };
+        }
         settle(&env, &c);
     });
 }

@@ -242,6 +242,26 @@ fn spawn<T: Send + 'static>(
     thread::Builder::new().stack_size(STACK).spawn(move || f(&env)).unwrap()
 }
 
+/// [`spawn`], returning once the thread has started `f`: a model whose
+/// main thread races the new one must let it start first, or loom may
+/// explore only the executions where the main thread's side ran before
+/// the thread existed (one, for `loom_a_removed_groups_free_into_a_stock_races_a_reap`).
+fn spawn_started<T: Send + 'static>(
+    env: &Arc<TreeEnv>,
+    f: impl FnOnce(&TreeEnv) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let started = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+    let said = started.clone();
+    let t = spawn(env, move |env| {
+        said.store(true, std::sync::atomic::Ordering::Release);
+        f(env)
+    });
+    while !started.load(std::sync::atomic::Ordering::Acquire) {
+        thread::yield_now();
+    }
+    t
+}
+
 #[test]
 fn loom_remove_races_allocation_in_the_group() {
     // A group is removed while a thread allocates and frees in it: the
@@ -251,7 +271,7 @@ fn loom_remove_races_allocation_in_the_group() {
     model(|env| {
         let (g, x) = env.child_with_an_object();
         let gp = g as *const Group<R> as usize;
-        let allocator = spawn(&env, move |env| {
+        let allocator = spawn_started(&env, move |env| {
             // SAFETY: the main thread's reference keeps `g` alive until
             // after the join.
             let g = unsafe { &*(gp as *const Group<R>) };
@@ -274,7 +294,7 @@ fn loom_remove_races_a_remote_free() {
     // objects is gone.
     model(|env| {
         let (g, x) = env.child_with_an_object();
-        let remote = spawn(&env, move |env| env.free(x));
+        let remote = spawn_started(&env, move |env| env.free(x));
         env.tree.remove(&*env, g).unwrap();
         remote.join().unwrap();
         env.put_and_settle(g);
@@ -472,7 +492,7 @@ fn loom_a_removed_groups_free_into_a_stock_races_a_reap() {
     model(|env| {
         let (g, x) = env.child_with_an_object();
         env.remove_and_put(g);
-        let freer = spawn(&env, move |env| {
+        let freer = spawn_started(&env, move |env| {
             on_slot(0);
             env.free(x);
         });

@@ -261,7 +261,7 @@ impl<R: RawMutex> Tree<R> {
     /// Takes every stock holding `g` from the slots (a removal).
     pub(super) fn drain_stocks_of<E: Env<R>>(&self, env: &E, g: &Group<R>) {
         let key = g.key();
-        self.stocks.drain(env, |s| s.owner == key, |s| self.flush_stock(s));
+        self.stocks.drain(env, true, |s| s.owner == key, |s| self.flush_stock(s));
     }
 
     /// Stocks drains have taken and not yet flushed (see
@@ -272,10 +272,12 @@ impl<R: RawMutex> Tree<R> {
 
     /// Takes the stocks that hold bytes of removed groups (a reap): the
     /// frees of a removed group's last objects leave their bytes there, and
-    /// with them the group.
+    /// with them the group. A slot held now is passed over (a reap waits
+    /// for nobody; see `reap_slots`): the next reap takes its stock.
     pub(crate) fn drain_dead_stocks<E: Env<R>>(&self, env: &E) {
         self.stocks.drain(
             env,
+            false,
             |s| {
                 if s.bytes == 0 {
                     // It may name a freed group: only compared, never followed.
@@ -294,7 +296,7 @@ impl<R: RawMutex> Tree<R> {
 
     /// Takes every slot's stock, whatever its group (reclaim, `shrink`).
     pub(crate) fn drain_all_stocks<E: Env<R>>(&self, env: &E) {
-        self.stocks.drain(env, |_| true, |s| self.flush_stock(s));
+        self.stocks.drain(env, true, |_| true, |s| self.flush_stock(s));
     }
 
     /// Pages charged to `g` for objects (a snapshot).

@@ -59,7 +59,7 @@ use super::protection::{Pass, Take};
 use crate::cgroup::{Event, Group, RECLAIM_OVERDRAFT, RECLAIMING, in_callback};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
-use crate::magazine::{Acct, Env, MagCache, drain_many};
+use crate::magazine::{Acct, Env, MagCache, drain_many, reap_slots};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::{Cache, GrowError, Pages};
 use crate::sync::Ordering;
@@ -412,10 +412,11 @@ impl<R: RawMutex> Tree<R> {
     /// `idle` and the depot magazines unused since the last reap go back
     /// to the slabs, and empty slabs to the page source.
     pub(crate) fn reap<E: Env<R>>(&self, env: &E, idle: &[bool; crate::platform::MAX_CPUS]) -> usize {
+        reap_slots(env, |f| self.for_each_cache(f), idle);
         let mut pages = 0;
         self.for_each_cache(&mut |c| {
             if !c.idle() {
-                c.reap(env, idle);
+                c.reap_depots(env);
                 pages += c.cache.shrink(&c.pages(env, None));
             }
         });
