@@ -649,3 +649,78 @@ fn a_refused_charge_leaves_no_peak_below_the_refusing_parent() {
     drop(a);
     assert_uncharged_after_shrink(k, &[&c, &p]);
 }
+
+/// The sibling-name index under a page source that ran dry (found by a
+/// review): thousands of groups with names never seen before, each
+/// removed at once, then groups created and removed at random with names
+/// from a pool larger than the index's first table, checked against a
+/// shadow. Every creation ends, with the group, `NameTaken` exactly when
+/// a live sibling has the name, or `OutOfMemory`; every removal frees the
+/// name. Before, a removal left a tombstone that only a rebuild (which
+/// needs pages) cleared, so the index filled with them and a lookup under
+/// the tree lock spun forever (the first phase never ended).
+#[test]
+fn names_come_and_go_on_a_dry_source() {
+    use std::collections::BTreeMap;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let k: &'static Kmem<crate::platform::Region> = Box::leak(Box::new(Kmem::new(crate::platform::Region::new())));
+        k.source().add(crate::testutil::arena(1 << 20), 0).unwrap();
+        let root = k.root();
+        // A slab of groups with free slots, then the rest of the region
+        // taken: from here on no page is to be had.
+        let keep = root.create_child("keep").unwrap();
+        for size in [1 << 16, 1 << 14, 4096, 256, 16] {
+            let layout = Layout::from_size_align(size, 8).unwrap();
+            // SAFETY: a valid layout; the blocks are leaked with the
+            // allocator.
+            while !unsafe { k.alloc(layout) }.is_null() {}
+        }
+        assert!(k.source().alloc_pages(0, 0).is_none(), "a page left");
+        // Names never seen before, each removed at once.
+        for i in 0..scaled(5_000, 100) {
+            match root.create_child(&std::format!("once{i}")) {
+                Ok(g) => g.remove().unwrap(),
+                Err(Error::OutOfMemory) => {}
+                Err(e) => panic!("create once{i}: {e:?}"),
+            }
+        }
+        let mut live: BTreeMap<usize, Cgroup<'static, Kmem<crate::platform::Region>>> = BTreeMap::new();
+        let mut rng = Rng::new(0x6e61_6d65);
+        let (mut made, mut taken, mut short) = (0, 0, 0);
+        for _ in 0..scaled(20_000, 100) {
+            let n = rng.below(600);
+            if live.len() > 40 || (!live.is_empty() && rng.chance(45)) {
+                let &key = live.keys().nth(rng.below(live.len())).unwrap();
+                live.remove(&key).unwrap().remove().unwrap();
+                continue;
+            }
+            match root.create_child(&std::format!("n{n}")) {
+                Ok(g) => {
+                    assert!(!live.contains_key(&n), "a second live child named n{n}");
+                    live.insert(n, g);
+                    made += 1;
+                }
+                Err(Error::NameTaken) => {
+                    assert!(live.contains_key(&n), "n{n} taken, but no live child has it");
+                    taken += 1;
+                }
+                Err(Error::OutOfMemory) => short += 1,
+                Err(e) => panic!("create n{n}: {e:?}"),
+            }
+        }
+        for (_, g) in live {
+            g.remove().unwrap();
+        }
+        keep.remove().unwrap();
+        tx.send((made, taken, short)).unwrap();
+    });
+    let (made, taken, short) = rx.recv_timeout(Duration::from_secs(300)).expect("a creation or removal never ended");
+    assert!(
+        made > scaled(20_000, 100) / 4 && (cfg!(miri) || taken > 0),
+        "made {made}, taken {taken}, out of memory {short}"
+    );
+}

@@ -7,9 +7,15 @@
 //! An open-addressing hash table of group addresses with linear probing,
 //! keyed by the parent's address and the name, in one run of pages taken
 //! straight from the page source (uncharged), doubled when three quarters
-//! full (removed entries count until the next rebuild) and given back when
-//! the last group goes. Only ever touched under the tree lock, so plain
-//! memory: no lookup runs without the lock.
+//! full and given back when the last group goes. Only ever touched under
+//! the tree lock, so plain memory: no lookup runs without the lock.
+//!
+//! A removal leaves no tombstone: the entries after it in its probe run
+//! move back over the hole (Knuth's Algorithm R), so every lookup ends at
+//! an empty entry however many groups came and went. (With tombstones,
+//! which only a rebuild cleared, a page source that ran dry left creations
+//! and removals of groups filling the table with them, until a lookup
+//! found no empty entry and spun forever under the tree lock.)
 
 use core::ptr::{self, NonNull};
 
@@ -19,12 +25,9 @@ use super::Group;
 use crate::error::Name;
 use crate::platform::{PAGE_SIZE, PageSource};
 
-/// An entry that once held a group (a tombstone: probing goes on past it).
-const GONE: usize = 1;
-
 /// One entry: the key's hash (kept, so probing compares it before it
-/// touches a group, and a rebuild reads no group), and 0 (never used),
-/// [`GONE`], or a group (with its provenance).
+/// touches a group, and a rebuild or a removal reads no group), and null
+/// (empty) or a group (with its provenance).
 #[derive(Clone, Copy)]
 struct Entry {
     hash: usize,
@@ -40,10 +43,9 @@ pub(crate) struct Names {
     table: *mut Entry,
     /// Entries (a power of two), 0 before the first group.
     cap: usize,
-    /// Entries holding a group.
+    /// Entries holding a group: below `cap`, so some entry is empty and
+    /// every probe ends.
     live: usize,
-    /// Entries holding [`GONE`].
-    gone: usize,
 }
 
 /// FNV-1a over the parent's address and the name.
@@ -64,7 +66,7 @@ fn order_of(cap: usize) -> u32 {
 
 impl Names {
     pub(super) const fn new() -> Self {
-        Names { table: ptr::null_mut(), cap: 0, live: 0, gone: 0 }
+        Names { table: ptr::null_mut(), cap: 0, live: 0 }
     }
 
     /// Entry `i` of the table.
@@ -78,7 +80,7 @@ impl Names {
     }
 
     /// Where the child of `parent` named `name` is indexed (`Ok`), or the
-    /// first free entry of its probe sequence (`Err`).
+    /// empty entry that ends its probe sequence (`Err`).
     ///
     /// # Safety
     ///
@@ -86,15 +88,11 @@ impl Names {
     unsafe fn probe<R: RawMutex>(&self, parent: &Group<R>, name: &Name) -> Result<usize, usize> {
         let h = hash(ptr::from_ref(parent).cast(), name);
         let mut i = h & (self.cap - 1);
-        let mut free = None;
         loop {
             // SAFETY: `i` is reduced modulo `cap`.
             let e = unsafe { *self.at(i) };
             match e.group.addr() {
-                0 => return Err(free.unwrap_or(i)),
-                GONE => {
-                    free.get_or_insert(i);
-                }
+                0 => return Err(i),
                 _ if e.hash == h => {
                     // SAFETY: an indexed group, live (caller).
                     let g = unsafe { &*e.group.cast::<Group<R>>() };
@@ -128,18 +126,15 @@ impl Names {
     /// As for [`Names::contains`]; `g` is live; the table came from `src`.
     pub(super) unsafe fn insert<R: RawMutex, S: PageSource>(&mut self, src: &S, g: &Group<R>) -> bool {
         let Some(parent) = g.parent() else { return false };
-        // SAFETY: forwarded.
-        if (self.live + self.gone + 1) * 4 > self.cap * 3 && !unsafe { self.rebuild(src) } && self.live + 1 >= self.cap
-        {
+        // SAFETY: forwarded. Short of pages, the table takes entries
+        // while one stays empty.
+        if (self.live + 1) * 4 > self.cap * 3 && !unsafe { self.rebuild(src) } && self.live + 1 >= self.cap {
             return false;
         }
         // SAFETY: forwarded; `cap > 0` after a rebuild or a non-empty table.
         let Err(i) = (unsafe { self.probe(parent, &g.name) }) else { return true };
-        // SAFETY: entry `i` of the table, free.
+        // SAFETY: entry `i` of the table, empty.
         let e = unsafe { &mut *self.at(i) };
-        if e.group.addr() == GONE {
-            self.gone -= 1;
-        }
         *e = Entry { hash: hash(ptr::from_ref(parent).cast(), &g.name), group: ptr::from_ref(g).cast() };
         self.live += 1;
         true
@@ -159,13 +154,12 @@ impl Names {
         // SAFETY: forwarded.
         let Ok(i) = (unsafe { self.probe(parent, &g.name) }) else { return };
         // SAFETY: entry `i` of the table.
-        let e = unsafe { &mut *self.at(i) };
-        if e.group.addr() != ptr::from_ref(g).addr() {
+        if unsafe { (*self.at(i)).group }.addr() != ptr::from_ref(g).addr() {
             return;
         }
-        e.group = ptr::without_provenance(GONE);
+        // SAFETY: `i` is an entry of the table.
+        unsafe { self.close_hole(i) };
         self.live -= 1;
-        self.gone += 1;
         if self.live == 0 {
             // SAFETY: the table came from `src` (caller), and with no
             // group indexed nothing refers to it.
@@ -174,21 +168,45 @@ impl Names {
         }
     }
 
-    /// Moves the entries to a fresh table twice as large (as large, when
-    /// tombstones made it full); `false`, keeping the old table, if the
-    /// pages cannot be had.
+    /// Empties entry `hole` and moves back over it the entries after it
+    /// in its run that may not stay where they are: each entry must be
+    /// reachable from its home entry (its hash modulo `cap`) without
+    /// passing an empty one (Knuth's Algorithm R).
+    ///
+    /// # Safety
+    ///
+    /// `hole < self.cap`; some entry is empty once `hole` is.
+    unsafe fn close_hole(&mut self, mut hole: usize) {
+        let mask = self.cap - 1;
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            // SAFETY: reduced modulo `cap`.
+            let e = unsafe { *self.at(j) };
+            if e.group.is_null() {
+                break;
+            }
+            let home = e.hash & mask;
+            // The entry stays if its home lies cyclically in (hole, j].
+            let stays = if hole <= j { hole < home && home <= j } else { hole < home || home <= j };
+            if !stays {
+                // SAFETY: both reduced modulo `cap`.
+                unsafe { *self.at(hole) = e };
+                hole = j;
+            }
+        }
+        // SAFETY: reduced modulo `cap`.
+        unsafe { *self.at(hole) = Entry { hash: 0, group: ptr::null() } };
+    }
+
+    /// Moves the entries to a fresh table twice as large; `false`,
+    /// keeping the old table, if the pages cannot be had.
     ///
     /// # Safety
     ///
     /// The table came from `src`.
     unsafe fn rebuild<S: PageSource>(&mut self, src: &S) -> bool {
-        let cap = if self.cap == 0 {
-            MIN_CAP
-        } else if (self.live + 1) * 2 > self.cap {
-            self.cap * 2
-        } else {
-            self.cap
-        };
+        let cap = if self.cap == 0 { MIN_CAP } else { self.cap * 2 };
         let Some(run) = src.alloc_pages(order_of(cap), 0) else { return false };
         let table = run.addr.as_ptr().cast::<Entry>();
         // SAFETY: a fresh run of `cap` entries, ours, aligned for them;
@@ -197,7 +215,7 @@ impl Names {
         for i in 0..self.cap {
             // SAFETY: `i < self.cap`.
             let e = unsafe { *self.at(i) };
-            if e.group.addr() > GONE {
+            if !e.group.is_null() {
                 let mut j = e.hash & (cap - 1);
                 // SAFETY: `j` is reduced modulo the new `cap`, which has
                 // room for every live entry.
@@ -213,7 +231,7 @@ impl Names {
             // SAFETY: the old table came from `src`, and is copied out.
             unsafe { src.free_pages(NonNull::new_unchecked(self.table.cast()), order_of(self.cap)) };
         }
-        *self = Names { table, cap, live: self.live, gone: 0 };
+        *self = Names { table, cap, live: self.live };
         true
     }
 }
