@@ -326,7 +326,7 @@ impl PageCounter {
     /// level is returned (its `failcnt` counts the refusal).
     #[inline]
     pub fn try_charge(&self, n: usize) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, 0, true, core::ptr::null())
+        self.try_charge_with(n, 0, true, true, core::ptr::null())
     }
 
     /// [`PageCounter::try_charge_over`] that stops below `stop`, an
@@ -335,7 +335,33 @@ impl PageCounter {
     /// so, below the root, whose counter counts their slabs instead.
     #[inline]
     pub fn try_charge_below(&self, n: usize, extra: usize, stop: *const PageCounter) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, extra, true, stop)
+        self.try_charge_with(n, extra, true, true, stop)
+    }
+
+    /// [`PageCounter::try_charge_below`] for pages still to be found (a
+    /// large object's run, an in-place growth), counting a refusal in
+    /// `failcnt` if `count`: no level notes a watermark, so a charge
+    /// given back because the page source had no run never shows in a
+    /// peak. Once the pages are had, [`PageCounter::note_charged`].
+    pub(crate) fn try_charge_pending(
+        &self,
+        n: usize,
+        extra: usize,
+        count: bool,
+        stop: *const PageCounter,
+    ) -> Result<(), &PageCounter> {
+        self.try_charge_with(n, extra, count, false, stop)
+    }
+
+    /// Notes each level's usage, below `stop`, in its watermark: after a
+    /// [`PageCounter::try_charge_pending`] whose pages were had, which
+    /// that usage includes.
+    pub(crate) fn note_charged(&self, stop: *const PageCounter) {
+        let mut c = Some(self);
+        while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
+            k.note_watermark(k.usage());
+            c = k.parent();
+        }
     }
 
     /// Takes `n` pages off this counter and every ancestor below `stop`
@@ -354,7 +380,7 @@ impl PageCounter {
     /// another way to get its memory (a guard-page sample that falls back
     /// to a slab).
     pub fn try_charge_quiet(&self, n: usize) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, 0, false, core::ptr::null())
+        self.try_charge_with(n, 0, false, true, core::ptr::null())
     }
 
     /// [`PageCounter::try_charge`] letting each level go up to `extra`
@@ -362,17 +388,19 @@ impl PageCounter {
     /// charge this way when a `max` refuses them, Linux's `PF_MEMALLOC`).
     #[inline]
     pub fn try_charge_over(&self, n: usize, extra: usize) -> Result<(), &PageCounter> {
-        self.try_charge_with(n, extra, true, core::ptr::null())
+        self.try_charge_with(n, extra, true, true, core::ptr::null())
     }
 
     /// `try_charge` with `extra` pages allowed past each level's `max`,
-    /// counting a refusal in `failcnt` if `count`.
+    /// counting a refusal in `failcnt` if `count`, noting watermarks if
+    /// `note`.
     #[inline(always)]
     fn try_charge_with(
         &self,
         n: usize,
         extra: usize,
         count: bool,
+        note: bool,
         stop: *const PageCounter,
     ) -> Result<(), &PageCounter> {
         // Written before it is read (below): not zeroed, as this runs on
@@ -399,13 +427,18 @@ impl PageCounter {
                 return Err(k);
             }
             c = k.parent();
-            if c.is_none_or(|p| core::ptr::eq(p, stop)) {
-                // The last level: nothing above it can refuse now.
-                k.note_watermark(new);
-            } else if let Some(slot) = seen.get_mut(depth) {
-                slot.write(new);
+            if note {
+                if c.is_none_or(|p| core::ptr::eq(p, stop)) {
+                    // The last level: nothing above it can refuse now.
+                    k.note_watermark(new);
+                } else if let Some(slot) = seen.get_mut(depth) {
+                    slot.write(new);
+                }
             }
             depth += 1;
+        }
+        if !note {
+            return Ok(());
         }
         // Every level accepted: only now the levels below the last note
         // their watermarks, so that a charge refused higher up never shows

@@ -212,3 +212,31 @@ fn a_refused_charge_raises_no_watermark() {
     assert!(levels.iter().all(|l| l.watermark() == 3));
     leaf.uncharge(3);
 }
+
+/// A charge for pages still to be found notes no watermark until
+/// `note_charged`, at any level below `stop`; given back before, it leaves
+/// every peak as it was.
+#[test]
+fn a_pending_charge_shows_in_peaks_once_noted() {
+    let root: &'static PageCounter = Box::leak(Box::new(PageCounter::new_root()));
+    // SAFETY: leaked, so each outlives its child.
+    let mid: &'static PageCounter = Box::leak(Box::new(unsafe { PageCounter::with_parent(root) }));
+    // SAFETY: as above.
+    let leaf: &'static PageCounter = Box::leak(Box::new(unsafe { PageCounter::with_parent(mid) }));
+    leaf.try_charge(2).unwrap();
+    leaf.try_charge_pending(5, 0, true, core::ptr::null()).unwrap();
+    assert_eq!([leaf, mid, root].map(|c| (c.usage(), c.watermark())), [(7, 2); 3]);
+    leaf.uncharge(5);
+    assert_eq!([leaf, mid, root].map(|c| (c.usage(), c.watermark())), [(2, 2); 3]);
+    leaf.try_charge_pending(3, 0, true, core::ptr::null()).unwrap();
+    leaf.note_charged(root);
+    assert_eq!([leaf, mid, root].map(|c| c.watermark()), [5, 5, 2], "levels below `stop` only");
+    leaf.note_charged(core::ptr::null());
+    assert_eq!(root.watermark(), 5);
+    // A pending charge a level refuses counts in its `failcnt` if asked.
+    mid.set_max(6).unwrap();
+    assert!(core::ptr::eq(leaf.try_charge_pending(2, 0, true, core::ptr::null()).unwrap_err(), mid));
+    assert!(leaf.try_charge_pending(2, 0, false, core::ptr::null()).is_err());
+    assert_eq!(mid.failcnt(), 1);
+    leaf.uncharge(5);
+}

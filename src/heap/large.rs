@@ -93,13 +93,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
+        // Charged before the run is looked for (a refused charge takes
+        // nothing from the source), but noted in the peaks only once it
+        // is found.
         let counter = if sample {
             // SAFETY: callers pass null or a live group of this allocator.
             let counter = unsafe { g.as_ref() }.map_or(self.tree.root().counter(), |g| g.counter());
-            counter.try_charge_quiet(pages + 1).ok()?;
+            counter.try_charge_pending(pages + 1, 0, false, core::ptr::null()).ok()?;
             counter
         } else {
-            self.tree.charge(self, g, pages + 1).ok()?
+            self.tree.charge_pending(self, g, pages + 1).ok()?
         };
         // Uncharged unless the run is found: also when a shrinker or the
         // out-of-memory handler unwinds.
@@ -131,6 +134,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         };
         let (run, node) = run?;
         core::mem::forget(charge);
+        counter.note_charged(core::ptr::null());
         counter.add_node_pages(node, pages + 1);
         let obj = run.as_ptr().wrapping_add(align);
         let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
@@ -300,7 +304,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: a large object's group is a live `Group<R>` of ours.
         let group = unsafe { group.cast::<Group<R>>().as_ref() };
         let counter = group.map_or(self.tree().root(), |g| g).counter();
-        if counter.try_charge(extra).is_err() {
+        // Noted in the peaks once the pages are claimed (see
+        // `alloc_large_as`).
+        if counter.try_charge_pending(extra, 0, true, core::ptr::null()).is_err() {
             return false;
         }
         // SAFETY: the end of the object's pages, inside or just past its run.
@@ -309,6 +315,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             counter.uncharge(extra);
             return false;
         }
+        counter.note_charged(core::ptr::null());
         // SAFETY: a live header of ours.
         unsafe { (*h).pages = new_pages };
         // The pages right after the object's, in the same span of the

@@ -650,6 +650,45 @@ fn a_refused_charge_leaves_no_peak_below_the_refusing_parent() {
     assert_uncharged_after_shrink(k, &[&c, &p]);
 }
 
+/// A large allocation or an in-place growth whose pages the page source
+/// cannot give leaves no peak behind (found by a review): the charge,
+/// which every limit accepted, is taken back, and no level's peak shows
+/// it. Before, 8 MiB asked of a 4 MiB region showed as a peak of 8 MiB
+/// and 1 EiB as one of 1 EiB, in the group and the root, with usage 0
+/// throughout. Allocations that get their pages still raise the peaks.
+#[test]
+fn a_charge_the_page_source_cannot_meet_leaves_no_peak() {
+    use allocator_api2::alloc::Allocator;
+    let k: &'static Kmem<crate::platform::Region> = Box::leak(Box::new(Kmem::new(crate::platform::Region::new())));
+    k.source().add(crate::testutil::arena(4 << 20), 0).unwrap();
+    let p = k.root().create_child("p").unwrap();
+    let g = p.create_child("g").unwrap();
+    let a = g.allocator();
+    let peaks = || (g.peak(), p.peak(), k.root().peak());
+    let small = Layout::from_size_align(20_000, 8).unwrap();
+    let x = a.allocate(small).unwrap().cast::<u8>();
+    let before = peaks();
+    assert!(before.0 >= 20_000 && before.1 >= 20_000 && before.2 >= 20_000, "{before:?}");
+    for size in [8 << 20, 1 << 60] {
+        assert!(a.allocate(Layout::from_size_align(size, 8).unwrap()).is_err());
+        assert_eq!(peaks(), before, "after a failed allocation of {size} bytes");
+        // SAFETY: `x` is live with layout `small`; a failed grow keeps it.
+        assert!(unsafe { a.grow(x, small, Layout::from_size_align(size, 8).unwrap()) }.is_err());
+        assert_eq!(peaks(), before, "after a failed growth to {size} bytes");
+    }
+    let big = Layout::from_size_align(1 << 20, 8).unwrap();
+    let y = a.allocate(big).unwrap();
+    assert!(peaks().0 >= before.0 + (1 << 20), "a large object that got its pages raises the peak");
+    // SAFETY: allocated above with these layouts, freed once.
+    unsafe {
+        a.deallocate(y.cast(), big);
+        a.deallocate(x, small);
+    }
+    drop(a);
+    k.shrink();
+    assert_eq!((g.usage(), p.usage()), (0, 0));
+}
+
 /// The sibling-name index under a page source that ran dry (found by a
 /// review): thousands of groups with names never seen before, each
 /// removed at once, then groups created and removed at random with names

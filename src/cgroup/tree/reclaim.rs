@@ -73,15 +73,12 @@ const ROUNDS: usize = 5;
 const SHARES: [usize; ROUNDS] = [64, 16, 4, 1, 1];
 
 impl<R: RawMutex> Tree<R> {
-    /// Charges `pages` to `g`'s counter (root's for null), reclaiming and
-    /// retrying once if a limit refuses. Returns the counter charged.
-    pub(crate) fn charge<E: Env<R>>(&self, env: &E, g: *const Group<R>, pages: usize) -> Result<&PageCounter, Error> {
-        self.charge_below(env, g, pages, core::ptr::null())
-    }
-
-    /// [`Tree::charge`] leaving `stop` (an ancestor's counter, or null)
-    /// and the levels above it alone: what objects charged one by one take
-    /// (see `objects`), with `stop` the root's counter.
+    /// Charges `pages` to `g`'s counter (root's for null) and every
+    /// ancestor's below `stop` (an ancestor's counter, or null: all of
+    /// them), reclaiming and retrying once if a limit refuses. Returns the
+    /// counter charged. Leaving `stop` and the levels above it alone is
+    /// what objects charged one by one take (see `objects`), with `stop`
+    /// the root's counter.
     pub(crate) fn charge_below<E: Env<R>>(
         &self,
         env: &E,
@@ -89,12 +86,45 @@ impl<R: RawMutex> Tree<R> {
         pages: usize,
         stop: *const PageCounter,
     ) -> Result<&PageCounter, Error> {
+        self.charge_as(env, g, pages, stop, true)
+    }
+
+    /// [`Tree::charge_below`] of every level, for pages still to be
+    /// found (a large object's run): no watermark notes it until the
+    /// caller, holding the pages, calls [`PageCounter::note_charged`];
+    /// given back, it never shows in a peak (a request no page source
+    /// could meet, 1 EiB, showed as a peak of 1 EiB).
+    pub(crate) fn charge_pending<E: Env<R>>(
+        &self,
+        env: &E,
+        g: *const Group<R>,
+        pages: usize,
+    ) -> Result<&PageCounter, Error> {
+        self.charge_as(env, g, pages, core::ptr::null(), false)
+    }
+
+    /// [`Tree::charge_below`], noting watermarks if `note`.
+    fn charge_as<E: Env<R>>(
+        &self,
+        env: &E,
+        g: *const Group<R>,
+        pages: usize,
+        stop: *const PageCounter,
+        note: bool,
+    ) -> Result<&PageCounter, Error> {
         // SAFETY: callers pass a live group of this tree or null.
         let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
-        let Err(k) = counter.try_charge_below(pages, 0, stop) else { return Ok(counter) };
+        let try_charge = |extra| {
+            if note {
+                counter.try_charge_below(pages, extra, stop)
+            } else {
+                counter.try_charge_pending(pages, extra, true, stop)
+            }
+        };
+        let Err(k) = try_charge(0) else { return Ok(counter) };
         if in_callback(env.plat()) {
             // A callback's charge: overdrawn, or refused (no reclaim).
-            return match counter.try_charge_below(pages, RECLAIM_OVERDRAFT, stop) {
+            return match try_charge(RECLAIM_OVERDRAFT) {
                 Ok(()) => {
                     self.overdrawn(k, pages);
                     Ok(counter)
@@ -103,7 +133,7 @@ impl<R: RawMutex> Tree<R> {
             };
         }
         self.reclaim_refuser(env, k, pages);
-        counter.try_charge_below(pages, 0, stop).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
+        try_charge(0).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
     }
 
     /// Counts an overdraft of `pages` in the group whose counter `k`
