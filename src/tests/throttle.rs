@@ -120,7 +120,7 @@ fn a_task_left_above_high_is_delayed_in_proportion() {
     p.set_high(usize::MAX).unwrap();
     g.set_high(usize::MAX).unwrap();
     pinned(k, Some(&g), 1, &mut objs);
-    assert_eq!(delays(k), []);
+    assert_eq!(delays(k), [0u64; 0]);
     for o in objs {
         // SAFETY: allocated by `pinned` with this layout, freed once.
         unsafe { k.dealloc(o as *mut u8, Layout::from_size_align(SIZE, 8).unwrap()) };
@@ -139,14 +139,14 @@ fn atomic_and_interrupt_context_are_never_throttled() {
         let _atomic = k.atomic_scope();
         pinned(k, Some(&g), 3, &mut objs);
     }
-    assert_eq!(delays(k), []);
+    assert_eq!(delays(k), [0u64; 0]);
     assert_eq!((g.stat().events_local.high, g.stat().throttled), (3, 0));
     // Interrupt context charges the root.
     k.root().set_high(0).unwrap();
     k.platform().interrupt.store(true, Ordering::Relaxed);
     pinned(k, None, 2, &mut objs);
     k.platform().interrupt.store(false, Ordering::Relaxed);
-    assert_eq!(delays(k), []);
+    assert_eq!(delays(k), [0u64; 0]);
     assert_eq!((k.root().stat().events_local.high, k.root().stat().throttled), (2, 0));
     // Out of both, the same allocation is delayed (capped: a high of 0).
     pinned(k, Some(&g), 1, &mut objs);
