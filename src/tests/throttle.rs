@@ -103,7 +103,7 @@ fn a_task_left_above_high_is_delayed_in_proportion() {
     p.set_high(10 * OBJ).unwrap();
     let mut objs = Vec::new();
     pinned(k, Some(&g), 10, &mut objs);
-    assert_eq!(delays(k), [], "at high, not above");
+    assert_eq!(delays(k), [0u64; 0], "at high, not above");
     pinned(k, Some(&g), 5, &mut objs);
     assert_eq!(delays(k), [MS / 4, MS / 2, 3 * MS / 4, MS, 5 * MS / 4]);
     let st = p.stat();
