@@ -326,6 +326,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             g.large_pages().add(extra);
         }
         self.large_pages.add(extra);
+        // `high` holds for a growth as for any charge (a review found it
+        // skipped here): a removed group's levels from its nearest online
+        // ancestor up. Its reclaim may call shrinkers and the event hook;
+        // the object is grown and consistent if one unwinds.
+        let eff = group.map_or(core::ptr::null(), |g| self.tree.effective(g));
+        // SAFETY: null, or the object's group or an ancestor, which the
+        // object's reference keeps alive.
+        self.tree.over_high(self, unsafe { eff.as_ref() }.unwrap_or(self.tree.root()));
         true
     }
 }

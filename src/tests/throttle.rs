@@ -163,3 +163,30 @@ fn threads_throttle_sleeps() {
     crate::Threads::new().throttle(2 * MS);
     assert!(t.elapsed() >= core::time::Duration::from_millis(2));
 }
+
+/// A large object grown in place past its group's `high` counts a `high`
+/// event and delays the task, as the same pages charged by an allocation
+/// would (found by a review: in-place growth charged without the check).
+#[test]
+fn growth_in_place_above_high_counts_and_delays() {
+    use allocator_api2::alloc::Allocator;
+    let k = kmem();
+    let g = k.root().create_child("g").unwrap();
+    g.set_high(4 * OBJ).unwrap();
+    let a = g.allocator();
+    let mut cur = Layout::from_size_align(OBJ, 8).unwrap();
+    let p = a.allocate(cur).unwrap().cast::<u8>();
+    for i in 2..=8 {
+        let new = Layout::from_size_align(i * OBJ, 8).unwrap();
+        // SAFETY: `p` is live with layout `cur`.
+        let q = unsafe { a.grow(p, cur, new) }.unwrap();
+        assert_eq!(q.cast::<u8>(), p, "growth {i} moved: the pages after the object were not free");
+        cur = new;
+    }
+    assert!(g.usage() > 4 * OBJ);
+    let (high, throttled) = (g.stat().events_local.high, g.stat().throttled);
+    assert!(high >= 4 && throttled >= 4, "high events {high}, delays {throttled}");
+    assert!(!delays(k).is_empty());
+    // SAFETY: live with layout `cur`, freed once.
+    unsafe { a.deallocate(p, cur) };
+}
