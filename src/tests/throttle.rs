@@ -170,7 +170,17 @@ fn threads_throttle_sleeps() {
 #[test]
 fn growth_in_place_above_high_counts_and_delays() {
     use allocator_api2::alloc::Allocator;
-    let k = kmem();
+    // A region aligned to its size: the pages after the first object are
+    // free, so every growth below is in place.
+    let platform = Recorder { inner: NoCpus::new(), interrupt: AtomicBool::new(false), delays: Mutex::new(Vec::new()) };
+    let k: &'static K = Box::leak(Box::new(Kmem::with_platform(Region::new(), platform)));
+    let aligned = Layout::from_size_align(16 * MB, 16 * MB).unwrap();
+    // SAFETY: a layout of non-zero size; the memory is leaked to the
+    // region, as `arena`'s is.
+    let mem = unsafe { std::alloc::alloc(aligned) };
+    assert!(!mem.is_null());
+    // SAFETY: 16 MiB just allocated, ours alone from here on.
+    k.source().add(unsafe { core::slice::from_raw_parts_mut(mem.cast(), 16 * MB) }, 0).unwrap();
     let g = k.root().create_child("g").unwrap();
     g.set_high(4 * OBJ).unwrap();
     let a = g.allocator();
