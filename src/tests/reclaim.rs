@@ -694,7 +694,17 @@ fn a_reap_passes_a_slot_held_in_an_operation() {
         unsafe { k.dealloc(p, l) };
     }
     let before = k.stats().source.pages_in_use;
-    let slot = k.slots().hold(k.plat()).expect("this thread's slot");
+    // Slots are the process's: other tests' threads may hold them all for
+    // a moment.
+    let slot = (0..10_000)
+        .find_map(|_| {
+            let held = k.slots().hold(k.plat());
+            if held.is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            held
+        })
+        .expect("this thread's slot");
     let (tx, rx) = mpsc::channel();
     let reaper = std::thread::spawn(move || {
         k.reap();
