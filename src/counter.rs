@@ -354,12 +354,15 @@ impl PageCounter {
     }
 
     /// Notes each level's usage, below `stop`, in its watermark: after a
-    /// [`PageCounter::try_charge_pending`] whose pages were had, which
-    /// that usage includes.
-    pub(crate) fn note_charged(&self, stop: *const PageCounter) {
+    /// [`PageCounter::try_charge_pending`] with overdraft `extra` whose
+    /// pages were had, which that usage includes. Capped at what the
+    /// level allows, `max + extra`: the usage may also hold another
+    /// charge in flight that the level is about to refuse (a review saw
+    /// a 1 EiB growth, refused, in a peak this way).
+    pub(crate) fn note_charged(&self, stop: *const PageCounter, extra: usize) {
         let mut c = Some(self);
         while let Some(k) = c.filter(|k| !core::ptr::eq(*k, stop)) {
-            k.note_watermark(k.usage());
+            k.note_watermark(k.usage().min(k.max().saturating_add(extra)));
             c = k.parent();
         }
     }

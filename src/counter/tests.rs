@@ -229,14 +229,24 @@ fn a_pending_charge_shows_in_peaks_once_noted() {
     leaf.uncharge(5);
     assert_eq!([leaf, mid, root].map(|c| (c.usage(), c.watermark())), [(2, 2); 3]);
     leaf.try_charge_pending(3, 0, true, core::ptr::null()).unwrap();
-    leaf.note_charged(root);
+    leaf.note_charged(root, 0);
     assert_eq!([leaf, mid, root].map(|c| c.watermark()), [5, 5, 2], "levels below `stop` only");
-    leaf.note_charged(core::ptr::null());
+    leaf.note_charged(core::ptr::null(), 0);
     assert_eq!(root.watermark(), 5);
     // A pending charge a level refuses counts in its `failcnt` if asked.
     mid.set_max(6).unwrap();
     assert!(core::ptr::eq(leaf.try_charge_pending(2, 0, true, core::ptr::null()).unwrap_err(), mid));
     assert!(leaf.try_charge_pending(2, 0, false, core::ptr::null()).is_err());
     assert_eq!(mid.failcnt(), 1);
+    // Another charge in flight that `mid` is about to refuse (its add,
+    // before the check) is not noted past what `mid` allows (a review
+    // saw a refused 1 EiB growth in a peak through `note_charged`).
+    mid.reset_watermark();
+    mid.usage.fetch_add(1000, core::sync::atomic::Ordering::Relaxed);
+    leaf.note_charged(core::ptr::null(), 0);
+    assert_eq!(mid.watermark(), 6);
+    leaf.note_charged(core::ptr::null(), 2);
+    assert_eq!(mid.watermark(), 8, "a callback's overdraft may pass `max` by `extra`");
+    mid.usage.fetch_sub(1000, core::sync::atomic::Ordering::Relaxed);
     leaf.uncharge(5);
 }

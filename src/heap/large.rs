@@ -96,11 +96,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // Charged before the run is looked for (a refused charge takes
         // nothing from the source), but noted in the peaks only once it
         // is found.
-        let counter = if sample {
+        let (counter, overdraft) = if sample {
             // SAFETY: callers pass null or a live group of this allocator.
             let counter = unsafe { g.as_ref() }.map_or(self.tree.root().counter(), |g| g.counter());
             counter.try_charge_pending(pages + 1, 0, false, core::ptr::null()).ok()?;
-            counter
+            (counter, 0)
         } else {
             self.tree.charge_pending(self, g, pages + 1).ok()?
         };
@@ -134,7 +134,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         };
         let (run, node) = run?;
         core::mem::forget(charge);
-        counter.note_charged(core::ptr::null());
+        counter.note_charged(core::ptr::null(), overdraft);
         counter.add_node_pages(node, pages + 1);
         let obj = run.as_ptr().wrapping_add(align);
         let header = obj.wrapping_sub(PAGE_SIZE).cast::<LargeHeader>();
@@ -315,7 +315,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             counter.uncharge(extra);
             return false;
         }
-        counter.note_charged(core::ptr::null());
+        counter.note_charged(core::ptr::null(), 0);
         // SAFETY: a live header of ours.
         unsafe { (*h).pages = new_pages };
         // The pages right after the object's, in the same span of the

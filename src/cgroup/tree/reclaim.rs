@@ -86,24 +86,29 @@ impl<R: RawMutex> Tree<R> {
         pages: usize,
         stop: *const PageCounter,
     ) -> Result<&PageCounter, Error> {
-        self.charge_as(env, g, pages, stop, true)
+        self.charge_as(env, g, pages, stop, true).map(|(c, _)| c)
     }
 
     /// [`Tree::charge_below`] of every level, for pages still to be
     /// found (a large object's run): no watermark notes it until the
-    /// caller, holding the pages, calls [`PageCounter::note_charged`];
-    /// given back, it never shows in a peak (a request no page source
-    /// could meet, 1 EiB, showed as a peak of 1 EiB).
+    /// caller, holding the pages, calls [`PageCounter::note_charged`]
+    /// with the overdraft returned (0, or [`RECLAIM_OVERDRAFT`] for a
+    /// callback's charge past a `max`); given back, it shows in no peak
+    /// of its own (a request no page source could meet, 1 EiB, showed as
+    /// a peak of 1 EiB). Another charge at the same level meanwhile may
+    /// still see it in the usage it notes, as it would see any charge in
+    /// flight.
     pub(crate) fn charge_pending<E: Env<R>>(
         &self,
         env: &E,
         g: *const Group<R>,
         pages: usize,
-    ) -> Result<&PageCounter, Error> {
+    ) -> Result<(&PageCounter, usize), Error> {
         self.charge_as(env, g, pages, core::ptr::null(), false)
     }
 
-    /// [`Tree::charge_below`], noting watermarks if `note`.
+    /// [`Tree::charge_below`], noting watermarks if `note`; with the
+    /// overdraft the charge took.
     fn charge_as<E: Env<R>>(
         &self,
         env: &E,
@@ -111,7 +116,7 @@ impl<R: RawMutex> Tree<R> {
         pages: usize,
         stop: *const PageCounter,
         note: bool,
-    ) -> Result<&PageCounter, Error> {
+    ) -> Result<(&PageCounter, usize), Error> {
         // SAFETY: callers pass a live group of this tree or null.
         let counter = if g.is_null() { &self.root.counter } else { unsafe { &(*g).counter } };
         let try_charge = |extra| {
@@ -121,19 +126,19 @@ impl<R: RawMutex> Tree<R> {
                 counter.try_charge_pending(pages, extra, true, stop)
             }
         };
-        let Err(k) = try_charge(0) else { return Ok(counter) };
+        let Err(k) = try_charge(0) else { return Ok((counter, 0)) };
         if in_callback(env.plat()) {
             // A callback's charge: overdrawn, or refused (no reclaim).
             return match try_charge(RECLAIM_OVERDRAFT) {
                 Ok(()) => {
                     self.overdrawn(k, pages);
-                    Ok(counter)
+                    Ok((counter, RECLAIM_OVERDRAFT))
                 }
                 Err(k) => Err(self.refused(env, GrowError::Limit(k))),
             };
         }
         self.reclaim_refuser(env, k, pages);
-        try_charge(0).map(|()| counter).map_err(|k| self.refused(env, GrowError::Limit(k)))
+        try_charge(0).map(|()| (counter, 0)).map_err(|k| self.refused(env, GrowError::Limit(k)))
     }
 
     /// Counts an overdraft of `pages` in the group whose counter `k`
