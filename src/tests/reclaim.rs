@@ -722,28 +722,3 @@ fn a_reap_passes_a_slot_held_in_an_operation() {
     assert!(k.stats().source.pages_in_use < before, "nothing went back after the hold: {before} pages");
     super::groups::assert_uncharged_after_shrink(k, &[]);
 }
-
-/// A request larger than its group's `max` alone is refused without
-/// reclaim: no reclaim can make room for it, and it emptied the group's
-/// caches for nothing (a review: 1 EiB in a limited group reclaimed the
-/// whole group). It still counts a `max` and an `oom` event; a request
-/// that fits the `max` still reclaims.
-#[test]
-fn a_request_over_the_max_alone_reclaims_nothing() {
-    let (k, lru) = kmem_with_lru(24 * MB);
-    let g = capped_child(k, "capped", 2 * MB);
-    assert_eq!(lru.add_in(&g, 2 * MB / 1024), 2 * MB / 1024, "filling the group to its max");
-    let (scanned, max, oom) = (lru.scanned.load(O::Relaxed), g.stat().events_local.max, g.stat().events.oom);
-    {
-        let _in = g.enter();
-        for size in [3 * MB, 1 << 60] {
-            let l = Layout::from_size_align(size, 8).unwrap();
-            // SAFETY: a valid layout.
-            assert!(unsafe { k.alloc(l) }.is_null(), "{size} bytes in a group of 2 MiB");
-        }
-    }
-    assert_eq!(lru.scanned.load(O::Relaxed), scanned, "a hopeless request ran the shrinker");
-    assert_eq!((g.stat().events_local.max - max, g.stat().events.oom - oom), (2, 2));
-    assert!(lru.add_in(&g, 1) == 1 && lru.scanned.load(O::Relaxed) > scanned, "a request that fits reclaims");
-    lru.retire();
-}

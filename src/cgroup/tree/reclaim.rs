@@ -196,17 +196,12 @@ impl<R: RawMutex> Tree<R> {
         cache.alloc(env).map_err(|e| self.refused(env, e))
     }
 
-    /// Reclaims for a charge of `pages` that counter `k` refused; not
-    /// when `pages` alone exceed its `max`, which no reclaim can make
-    /// room for (a request of 1 EiB in a limited group reclaimed the
-    /// whole group, for nothing).
+    /// Reclaims for a charge of `pages` that counter `k` refused.
     fn reclaim_refuser<E: Env<R>>(&self, env: &E, k: *const PageCounter, pages: usize) {
         // SAFETY: every counter that refuses a charge is a group's.
         let g = unsafe { self.group_of_counter(k) };
         self.event(env, g, Event::Max);
-        if pages <= g.counter.max() {
-            self.reclaim(env, g, Self::reclaim_goal(g, pages));
-        }
+        self.reclaim(env, g, Self::reclaim_goal(g, pages));
     }
 
     /// The error for a charge that failed after reclaim, counted as an
