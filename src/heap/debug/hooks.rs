@@ -6,7 +6,12 @@
 //!
 //! An allocator registers itself at its first poisoned free or first
 //! sample (at most [`MAX`] at once; more are not checked) and is
-//! unregistered when its detector is dropped. One `atexit` handler and
+//! unregistered when its detector is dropped. Only an allocator in the
+//! program's static memory registers (a `static`, such as a
+//! `#[global_allocator]`): the hooks run at exit and on any fault, and a
+//! `Kmem` anywhere else can be freed without its drop running (it was
+//! forgotten, or moved and left), which they could not know (a review
+//! found the exit hook reading a freed `Kmem`). Under Miri, none does. One `atexit` handler and
 //! one signal handler serve them all; a fault that is no allocator's goes
 //! on to the handler installed before (Rust's stack-overflow handler, a
 //! program's own), or to the default action.
@@ -74,13 +79,34 @@ unsafe fn fault<S: PageSource, R: RawMutex, P: Platform>(k: *const (), addr: usi
     unsafe { &*k.cast::<Kmem<S, R, P>>() }.report_guard_fault(addr);
 }
 
-/// Registers `k` for both hooks, installing them the first time. `k`
-/// stays where it is (a used `Kmem` does) until its detector unregisters
-/// it.
+unsafe extern "C" {
+    /// The first byte of the program's image and the end of its static
+    /// data (symbols both GNU ld and lld define); only their addresses
+    /// are taken.
+    static __ehdr_start: u8;
+    static _end: u8;
+}
+
+/// Whether `addr` lies in the program's static memory (its image, up to
+/// the end of its `.bss`), which lives until the process exits.
+fn in_program_image(addr: usize) -> bool {
+    if cfg!(miri) {
+        return false;
+    }
+    let (lo, hi) = (core::ptr::addr_of!(__ehdr_start).addr(), core::ptr::addr_of!(_end).addr());
+    (lo..hi).contains(&addr)
+}
+
+/// Registers `k` for both hooks, installing them the first time, if it
+/// is in the program's static memory (see the module docs); a `Kmem`
+/// stays where it is once used, until its detector unregisters it.
 pub(super) fn register<S: PageSource, R: RawMutex, P: Platform>(k: &Kmem<S, R, P>) {
     let at_exit: unsafe fn(*const ()) = check::<S, R, P>;
     let at_fault: unsafe fn(*const (), usize) = fault::<S, R, P>;
     let kmem = (k as *const Kmem<S, R, P>).cast::<()>().cast_mut();
+    if !in_program_image(kmem.addr()) {
+        return;
+    }
     for e in &ENTRIES {
         // AcqRel/Acquire pairs with `unregister`'s Release: the entry is
         // free. Then `kmem` is published (Release) after the functions.
