@@ -596,6 +596,54 @@ pub(crate) unsafe fn word_store(p: *mut *mut (), v: *mut ()) {
     unsafe { core::sync::atomic::AtomicPtr::from_ptr(p) }.store(v, core::sync::atomic::Ordering::Relaxed)
 }
 
+/// Stores `v` at `p`: a relaxed atomic store where `p` is aligned to a
+/// word, else a plain unaligned write. For words another thread may read
+/// meanwhile with [`word_load_if_aligned`] (detection's slot headers,
+/// which `Cgroup::stat` reads while their owners write them).
+///
+/// # Safety
+///
+/// `p` is valid for a write of a word; where it is aligned, every
+/// access that may race this one is atomic.
+pub(crate) unsafe fn word_store_shared(p: *mut usize, v: usize) {
+    if p.is_aligned() {
+        // SAFETY: aligned and valid (caller).
+        unsafe { core::sync::atomic::AtomicUsize::from_ptr(p) }.store(v, core::sync::atomic::Ordering::Relaxed)
+    } else {
+        // SAFETY: valid (caller); no reader reads it concurrently.
+        unsafe { p.write_unaligned(v) }
+    }
+}
+
+/// [`word_store_shared`] of a pointer.
+///
+/// # Safety
+///
+/// As for [`word_store_shared`].
+pub(crate) unsafe fn ptr_store_shared(p: *mut *const (), v: *const ()) {
+    if p.is_aligned() {
+        // SAFETY: aligned and valid (caller).
+        unsafe { core::sync::atomic::AtomicPtr::from_ptr(p.cast::<*mut ()>()) }
+            .store(v.cast_mut(), core::sync::atomic::Ordering::Relaxed)
+    } else {
+        // SAFETY: valid (caller); no reader reads it concurrently.
+        unsafe { p.write_unaligned(v) }
+    }
+}
+
+/// The word at `p` by a relaxed atomic load, if `p` is aligned to a word
+/// (see [`word_store_shared`]); `None` otherwise, without reading.
+///
+/// # Safety
+///
+/// `p` is valid for a read of a word; every write that may race this
+/// read is atomic.
+pub(crate) unsafe fn word_load_if_aligned(p: *mut usize) -> Option<usize> {
+    // SAFETY: aligned and valid (caller).
+    p.is_aligned()
+        .then(|| unsafe { core::sync::atomic::AtomicUsize::from_ptr(p) }.load(core::sync::atomic::Ordering::Relaxed))
+}
+
 /// Loads the word at `p` stored by [`word_store`].
 ///
 /// # Safety

@@ -10,6 +10,7 @@ use super::{ALIVE, HEAD};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
+use crate::sync::word_load_if_aligned;
 
 /// Requested sizes a [`LeakSizes`] keeps apart, per cache; objects of
 /// further sizes are counted together ([`LeakSizes::other`]).
@@ -85,12 +86,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // `s` is a slot of `cache` out of its slab, at least
             // `HEAD` bytes (checked above), so its first words are
             // readable; a slot that holds no checked object has no live
-            // tag of its own address and slab there.
-            // SAFETY: as just said, the reads are in bounds and the tag check
-            // tells a live checked object.
+            // tag of its own address and slab there. Their owners write
+            // them meanwhile, atomically where they are aligned
+            // (`word_store_shared`): a slot aligned to less than a word
+            // (the 4-byte-aligned class, objects of up to 4 bytes) is not
+            // read, nor counted (a review found Miri reporting the race
+            // of plain reads here with an allocation on another thread).
+            // SAFETY: as just said, the reads are in bounds, every write
+            // they may race is atomic, and the tag check tells a live
+            // checked object.
             unsafe {
-                if t.read_unaligned() == tag(ALIVE, s, slot, cache.cache.birth_of(s)) {
-                    sizes.add(n.read_unaligned(), s.addr());
+                if word_load_if_aligned(t) == Some(tag(ALIVE, s, slot, cache.cache.birth_of(s)))
+                    && let Some(n) = word_load_if_aligned(n)
+                {
+                    sizes.add(n, s.addr());
                 }
             }
         });

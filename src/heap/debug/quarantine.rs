@@ -15,7 +15,7 @@ use super::{CLEAN, Detection, FREED, HEAD, POISON, POISON_FROM};
 use crate::heap::Kmem;
 use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
-use crate::sync::Ordering;
+use crate::sync::{Ordering, ptr_store_shared, word_store_shared};
 
 /// Freed objects waiting to go back to their caches, oldest first, linked
 /// through their header's third word (`head` and `tail` point at slots).
@@ -94,9 +94,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             link.write_unaligned(core::ptr::null_mut());
             let word = owner.map_or(core::ptr::without_provenance(slot | RUN), |o| (o as *const MagCache<R>).cast());
-            own.cast::<*const ()>().write_unaligned(word);
+            // Shared, as the tag: `Cgroup::stat` reads them.
+            ptr_store_shared(own.cast::<*const ()>(), word);
             s.add(HEAD).cast::<usize>().write_unaligned(front);
-            t.write_unaligned(tag(FREED, s, slot, birth_in(owner, s)));
+            word_store_shared(t, tag(FREED, s, slot, birth_in(owner, s)));
         }
         #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
         if d.sites {
@@ -113,7 +114,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // of fresh zero pages as a write after free). Marked
                 // checked, so a run made here again is not read.
                 // SAFETY: the run's first word, ours until given back.
-                unsafe { t.write_unaligned(tag(CLEAN, s, slot, birth_in(owner, s))) };
+                unsafe { word_store_shared(t, tag(CLEAN, s, slot, birth_in(owner, s))) };
             }
             // Straight back to its cache: a slot's hand-out checks the
             // poison.
@@ -273,7 +274,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 if d.poison {
                     self.check_poison(s, slot, owner);
                 }
-                words(s).0.write_unaligned(tag(CLEAN, s, slot, birth_in(owner, s)));
+                word_store_shared(words(s).0, tag(CLEAN, s, slot, birth_in(owner, s)));
                 self.give_back(owner, s);
             }
             // Release: the object is back (its bytes uncharged) before a

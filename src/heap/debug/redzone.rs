@@ -16,7 +16,7 @@ use crate::magazine::MagCache;
 use crate::page::pages_for;
 use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
 use crate::slab::classes::{GEOMETRIES, class_of};
-use crate::sync::Ordering;
+use crate::sync::{Ordering, word_store_shared};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// Whether objects carry the header and red zones (red zones or poison
@@ -85,8 +85,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 let f_was = freed_front(s, slot);
                 expect_bytes(s, HEAD + W, slot, POISON, "write after free", cache, s.add(f_was), None);
             }
-            t.write_unaligned(tag(ALIVE, s, slot, birth));
-            n.write_unaligned(size);
+            // Shared: `Cgroup::stat` reads them from other threads.
+            word_store_shared(t, tag(ALIVE, s, slot, birth));
+            word_store_shared(n, size);
             #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
             if d.sites {
                 super::sites::allocated(s);
@@ -369,7 +370,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         unsafe {
             let birth = birth_in(Some(Self::owner(&self.tree.classes()[a], ptr)), s);
             self.check_live(s, old, align, slot, birth, || class_name(a));
-            words(s).1.write_unaligned(new);
+            word_store_shared(words(s).1, new);
             if new < old && self.detect.get().redzone {
                 core::ptr::write_bytes(s.add(f + new), RED, old - new);
             }
