@@ -264,7 +264,17 @@ fn loom_percpu_slots_as_try_locks_race_a_drain() {
     // while a context on no CPU drains them: no object is handed out twice
     // or lost, the drain never touches magazines a holder is using, and no
     // slot is left taken.
-    loom::model(|| {
+    percpu_cpus_race(5, |env, c| {
+        c.drain(env);
+    });
+}
+
+/// The `PerCpu` models: both CPUs' slots used first (so a drain or reap
+/// has work on each), then the two CPUs allocate and free `n` objects
+/// each while a context on no CPU runs `drain_or_reap`; at the end no
+/// slot is left taken and every object is back.
+fn percpu_cpus_race(n: usize, drain_or_reap: impl Fn(&TestEnv, &MagCache<R>) + Sync + Send + 'static) {
+    loom::model(move || {
         let env = Arc::new(TestEnv::per_cpu());
         let c = Arc::new(cache(&env));
         for slot in 0..2 {
@@ -273,8 +283,8 @@ fn loom_percpu_slots_as_try_locks_race_a_drain() {
         }
         set_slot(usize::MAX);
         let ths: Vec<_> =
-            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 5, slot as u8 + 1))).collect();
-        c.drain(&*env);
+            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, n, slot as u8 + 1))).collect();
+        drain_or_reap(&env, &c);
         for t in ths {
             t.join().unwrap();
         }
@@ -378,28 +388,8 @@ fn loom_percpu_slots_reaped_while_cpus_allocate() {
     // slots (both idle, so the reap drains each it can): the reap steals a
     // slot whose lock is free and passes over a taken one; no slot is left
     // taken. Fails if a taken slot is drained anyway.
-    loom::model(|| {
-        let env = Arc::new(TestEnv::per_cpu());
-        let c = Arc::new(cache(&env));
-        for slot in 0..2 {
-            set_slot(slot);
-            churn(&env, &c, 1, 9);
-        }
-        set_slot(usize::MAX);
-        let ths: Vec<_> =
-            (0..2).map(|slot| spawn_on(slot, &env, &c, move |env, c| churn(env, c, 3, slot as u8 + 1))).collect();
-        crate::magazine::reap_slots(&*env, |f| f(&c), &[true; crate::platform::MAX_CPUS]);
-        for t in ths {
-            t.join().unwrap();
-        }
-        for slot in 0..2 {
-            let p = env.plat.single.as_ref().unwrap();
-            // SAFETY: no other thread runs now; given back at once.
-            assert!(unsafe { p.steal(slot) }, "slot {slot} was left taken");
-            // SAFETY: stolen just above.
-            unsafe { p.unsteal(slot) };
-        }
-        settle(&env, &c);
+    percpu_cpus_race(3, |env, c| {
+        crate::magazine::reap_slots(env, |f| f(c), &[true; crate::platform::MAX_CPUS]);
     });
 }
 
