@@ -242,11 +242,11 @@ fn a_pending_charge_shows_in_peaks_once_noted() {
     // before the check) is not noted past what `mid` allows (a review
     // saw a refused 1 EiB growth in a peak through `note_charged`).
     mid.reset_watermark();
-    mid.usage.fetch_add(1000, core::sync::atomic::Ordering::Relaxed);
+    mid.usage.fetch_add(1000, crate::sync::Ordering::Relaxed);
     leaf.note_charged(core::ptr::null(), 0);
     assert_eq!(mid.watermark(), 6);
     leaf.note_charged(core::ptr::null(), 2);
     assert_eq!(mid.watermark(), 8, "a callback's overdraft may pass `max` by `extra`");
-    mid.usage.fetch_sub(1000, core::sync::atomic::Ordering::Relaxed);
+    mid.usage.fetch_sub(1000, crate::sync::Ordering::Relaxed);
     leaf.uncharge(5);
 }
