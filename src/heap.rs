@@ -634,7 +634,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// to the slabs; then empty slabs go back to the page source and the
     /// source is trimmed. Returns the pages given back. What a burst freed
     /// just before a reap is the working set of that interval: the next
-    /// reap returns it if it stays unused.
+    /// reap returns it if it stays unused. A reap waits for no thread: a
+    /// slot in an operation at that instant is left for the next one
+    /// (decay runs reaps inside allocations).
     pub fn reap(&self) -> usize {
         self.settle();
         self.flush_quarantine();
