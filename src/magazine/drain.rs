@@ -39,6 +39,16 @@ impl<R: RawMutex> MagCache<R> {
         })
     }
 
+    /// Empties this cache's magazines of `slot`, which the caller drains
+    /// (exclusive access through the handshake or a steal); returns the
+    /// objects flushed.
+    fn empty_slot<E: Env<R>>(&self, cx: &E, slot: usize) -> usize {
+        // Cleared before taking: see `used_slots`.
+        self.used_slots.fetch_and(!(1usize << slot), Ordering::Relaxed);
+        let taken = self.take_slot(slot);
+        self.discard_pair(cx, taken)
+    }
+
     /// Discards two magazines taken from a slot; returns objects flushed.
     pub(super) fn discard_pair<E: Env<R>>(&self, cx: &E, taken: (*mut Magazine, *mut Magazine)) -> usize {
         let mut n = 0;
@@ -125,10 +135,7 @@ pub(crate) fn reap_slots<E: Env<R>, R: RawMutex>(
         if let Some(stolen) = stolen {
             each(&mut |c| {
                 if c.used_slots.load(Ordering::Relaxed) & bit != 0 && (stolen || idle[slot] || cold_in(c)) {
-                    // Cleared before taking: see `used_slots`.
-                    c.used_slots.fetch_and(!bit, Ordering::Relaxed);
-                    let taken = c.take_slot(slot);
-                    n += c.discard_pair(cx, taken);
+                    n += c.empty_slot(cx, slot);
                 }
             });
             cx.slots().end_drain(cx.plat(), slot, stolen);
@@ -170,10 +177,7 @@ pub(super) fn drain_slots<E: Env<R>, R: RawMutex>(
         let stolen = cx.slots().begin_drain(cx.plat(), slot);
         each(&mut |c| {
             if c.used_slots.load(Ordering::Relaxed) as u64 & bit != 0 {
-                // Cleared before taking: see `used_slots`.
-                c.used_slots.fetch_and(!(bit as usize), Ordering::Relaxed);
-                let taken = c.take_slot(slot);
-                n += c.discard_pair(cx, taken);
+                n += c.empty_slot(cx, slot);
             }
         });
         cx.slots().end_drain(cx.plat(), slot, stolen);
