@@ -22,11 +22,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         ///
         /// By default a `Kmem` reads its source's size when it is first
         /// used (an allocation, a cache or group made, a report): a source
-        /// that maps more on demand (`OsPages`) gets slabs of up to 64
-        /// pages, a fixed one (a [`crate::Region`]) slabs of at most an
-        /// eighth of its pages, so add the regions first. Fix the order
-        /// when they come later, e.g. from the out-of-memory handler: 0
-        /// for a heap that stays small, 8 for one that will be large.
+        /// that maps more on demand (`OsPages`) gets slabs of 8 to 64
+        /// pages, a fixed one (a [`crate::Region`]) the smallest slabs
+        /// that waste under an eighth, of at most an eighth of its pages,
+        /// so add the regions first. Fix the order when they come later,
+        /// e.g. from the out-of-memory handler: 0 for a heap that stays
+        /// small, 8 for one that will be large (8 keeps the large slabs;
+        /// any order below it starts from the smallest).
         pub fn with_max_slab_order(mut self, order: u32) -> Self {
             let order = if order > MAX_SLAB_ORDER { MAX_SLAB_ORDER } else { order };
             self.slab_cap = atomic_usize(order as usize);

@@ -11,9 +11,11 @@
 //! # Slabs in small memory
 //!
 //! [`GEOMETRIES`] is each class's layout in a large page source: waste
-//! under 1/8, in slabs of up to 64 pages (the 4 KiB class takes 16-page
-//! slabs, the 8 KiB class 32, the 16 KiB class 64). A `Kmem` over a fixed
-//! source caps the order at its first use (see `geometry`): with a cap of
+//! under 1/8, in slabs of 8 to 64 pages (8 for every class up to 3.5 KiB;
+//! the 4 KiB class takes 16-page slabs, the 8 KiB class 32, the 16 KiB
+//! class 64). A `Kmem` over a fixed source starts from the smallest slabs
+//! that waste under 1/8 and caps the order at its first use (see
+//! `geometry`): with a cap of
 //! 0 (a source of under 16 pages) every class up to 3.5 KiB has one-page
 //! slabs, and the page-aligned classes, which need a header page before
 //! their first object, keep the fewest pages that hold one: 2 for 4 KiB,

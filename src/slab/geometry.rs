@@ -4,29 +4,34 @@
 //! A slab is a naturally aligned run of `2^order` pages: a free finds its
 //! header by masking the object's address with the slab size, so every
 //! slab of a cache has the cache's one order. [`Geometry::new`] picks the
-//! smallest order whose waste (header, padding, tail) is under 1/8 of the
-//! slab, which for the size classes means slabs of up to 64 pages (the 16
-//! KiB class): cheap in a large page source, but in a 100 KiB region a
-//! 64 KiB slab for one 4 KiB object cannot even be found.
+//! smallest order from [`MIN_ORDER`] (8 pages) whose waste (header,
+//! padding, tail) is under 1/8 of the slab, which for the size classes
+//! means slabs of 8 to 64 pages (the 16 KiB class): cheap in a large page
+//! source, where the pages of a slab that no object of them was written
+//! are never touched, but in a 100 KiB region a 64 KiB slab for one 4 KiB
+//! object cannot even be found, and 32 KiB per class in use is memory.
 //!
 //! So a cache's order is capped by the memory its page source holds
 //! ([`order_cap`]): a slab is at most 1/8 of a fixed source's pages (and
 //! no larger than its largest free run), as Linux SLUB falls back to
 //! smaller slabs where a higher order is not to be had, except that here
 //! the order is chosen once, since every slab of a cache must have its
-//! order. A cache whose slabs would be larger than the cap gets
-//! [`Geometry::capped`]: the smallest order up to the cap whose waste is
-//! under 1/8, else the least wasteful one, counted in the pages its slabs
+//! order. A bounded source starts from [`Geometry::smallest`] (from
+//! order 0, the smallest slabs that waste under 1/8: one page for every
+//! class up to 448 B and some above). A cache whose slabs would still be
+//! larger than the cap gets [`Geometry::capped`]: the smallest order up to
+//! the cap whose waste is under 1/8, else the least wasteful one, counted in the pages its slabs
 //! really keep, for a capped slab is *exact*: the pages of its run past
 //! its last object go back to the source when it grows, as a large
 //! object's do, and only the pages it keeps are charged (an 8 KiB object
 //! with its page-aligned header keeps 3 pages of a 4-page run). If no
 //! object fits a slab up to the cap (a page-aligned 4 KiB object needs a
 //! header page before it), the smallest order that holds one. Caches
-//! whose order is within the cap keep [`Geometry::new`]'s layout: a source
-//! of 512 pages or more (a 2 MiB region and a page) leaves every size
-//! class as it was, and `OsPages`, which maps more on demand, keeps the
-//! largest slabs. A `Kmem` reads its source's size once, at its first
+//! whose order is within the cap keep [`Geometry::smallest`]'s layout: a
+//! source of 512 pages or more (a 2 MiB region and a page) leaves every
+//! size class at that layout, and only a source of 2,048 pages or more
+//! (8 MiB, a cap of [`MAX_SLAB_ORDER`]) or `OsPages`, which maps more on
+//! demand, keeps [`Geometry::new`]'s. A `Kmem` reads its source's size once, at its first
 //! use, and caps every cache it has then or creates later
 //! (`Kmem::with_max_slab_order` fixes the cap instead); the table of
 //! what that gives per region size is in `classes`.
@@ -60,6 +65,18 @@ pub(crate) const fn order_cap(pages: Option<usize>, largest: Option<u32>) -> u32
         _ => k,
     }
 }
+
+/// The smallest slab order of a cache in a page source that maps more on
+/// demand (`OsPages`, or a source of at least 2,048 pages): 32 KiB slabs.
+/// A slab's header and bitmap are in its first page and free objects hold
+/// nothing the allocator reads, so pages of a slab that no object of them
+/// was written are never touched; in one-page slabs every slab's header
+/// faulted its page in (a million 64-byte objects allocated and not
+/// written: 18,517 minor faults and 76 MiB resident with one-page slabs;
+/// BENCHMARKS.md, session 22), and a slab's list moves are paid once per
+/// 510 objects instead of per 63. Bounded sources keep the smallest slabs
+/// (`within`), where a slab per class in use is memory.
+pub(crate) const MIN_ORDER: u32 = 3;
 
 /// How objects are laid out in a slab of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,10 +113,23 @@ pub(crate) struct Geometry {
 
 impl Geometry {
     /// The layout for objects of `size` bytes aligned to `align` (a power of
-    /// two): the smallest slab order whose waste (header, padding and tail)
-    /// is under 1/8 of the slab, or the least wasteful order up to
+    /// two) in a page source that maps more on demand: the smallest slab
+    /// order from [`MIN_ORDER`] whose waste (header, padding and tail) is
+    /// under 1/8 of the slab, or the least wasteful order up to
     /// [`MAX_SLAB_ORDER`]. `None` if an object does not fit a 1 MiB slab.
+    /// A bounded source takes [`Geometry::within`]'s instead.
     pub(crate) const fn new(size: usize, align: usize) -> Option<Geometry> {
+        Self::from_order(size, align, MIN_ORDER)
+    }
+
+    /// The layout for a bounded page source before its cap: the smallest
+    /// order (from 0) whose waste is under 1/8, else the least wasteful.
+    pub(crate) const fn smallest(size: usize, align: usize) -> Option<Geometry> {
+        Self::from_order(size, align, 0)
+    }
+
+    /// [`Geometry::new`] with the smallest order `min_order`.
+    const fn from_order(size: usize, align: usize, min_order: u32) -> Option<Geometry> {
         if !align.is_power_of_two() || align > PAGE_SIZE {
             return None;
         }
@@ -113,7 +143,7 @@ impl Geometry {
         };
         let mut best: Option<Geometry> = None;
         let mut best_waste_ppm = usize::MAX;
-        let mut order = 0;
+        let mut order = min_order;
         while order <= MAX_SLAB_ORDER {
             if let Some(g) = Self::at_order(size, align, order) {
                 let bytes = PAGE_SIZE << order;
@@ -246,13 +276,20 @@ impl Geometry {
     /// its order is within the cap, else [`Geometry::capped`]'s for its
     /// object size and alignment.
     pub(crate) const fn within(self, cap: u32) -> Geometry {
-        if self.order <= cap {
-            return self;
+        // A bounded source: the smallest slabs that waste under 1/8, not
+        // the large ones that spare a source mapping on demand page
+        // faults and slab turnover (see [`MIN_ORDER`]).
+        let this = match Self::smallest(self.size, self.align) {
+            Some(small) if cap < MAX_SLAB_ORDER && small.order < self.order => small,
+            _ => self,
+        };
+        if this.order <= cap {
+            return this;
         }
-        match Self::capped(self.size, self.align, cap) {
+        match Self::capped(this.size, this.align, cap) {
             Some(g) => g,
-            // The object already fits a slab of `self.order`.
-            None => self,
+            // The object already fits a slab of `this.order`.
+            None => this,
         }
     }
 

@@ -1,5 +1,6 @@
 use std::vec::Vec;
 
+use super::geometry::MIN_ORDER;
 use super::*;
 use crate::counter::PageCounter;
 use crate::platform::{DefaultRawMutex, PageSource, Region};
@@ -54,11 +55,14 @@ fn geometry_waste_under_an_eighth() {
 #[test]
 fn geometry_in_an_order_whatever_the_waste() {
     // 13 cache lines (a group with 64 CPU slots): two per page waste 768
-    // bytes, over an eighth, so `new` picks order-2 slabs; `in_order`
-    // keeps single pages while two fit.
+    // bytes, over an eighth, so `smallest` picks order-2 slabs (`new` its
+    // `MIN_ORDER`); `in_order` keeps single pages while two fit, in any
+    // source.
     let g = Geometry::in_order(1664, 128, 0, 2).unwrap();
     assert_eq!((g.order, g.capacity, g.first), (0, 2, 128));
-    assert_eq!(Geometry::new(1664, 128).unwrap().order, 2);
+    assert_eq!((0..=MAX_SLAB_ORDER).map(|cap| g.within(cap)).find(|h| *h != g), None);
+    assert_eq!(Geometry::smallest(1664, 128).unwrap().order, 2);
+    assert_eq!(Geometry::new(1664, 128).unwrap().order, MIN_ORDER);
     // Two no longer fit a page: `new`'s choice.
     assert_eq!(Geometry::in_order(2048, 128, 0, 2), Geometry::new(2048, 128));
     assert_eq!(Geometry::in_order(1664, 3, 0, 2), None, "alignment must be a power of two");
@@ -78,8 +82,12 @@ fn capped_geometry_fits_small_sources() {
             assert!(g.capacity >= 1 && g.first >= HEADER && g.first % g.align == 0, "{g:?}");
             assert!(g.first + g.capacity * g.size <= g.slab_pages() * PAGE_SIZE, "{g:?}");
             assert!(g.slab_pages() <= 1 << g.order);
-            if base.order <= cap {
-                assert_eq!(g, *base, "within the cap: unchanged");
+            // A bounded source starts from the smallest slabs that waste
+            // under an eighth, one that maps on demand from `MIN_ORDER`.
+            let start = if cap < MAX_SLAB_ORDER { Geometry::smallest(base.size, base.align).unwrap() } else { *base };
+            assert!(start.order <= base.order);
+            if start.order <= cap {
+                assert_eq!(g, start, "within the cap: unchanged");
             } else {
                 // Exact: the last page holds part of an object.
                 assert!(g.first + g.capacity * g.size > (g.slab_pages() - 1) * PAGE_SIZE, "{g:?}");
@@ -93,9 +101,17 @@ fn capped_geometry_fits_small_sources() {
             }
         }
     }
+    // A source that maps on demand: slabs of at least `MIN_ORDER`; a
+    // bounded one of any size: one page for the 64-byte class.
+    assert!(GEOMETRIES.iter().all(|g| g.order >= MIN_ORDER && g.within(MAX_SLAB_ORDER) == *g));
+    let at = |size: usize, cap: u32| GEOMETRIES.iter().find(|g| g.size == size).unwrap().within(cap);
+    assert!((0..MAX_SLAB_ORDER).all(|cap| at(64, cap).order == 0));
+    assert!(
+        GEOMETRIES.iter().filter(|g| g.size <= 448).all(|g| Geometry::smallest(g.size, g.align).unwrap().order == 0)
+    );
     // Order 0 for every class up to 3.5 KiB; a page-aligned 4 KiB object
     // needs a header page: two pages; 8 KiB three, 16 KiB five.
-    let at0 = |size: usize| GEOMETRIES.iter().find(|g| g.size == size).unwrap().within(0);
+    let at0 = |size: usize| at(size, 0);
     assert!(GEOMETRIES.iter().filter(|g| g.size <= 3584).all(|g| g.within(0).order == 0));
     assert_eq!((at0(4096).order, at0(4096).slab_pages()), (1, 2));
     assert_eq!((at0(8192).order, at0(8192).slab_pages()), (2, 3));

@@ -241,6 +241,7 @@ fn zombie_groups_leave_nothing_behind() {
     k.shrink();
     let baseline = k.stats().source.pages_in_use;
     let mut leftovers: Vec<usize> = Vec::new();
+    let mut large = std::collections::BTreeSet::new();
     let mut boxes = Vec::new();
     for i in 0..10_000 {
         let g = k.root().create_child(&std::format!("z{i}")).unwrap();
@@ -251,16 +252,17 @@ fn zombie_groups_leave_nothing_behind() {
                 boxes.push(typed.alloc([i as u8; 300]).unwrap());
                 // A large object too.
                 // SAFETY: valid layout.
-                leftovers.push(unsafe { k.alloc(Layout::from_size_align(20_000, 8).unwrap()) } as usize);
+                let p = unsafe { k.alloc(Layout::from_size_align(20_000, 8).unwrap()) } as usize;
+                leftovers.push(p);
+                large.insert(p);
             }
         }
         g.remove().unwrap();
     }
     assert_eq!(k.root().stat().failcnt, 0);
     // Free everything later, from other threads.
-    // Large objects are the page-aligned ones.
-    let layout_of =
-        |p: usize| if p.is_multiple_of(PAGE_SIZE) { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
+    // (Small objects can be page-aligned too, in slabs of several pages.)
+    let layout_of = |p: usize| if large.contains(&p) { Layout::from_size_align(20_000, 8).unwrap() } else { layout };
     // SAFETY: live, freed once with its layout.
     unsafe { free_on_threads(k, &leftovers, 2, layout_of) };
     drop(boxes);
