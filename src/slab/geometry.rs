@@ -72,8 +72,8 @@ pub(crate) const fn order_cap(pages: Option<usize>, largest: Option<u32>) -> u32
 /// nothing the allocator reads, so pages of a slab that no object of them
 /// was written are never touched; in one-page slabs every slab's header
 /// faulted its page in (a million 64-byte objects allocated and not
-/// written: 18,517 minor faults and 76 MiB resident with one-page slabs;
-/// BENCHMARKS.md, session 22), and a slab's list moves are paid once per
+/// written: 18,517 minor faults and 76 MiB resident with one-page slabs,
+/// 4,169 and 19 MiB with these; BENCHMARKS.md, session 22), and a slab's list moves are paid once per
 /// 510 objects instead of per 63. Bounded sources keep the smallest slabs
 /// (`within`), where a slab per class in use is memory.
 pub(crate) const MIN_ORDER: u32 = 3;
