@@ -55,8 +55,10 @@ mod tree;
 pub use inject::{FailRule, FaultInjection};
 pub use marks::RECLAIM_OVERDRAFT;
 use marks::untag;
+pub(crate) use marks::{
+    ATOMIC, Marks, RECLAIMING, acquire_token, in_callback, release_token, set_atomic, set_no_reclaim, swap_token,
+};
 pub(crate) use marks::{IN_HOOK, MEMALLOC};
-pub(crate) use marks::{Marks, RECLAIMING, in_callback, release_token, set_no_reclaim, swap_token};
 pub(crate) use pressure::{PressureRow, STAT_PRESSURES};
 #[cfg(all(test, not(loom)))]
 pub(crate) use tree::delay;
@@ -99,6 +101,9 @@ pub(crate) struct TokenHead {
     /// Drops one reference on the group this head starts (the
     /// monomorphised `Tree::release_token` of its tree).
     release: unsafe fn(NonNull<TokenHead>),
+    /// Takes one reference on it (`Tree::acquire_token`): a callback of
+    /// any allocator pins the context's current group, whoever made it.
+    acquire: unsafe fn(NonNull<TokenHead>),
     /// The parent group's head, or null for the root; derived from a
     /// pointer to the whole parent group, so it leads back to it. Fixed;
     /// the parent outlives us. Here rather than in `Group<R>`, so a walk
@@ -298,8 +303,8 @@ pub(crate) struct Group<R: RawMutex> {
     pressures: AtomicPtr<pressure::PressureNode>,
 }
 
-/// `TokenHead::release` of a root group: never called (a root's token is
-/// null), and a root is never freed anyway.
+/// `TokenHead::release` and `acquire` of a root group: never called (a
+/// root's token is null), and a root is never freed anyway.
 fn release_root(_: NonNull<TokenHead>) {}
 
 // A group is shared by handles across a caught panic as a `Kmem` is
@@ -355,7 +360,13 @@ impl<R: RawMutex> Group<R> {
         /// The root group of a tree.
         fn new_root(name: Name) -> Self {
             let head =
-                TokenHead { owner: ptr::null(), release: release_root, parent: ptr::null(), state: atomic_u8(ONLINE) };
+                TokenHead {
+                owner: ptr::null(),
+                release: release_root,
+                acquire: release_root,
+                parent: ptr::null(),
+                state: atomic_u8(ONLINE),
+            };
             Self::with(PageCounter::new_root(), head, name)
         }
     }
@@ -368,11 +379,11 @@ impl<R: RawMutex> Group<R> {
     unsafe fn new_child(
         parent: &Group<R>,
         owner: *const (),
-        release: unsafe fn(NonNull<TokenHead>),
+        [release, acquire]: [unsafe fn(NonNull<TokenHead>); 2],
         name: Name,
     ) -> Self {
         let parent_head = ptr::from_ref(parent).cast::<u8>().wrapping_add(HEAD_OFFSET).cast::<TokenHead>();
-        let head = TokenHead { owner, release, parent: parent_head, state: atomic_u8(ONLINE) };
+        let head = TokenHead { owner, release, acquire, parent: parent_head, state: atomic_u8(ONLINE) };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
     }

@@ -26,8 +26,19 @@ pub(crate) const IN_HOOK: usize = 2;
 /// context, where the platform keeps no marks, never has it.)
 pub(crate) const MEMALLOC: usize = 4;
 
+/// The next bit: set while an atomic scope ([`crate::Kmem::atomic_scope`])
+/// is alive in the context. Its allocations never reclaim, as with
+/// [`RECLAIMING`], but the bit is the scopes' alone: a callback's marks
+/// ([`Marks`]) save and restore the others only, so an outermost scope
+/// dropped inside a callback ends the atomic state for good, and one made
+/// inside a callback outlives it if kept.
+pub(crate) const ATOMIC: usize = 8;
+
+/// The marks a callback adds and puts back ([`Marks`]).
+const CALLBACK_TAGS: usize = RECLAIMING | IN_HOOK | MEMALLOC;
+
 /// The tags of a token.
-const TAGS: usize = RECLAIMING | IN_HOOK | MEMALLOC;
+const TAGS: usize = CALLBACK_TAGS | ATOMIC;
 
 // The tags live in the low bits of a group's head address.
 static_assertions::const_assert!(core::mem::align_of::<Group<crate::platform::DefaultRawMutex>>() > TAGS);
@@ -59,13 +70,15 @@ pub(crate) struct Marks<'p, P: Platform> {
 }
 
 impl<'p, P: Platform> Marks<'p, P> {
-    /// Adds `tags` to the calling context's marks until the guard drops.
+    /// Adds `tags` (of [`RECLAIMING`], [`IN_HOOK`], [`MEMALLOC`]) to the
+    /// calling context's marks until the guard drops.
     pub(crate) fn add(platform: &'p P, tags: usize) -> Self {
+        debug_assert_eq!(tags & !CALLBACK_TAGS, 0);
         let token = retag(platform, |a| a | tags);
         Marks { platform, saved: token.addr() & TAGS }
     }
 
-    /// The context's marks from before the guard.
+    /// The context's marks from before the guard ([`ATOMIC`] included).
     pub(crate) fn saved(&self) -> usize {
         self.saved
     }
@@ -73,8 +86,9 @@ impl<'p, P: Platform> Marks<'p, P> {
 
 impl<P: Platform> Drop for Marks<'_, P> {
     fn drop(&mut self) {
-        let saved = self.saved;
-        retag(self.platform, |a| (a & !TAGS) | saved);
+        // The callback marks as they were; [`ATOMIC`] as the scopes left it.
+        let saved = self.saved & CALLBACK_TAGS;
+        retag(self.platform, |a| (a & !CALLBACK_TAGS) | saved);
     }
 }
 
@@ -114,6 +128,13 @@ pub(crate) fn set_no_reclaim<P: Platform>(platform: &P, on: bool) -> bool {
     token.addr() & RECLAIMING != 0
 }
 
+/// Sets (`on`) or clears the calling context's [`ATOMIC`] mark; returns
+/// whether it was set.
+pub(crate) fn set_atomic<P: Platform>(platform: &P, on: bool) -> bool {
+    let token = retag(platform, |a| if on { a | ATOMIC } else { a & !ATOMIC });
+    token.addr() & ATOMIC != 0
+}
+
 /// Changes the calling context's marks to `f` of them (its token's
 /// address, marks included; the group bits stay) and returns the token
 /// from before. Through [`Platform::retag_current_group`], retried until
@@ -146,5 +167,19 @@ pub(crate) unsafe fn release_token(token: *const ()) {
         // SAFETY: a live group's head (caller contract); `release` is its
         // tree's, for the reference the caller hands over.
         unsafe { (t.as_ref().release)(t) }
+    }
+}
+
+/// Takes a reference on the group a current-group token names, whichever
+/// allocator made it; null (the root) needs none.
+///
+/// # Safety
+///
+/// `token` is null or points to the [`TokenHead`] of a live group.
+pub(crate) unsafe fn acquire_token(token: *const ()) {
+    if let Some(t) = NonNull::new(untag(token).cast_mut().cast::<TokenHead>()) {
+        // SAFETY: a live group's head (caller contract); `acquire` is its
+        // tree's.
+        unsafe { (t.as_ref().acquire)(t) }
     }
 }

@@ -9,7 +9,7 @@ use lock_api::RawMutex;
 
 use super::GroupStat;
 use crate::cgroup::FaultInjection;
-use crate::cgroup::{Group, GroupId, release_token, set_no_reclaim, swap_token};
+use crate::cgroup::{Group, GroupId, release_token, set_atomic, swap_token};
 use crate::error::{Error, Name};
 use crate::heap::{Heap, Kmem, KmemOf};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
@@ -69,7 +69,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// allocations atomic: sound, but they fail at a limit instead of
     /// reclaiming. Each thread (context) has its own state.
     pub fn atomic_scope(&self) -> AtomicScope<'_, Self> {
-        AtomicScope { kmem: self, was: set_no_reclaim(self.platform(), true), _context: PhantomData }
+        AtomicScope { kmem: self, was: set_atomic(self.platform(), true), _context: PhantomData }
     }
 
     /// Makes the root current on the calling thread (through the platform
@@ -528,11 +528,12 @@ pub struct AtomicScope<'k, K: Heap = Kmem> {
 impl<K: Heap> Drop for AtomicScope<'_, K> {
     fn drop(&mut self) {
         // Only the scope that made the context atomic ends it: an inner
-        // scope (or one made inside a shrinker, whose context is marked
-        // already) leaves the mark alone, so scopes dropped out of order
-        // never leave a context atomic once the outermost one is gone.
+        // scope leaves the mark alone, so scopes dropped out of order never
+        // leave a context atomic once the outermost one is gone. The mark
+        // is the scopes' own (`cgroup::ATOMIC`): a callback's marks, put
+        // back when it returns, neither keep nor end it.
         if !self.was {
-            set_no_reclaim(self.kmem.platform(), false);
+            set_atomic(self.kmem.platform(), false);
         }
     }
 }

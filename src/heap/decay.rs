@@ -123,10 +123,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         if now.wrapping_sub(last) < interval || self.platform.in_interrupt() {
             return;
         }
-        // The no-reclaim mark: set already (a shrinker, an atomic scope),
-        // no reap; else it keeps allocations made during the reap from
-        // starting another.
-        if crate::cgroup::set_no_reclaim(&self.platform, true) {
+        // The no-reclaim mark: set already (a shrinker), or an atomic
+        // scope, no reap; else it keeps allocations made during the reap
+        // from starting another.
+        if self.platform.current_group().addr() & crate::cgroup::ATOMIC != 0
+            || crate::cgroup::set_no_reclaim(&self.platform, true)
+        {
             return;
         }
         if self.decay.running.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {

@@ -21,7 +21,9 @@ use core::ptr;
 use lock_api::RawMutex;
 
 use super::Tree;
-use crate::cgroup::{Event, Group, GroupId, IN_HOOK, MEMALLOC, Marks, RECLAIMING, release_token, swap_token};
+use crate::cgroup::{
+    Event, Group, GroupId, IN_HOOK, MEMALLOC, Marks, RECLAIMING, acquire_token, release_token, swap_token,
+};
 use crate::magazine::Env;
 use crate::platform::Platform;
 use crate::sync::Ordering;
@@ -103,18 +105,12 @@ impl<R: RawMutex> Tree<R> {
     /// out-of-memory handler) on the calling context: adds `tags` to its
     /// marks and takes a reference on its current group, both until the
     /// scope drops. See [`CallbackScope`].
-    pub(crate) fn callback_scope<'a, P: Platform>(&'a self, platform: &'a P, tags: usize) -> CallbackScope<'a, R, P> {
+    pub(crate) fn callback_scope<'a, P: Platform>(&'a self, platform: &'a P, tags: usize) -> CallbackScope<'a, P> {
         let token = crate::cgroup::marks::untag(platform.current_group());
-        // SAFETY: the context's token names null or a live group, which
-        // its reference keeps (of this tree or another).
-        let pinned = match unsafe { Group::<R>::of_token(token, self.id()) } {
-            Some(g) => {
-                g.get();
-                token
-            }
-            None => ptr::null(),
-        };
-        CallbackScope { tree: self, platform, pinned, was_root: token.is_null(), marks: Marks::add(platform, tags) }
+        // SAFETY: the context's token names null or a live group (of this
+        // tree or another), which its reference keeps.
+        unsafe { acquire_token(token) };
+        CallbackScope { platform, pinned: token, marks: Marks::add(platform, tags) }
     }
 }
 
@@ -124,55 +120,38 @@ impl<R: RawMutex> Tree<R> {
 /// names, on the token's reference alone; the callback may drop that
 /// reference (reset the current group, drop a guard it kept) and remove
 /// the group. So the scope holds a reference of its own on the token's
-/// group, and when it drops (the callback returned or unwound) the
-/// context's current group is the one it had before: a group the callback
-/// left current is released, and the scope's reference goes back into
-/// the context in its place. Dropping also restores the marks, after the
-/// token.
-pub(crate) struct CallbackScope<'a, R: RawMutex, P: Platform> {
-    tree: &'a Tree<R>,
+/// group, whichever allocator made it (a callback of one allocator may
+/// run while another's group is current), and when it drops (the
+/// callback returned or unwound) the context's current group is the one
+/// it had before: a group the callback left current is released, and the
+/// scope's reference goes back into the context in its place. Dropping
+/// also restores the callback marks, after the token.
+pub(crate) struct CallbackScope<'a, P: Platform> {
     platform: &'a P,
-    /// The context's token (untagged) from before, whose group the scope
-    /// holds a reference on; null: none (the root, or another allocator's
-    /// group, which this allocation does not charge).
+    /// The context's token (untagged) from before, on whose group the
+    /// scope holds a reference; null: the root.
     pinned: *const (),
-    /// Whether the root was current before (put back as well; another
-    /// allocator's group, which the scope holds no reference on, is not).
-    was_root: bool,
     marks: Marks<'a, P>,
 }
 
-impl<R: RawMutex, P: Platform> CallbackScope<'_, R, P> {
+impl<P: Platform> CallbackScope<'_, P> {
     /// The context's marks from before the scope.
     pub(crate) fn saved(&self) -> usize {
         self.marks.saved()
     }
 }
 
-impl<R: RawMutex, P: Platform> Drop for CallbackScope<'_, R, P> {
+impl<P: Platform> Drop for CallbackScope<'_, P> {
     fn drop(&mut self) {
         let now = crate::cgroup::marks::untag(self.platform.current_group());
-        if self.pinned.is_null() {
-            if self.was_root && !now.is_null() {
-                // The callback left a group current where the root was.
-                let left = swap_token(self.platform, ptr::null());
-                // SAFETY: the context's token, whose reference the swap
-                // handed to us.
-                unsafe { release_token(left) };
-            }
-            return;
-        }
         if now == self.pinned {
-            // SAFETY: the group the scope holds a reference on, of this
-            // tree (checked when it was taken).
-            let g = unsafe { Group::<R>::of_token(self.pinned, self.tree.id()) };
-            if let Some(g) = g {
-                self.tree.put_group(g);
-            }
+            // SAFETY: the scope's own reference on the group (none for
+            // the root).
+            unsafe { release_token(self.pinned) };
         } else {
-            // The callback left another group current: ours goes back,
-            // with the scope's reference, and the one it left (with the
-            // reference the context held on it) is released.
+            // The callback left another group current (or the root): ours
+            // goes back, with the scope's reference, and the one it left
+            // (with the reference the context held on it) is released.
             let left = swap_token(self.platform, self.pinned);
             // SAFETY: the context's token, whose reference the swap
             // handed to us.

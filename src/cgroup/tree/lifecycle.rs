@@ -97,6 +97,16 @@ impl<R: RawMutex> Tree<R> {
         }
     }
 
+    /// `TokenHead::acquire` of this tree's groups: takes a reference.
+    ///
+    /// # Safety
+    ///
+    /// `head` starts a live group of this type (made by a `Tree<R>`).
+    unsafe fn acquire_token(head: NonNull<TokenHead>) {
+        // SAFETY: caller contract: the head of a live group of this type.
+        unsafe { Group::<R>::of_head(head.as_ptr()) }.get();
+    }
+
     /// Creates a child of `parent` named `name` (checked by the caller);
     /// the caller owns one reference on the group returned.
     pub(crate) fn create_child<E: Env<R>>(
@@ -139,7 +149,7 @@ impl<R: RawMutex> Tree<R> {
         // SAFETY: a fresh object of the group cache, sized and aligned for a
         // `Group`; the parent outlives it (it holds a reference on it).
         unsafe {
-            g.as_ptr().write(Group::new_child(parent, self.id(), Self::release_token, name));
+            g.as_ptr().write(Group::new_child(parent, self.id(), [Self::release_token, Self::acquire_token], name));
             core::ptr::addr_of_mut!((*g.as_ptr()).index).write(index);
             // The way back from the counter, with the group's provenance;
             // before anyone can see the group.

@@ -56,7 +56,7 @@ use lock_api::RawMutex;
 
 use super::Tree;
 use super::protection::{Pass, Take};
-use crate::cgroup::{Event, Group, RECLAIM_OVERDRAFT, RECLAIMING, in_callback};
+use crate::cgroup::{ATOMIC, Event, Group, RECLAIM_OVERDRAFT, RECLAIMING, in_callback};
 use crate::counter::PageCounter;
 use crate::error::{Error, GroupName};
 use crate::magazine::{Acct, Env, MagCache, drain_many, reap_slots};
@@ -487,5 +487,5 @@ impl<R: RawMutex> Drop for Held<'_, R> {
 /// source have, within the limits, or a failure.
 #[inline]
 fn reclaiming<R: RawMutex, E: Env<R>>(env: &E) -> bool {
-    env.plat().in_interrupt() || env.plat().current_group().addr() & RECLAIMING != 0
+    env.plat().in_interrupt() || env.plat().current_group().addr() & (RECLAIMING | ATOMIC) != 0
 }
