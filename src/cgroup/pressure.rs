@@ -12,20 +12,37 @@ use crate::counter::{PressureCounter, Thresholds};
 use crate::error::{Error, Name};
 use crate::magazine::Env;
 use crate::slab::{Geometry, Pages};
-use crate::sync::{AtomicPtr, Ordering, atomic_null};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, atomic_bool, atomic_null, atomic_usize};
 
 /// The most pressure rows a group's stat shows (the first made); a group
 /// may hold any number of resources.
 pub(crate) const STAT_PRESSURES: usize = 8;
 
 /// One named pressure resource of a group: a node of the group's list,
-/// an object of the tree's `pressure_nodes` cache, freed with the group.
-/// Written whole before it is linked (`Release`); never written again but
-/// through its counter's atomics.
+/// an object of the tree's `pressure_nodes` cache, freed with the group,
+/// or, made for a descendant (not opened on its own group), once the last
+/// resource below it goes (so a root does not keep a node for every name
+/// a short-lived group ever opened). Written whole before it is linked
+/// (`Release`); never written again but through its atomics, under the
+/// tree lock but for its counter's.
 pub(crate) struct PressureNode {
     next: AtomicPtr<PressureNode>,
     name: Name,
     counter: PressureCounter,
+    /// The same resource's node one level up (null at the top), whose
+    /// `children` counts this one; it lives while that count does.
+    up: *const PressureNode,
+    /// The `pressures` list of the group holding this node, which outlives
+    /// it: where it is unlinked from.
+    list: *const AtomicPtr<PressureNode>,
+    /// Nodes whose `up` this is.
+    children: AtomicUsize,
+    /// Whether [`crate::Cgroup::pressure`] opened it on its own group
+    /// (else it was made for a descendant, unlimited).
+    opened: AtomicBool,
+    /// The chain of unlinked nodes waiting in limbo (`next` stays as it
+    /// was for a reader still on the node).
+    retired_next: AtomicPtr<PressureNode>,
 }
 
 impl PressureNode {
@@ -39,11 +56,16 @@ impl PressureNode {
     pub(super) fn next(&self) -> &AtomicPtr<PressureNode> {
         &self.next
     }
+
+    /// The link of the limbo chain.
+    pub(super) fn retired_next(&self) -> &AtomicPtr<PressureNode> {
+        &self.retired_next
+    }
 }
 
 impl<R: RawMutex> Group<R> {
     /// The group's resources, first made first.
-    fn pressure_nodes(&self) -> impl Iterator<Item = &PressureNode> {
+    pub(super) fn pressure_nodes(&self) -> impl Iterator<Item = &PressureNode> {
         let mut cur = self.pressures.load(Ordering::Acquire);
         core::iter::from_fn(move || {
             // SAFETY: linked nodes live as long as their group.
@@ -53,17 +75,22 @@ impl<R: RawMutex> Group<R> {
         })
     }
 
+    /// The resource `name`'s node, if any.
+    fn pressure_node(&self, name: &Name) -> Option<&PressureNode> {
+        self.pressure_nodes().find(|n| n.name == *name)
+    }
+
     /// The resource `name`, if any.
     fn pressure(&self, name: &Name) -> Option<&PressureCounter> {
-        self.pressure_nodes().find(|n| n.name == *name).map(|n| &n.counter)
+        self.pressure_node(name).map(|n| &n.counter)
     }
 
     /// The nearest resource named `name` from this group up.
-    fn nearest_pressure(&self, name: &Name) -> Option<&PressureCounter> {
+    fn nearest_pressure(&self, name: &Name) -> Option<&PressureNode> {
         let mut cur = Some(self);
         while let Some(x) = cur {
-            if let Some(c) = x.pressure(name) {
-                return Some(c);
+            if let Some(n) = x.pressure_node(name) {
+                return Some(n);
             }
             cur = x.parent();
         }
@@ -137,9 +164,11 @@ impl<R: RawMutex> Tree<R> {
                 {
                     return Err(Error::AboveParentMax { parent_max });
                 }
-                if let Some(c) = g.pressure(&name) {
-                    c.set_thresholds(thresholds).map_err(|usage| Error::LimitBelowUsage { usage })?;
-                    return Ok(Some(NonNull::from(c)));
+                if let Some(n) = g.pressure_node(&name) {
+                    n.counter.set_thresholds(thresholds).map_err(|usage| Error::LimitBelowUsage { usage })?;
+                    // Opened here now: it stays while the group does.
+                    n.opened.store(true, Ordering::Relaxed);
+                    return Ok(Some(NonNull::from(&n.counter)));
                 }
                 // `g` and its ancestors without the resource, nearest first.
                 let lacking = || core::iter::once(g).chain(ancestors(g)).filter(|x| x.pressure(&name).is_none());
@@ -148,11 +177,12 @@ impl<R: RawMutex> Tree<R> {
                 }
                 // Top down, so each resource's parent exists when it is made.
                 while let Some(top) = lacking().last() {
-                    let t = if core::ptr::eq(top, g) { thresholds } else { Thresholds::UNLIMITED };
+                    let opened = core::ptr::eq(top, g);
+                    let t = if opened { thresholds } else { Thresholds::UNLIMITED };
                     let Some(mem) = spare.pop() else { return Ok(None) };
                     // SAFETY: a spare node, unused; `top` is `g` or one of
                     // its ancestors, alive while `g` is.
-                    unsafe { link_node(top, mem, name, t) };
+                    unsafe { link_node(top, mem, name, t, opened) };
                 }
                 Ok(g.pressure(&name).map(NonNull::from))
             })();
@@ -171,6 +201,48 @@ impl<R: RawMutex> Tree<R> {
             };
             self.free_spare(env, &mut spare);
             return r;
+        }
+    }
+
+    /// Called for each node of a group being freed (under the tree lock):
+    /// the node one level up counts one resource fewer below it, and a
+    /// node made for descendants whose last one this was leaves its
+    /// group's list for `limbo` (freed once no reader can be on it),
+    /// taking its own count from the node above it in turn.
+    ///
+    /// # Safety
+    ///
+    /// `node` is a node of a group being freed, whose ancestors are live.
+    pub(super) unsafe fn drop_resource_below(&self, node: &PressureNode, limbo: &mut super::tree::Limbo<R>) {
+        let mut up = node.up;
+        // SAFETY: a node's `up` lives while it counts the node (below).
+        while let Some(u) = unsafe { up.as_ref() } {
+            if u.children.fetch_sub(1, Ordering::Relaxed) != 1
+                || u.opened.load(Ordering::Relaxed)
+                || u.counter.usage() != 0
+            {
+                return;
+            }
+            // SAFETY: `u`'s group outlives it, and its list changes only
+            // under the tree lock, which we hold.
+            let mut link = unsafe { &*u.list };
+            loop {
+                let cur = link.load(Ordering::Relaxed);
+                if cur.is_null() {
+                    debug_assert!(false, "a resource node missing from its group's list");
+                    return;
+                }
+                if core::ptr::eq(cur, u) {
+                    // Release: as `link_node`'s publication. A reader on
+                    // `u` goes on through its `next`, unchanged.
+                    link.store(u.next.load(Ordering::Relaxed), Ordering::Release);
+                    break;
+                }
+                // SAFETY: a linked node, alive with its group.
+                link = unsafe { &(*cur).next };
+            }
+            limbo.retire_pressure_node(NonNull::from(u));
+            up = u.up;
         }
     }
 
@@ -201,15 +273,30 @@ fn ancestors<R: RawMutex>(g: &Group<R>) -> impl Iterator<Item = &Group<R>> {
 ///
 /// `mem` is an unused object of the tree's node cache; `g` has no resource
 /// `name`. `thresholds` are ordered and at most every ancestor's `max`.
-unsafe fn link_node<R: RawMutex>(g: &Group<R>, mem: NonNull<u8>, name: Name, thresholds: Thresholds) {
+/// Under the tree lock. `opened`: opened on `g` itself (see
+/// [`PressureNode::opened`]).
+unsafe fn link_node<R: RawMutex>(g: &Group<R>, mem: NonNull<u8>, name: Name, thresholds: Thresholds, opened: bool) {
     let n = mem.cast::<PressureNode>();
-    let parent = g.parent().and_then(|p| p.nearest_pressure(&name));
-    let parent_ptr = parent.map_or(ptr::null(), |p| p as *const PressureCounter);
+    let up = g.parent().and_then(|p| p.nearest_pressure(&name));
+    let parent_ptr = up.map_or(ptr::null(), |u| &u.counter as *const PressureCounter);
+    if let Some(u) = up {
+        // Under the tree lock: `u` stays while it counts this node.
+        u.children.fetch_add(1, Ordering::Relaxed);
+    }
     // SAFETY: the caller's node, sized and aligned for a node and
     // unpublished; the parent resource lives in an ancestor group, which
-    // outlives this group.
+    // outlives this group, and stays while it counts this node.
     unsafe {
-        n.as_ptr().write(PressureNode { next: atomic_null(), name, counter: PressureCounter::new(parent_ptr) });
+        n.as_ptr().write(PressureNode {
+            next: atomic_null(),
+            name,
+            counter: PressureCounter::new(parent_ptr),
+            up: up.map_or(ptr::null(), |u| u as *const PressureNode),
+            list: &g.pressures,
+            children: atomic_usize(0),
+            opened: atomic_bool(opened),
+            retired_next: atomic_null(),
+        });
     }
     // SAFETY: just written, not yet shared.
     let set = unsafe { n.as_ref() }.counter.set_thresholds(thresholds);

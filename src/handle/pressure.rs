@@ -15,9 +15,11 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// Charges propagate to the same-named resource of every ancestor: an
     /// ancestor that has none gets one here, unlimited
     /// ([`Thresholds::UNLIMITED`]; tune it later by calling this on the
-    /// ancestor, which then counts what its descendants charged); a
-    /// resource lives as long as its group, so the root keeps one for every
-    /// name opened anywhere (a few dozen bytes each). None of
+    /// ancestor, which then counts what its descendants charged). A
+    /// resource opened here lives as long as its group; one an ancestor
+    /// got for its descendants goes once the last of them has gone (their
+    /// groups freed), so short-lived groups with names of their own leave
+    /// nothing behind at the root. None of
     /// the three thresholds may exceed an ancestor's `max` (the admin sets
     /// the max, the container tunes the rest, seed 003). Errors: [`Error::BadThresholds`],
     /// [`Error::AboveParentMax`], [`Error::Removed`],

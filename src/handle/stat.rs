@@ -41,7 +41,11 @@ impl<'k, K: Heap> Cgroup<'k, K> {
             injected: t.injected(g),
             caches: [CacheRow::EMPTY; STAT_CACHES],
             ncaches: 0,
-            pressures: g.pressure_rows(),
+            pressures: {
+                // Nodes unlinked meanwhile are not freed under the walk.
+                let _read = t.read_guard();
+                g.pressure_rows()
+            },
         };
         let kmem = self.kmem();
         // With detection on, the requested sizes of the live objects of a

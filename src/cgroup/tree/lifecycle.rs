@@ -8,6 +8,7 @@ use lock_api::RawMutex;
 
 use super::lists::{push_doubly, unlink_doubly};
 use super::{CacheDesc, Tree, ids, mode, names};
+use crate::cgroup::pressure::PressureNode;
 use crate::cgroup::{FREED, Group, OFFLINE, TokenHead};
 use crate::error::{Error, Name};
 use crate::magazine::{Env, MagCache};
@@ -23,6 +24,9 @@ pub(crate) struct Limbo<R: RawMutex> {
     groups: *mut Group<R>,
     caches: *mut MagCache<R>,
     descs: *mut CacheDesc<R>,
+    /// Pressure resource nodes made for descendants that are all gone
+    /// (see `PressureNode`), unlinked from their groups' lists.
+    pnodes: *mut PressureNode,
     /// The id table's pages, detached when the last group went.
     ids: Option<ids::Detached>,
     /// The sibling-name index (not something waiting: kept here because
@@ -40,13 +44,25 @@ impl<R: RawMutex> Limbo<R> {
             groups: core::ptr::null_mut(),
             caches: core::ptr::null_mut(),
             descs: core::ptr::null_mut(),
+            pnodes: core::ptr::null_mut(),
             ids: None,
             names: names::Names::new(),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.groups.is_null() && self.caches.is_null() && self.descs.is_null() && self.ids.is_none()
+        self.groups.is_null()
+            && self.caches.is_null()
+            && self.descs.is_null()
+            && self.pnodes.is_null()
+            && self.ids.is_none()
+    }
+
+    /// Queues a pressure resource node unlinked from its group's list.
+    pub(crate) fn retire_pressure_node(&mut self, n: NonNull<PressureNode>) {
+        // SAFETY: a live node (caller).
+        unsafe { n.as_ref() }.retired_next().store(self.pnodes, Ordering::Relaxed);
+        self.pnodes = n.as_ptr();
     }
 
     /// Queues a charged cache taken out of the tree with its typed cache
@@ -283,6 +299,12 @@ impl<R: RawMutex> Tree<R> {
             // now that no iteration runs), its cache empty, and is an
             // object of `descriptors`.
             unsafe { self.free_chain(env, descs, &self.descriptors, |d| &d.retired_next) };
+            let pnodes = core::mem::replace(&mut limbo.pnodes, core::ptr::null_mut());
+            // SAFETY: each was unlinked from its group's list (so
+            // unreachable now that no iteration runs: every walk of a live
+            // group's list holds a read guard or the tree lock), counted
+            // by no node below, and is an object of `pressure_nodes`.
+            unsafe { self.free_chain(env, pnodes, &self.pressure_nodes, |n| n.retired_next()) };
             if let Some(pages) = limbo.ids.take() {
                 // SAFETY: detached before the fence above, and no lookup
                 // runs (no reader): nothing can reach them.
@@ -294,10 +316,12 @@ impl<R: RawMutex> Tree<R> {
                 // it: ours to free.
                 unsafe {
                     l = g.as_ref().next_zombie.load(Ordering::Relaxed);
-                    self.free_group(env, g);
+                    self.free_group(env, g, limbo);
                 }
             }
-            if self.zombies.load(Ordering::Relaxed).is_null() {
+            // Round again for nodes the frees retired (freed once no
+            // reader can be on them) as for zombies they made.
+            if self.zombies.load(Ordering::Relaxed).is_null() && limbo.pnodes.is_null() {
                 return;
             }
         }
@@ -347,7 +371,7 @@ impl<R: RawMutex> Tree<R> {
     ///
     /// `g` is unlinked everywhere, unreferenced, and no iteration is in
     /// progress.
-    unsafe fn free_group<E: Env<R>>(&self, env: &E, g: NonNull<Group<R>>) {
+    unsafe fn free_group<E: Env<R>>(&self, env: &E, g: NonNull<Group<R>>, limbo: &mut Limbo<R>) {
         // SAFETY: per the contract.
         let gr = unsafe { g.as_ref() };
         // Nothing may stay charged to the ancestors through this group.
@@ -357,6 +381,11 @@ impl<R: RawMutex> Tree<R> {
         // Bytes charged through its pressure resources, which no handle
         // can give back now, leave its ancestors' resources.
         gr.give_back_pressures();
+        for node in gr.pressure_nodes() {
+            // SAFETY: a node of a group being freed, whose ancestors live
+            // (it holds a reference on its parent until the end).
+            unsafe { self.drop_resource_below(node, limbo) };
+        }
         let nodes = gr.pressures.load(Ordering::Relaxed);
         // SAFETY: the group's resources, which nothing can reach once the
         // group cannot be (handles keep the group), objects of
