@@ -324,3 +324,40 @@ fn the_same_new_resource_opened_from_two_threads_is_one() {
 fn scaled_rounds() -> usize {
     crate::testutil::scaled(50, 10)
 }
+
+/// The nodes an ancestor got for its descendants' resources go with the
+/// last descendant (unlinked under the tree lock, freed once no reader
+/// walks the list) while another thread reads the ancestors' stat rows,
+/// which walk those lists: under Miri, a freed node read would be
+/// reported. The root's own resource stays.
+#[test]
+fn nodes_made_for_descendants_go_while_stats_read_them() {
+    let k = kmem();
+    let mid = k.root().create_child("mid").unwrap();
+    let own = k.root().pressure("own", t(0, 1000, 2000)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let text = std::format!("{}{}", k.root().stat(), mid.stat());
+                assert!(text.contains("pressure own "), "{text}");
+            }
+        });
+        for i in 0..scaled_rounds() * 4 {
+            let g = mid.create_child("job").unwrap();
+            let p = g.pressure(&std::format!("n{i}"), t(0, 10, 20)).unwrap();
+            let o = g.pressure("own", t(0, 10, 20)).unwrap();
+            p.charge(5);
+            o.charge(5);
+            g.remove().unwrap();
+            drop((p, o, g));
+            // Frees the job's group (and the nodes made for it).
+            k.shrink();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert_eq!(own.usage(), 0);
+    let text = std::format!("{}{}", k.root().stat(), mid.stat());
+    assert!(!text.contains("pressure n"), "{text}");
+    assert_eq!(mid.stat().to_string().matches("pressure ").count(), 0, "{}", mid.stat());
+}
