@@ -61,6 +61,48 @@ impl PressureNode {
     pub(super) fn retired_next(&self) -> &AtomicPtr<PressureNode> {
         &self.retired_next
     }
+
+    /// Called for each node of a group being freed (under the tree lock):
+    /// the node one level up counts one resource fewer below it, and a
+    /// node made for descendants whose last one this was leaves its
+    /// group's list for `retire` (which frees it once no reader can be on
+    /// it), taking its own count from the node above it in turn.
+    ///
+    /// # Safety
+    ///
+    /// `self` is a node of a group being freed, whose ancestors are live.
+    pub(super) unsafe fn leave_above(&self, mut retire: impl FnMut(NonNull<PressureNode>)) {
+        let mut up = self.up;
+        // SAFETY: a node's `up` lives while it counts the node (below).
+        while let Some(u) = unsafe { up.as_ref() } {
+            if u.children.fetch_sub(1, Ordering::Relaxed) != 1
+                || u.opened.load(Ordering::Relaxed)
+                || u.counter.usage() != 0
+            {
+                return;
+            }
+            // SAFETY: `u`'s group outlives it, and its list changes only
+            // under the tree lock, which we hold.
+            let mut link = unsafe { &*u.list };
+            loop {
+                let cur = link.load(Ordering::Relaxed);
+                if cur.is_null() {
+                    debug_assert!(false, "a resource node missing from its group's list");
+                    return;
+                }
+                if core::ptr::eq(cur, u) {
+                    // Release: as `link_node`'s publication. A reader on
+                    // `u` goes on through its `next`, unchanged.
+                    link.store(u.next.load(Ordering::Relaxed), Ordering::Release);
+                    break;
+                }
+                // SAFETY: a linked node, alive with its group.
+                link = unsafe { &(*cur).next };
+            }
+            retire(NonNull::from(u));
+            up = u.up;
+        }
+    }
 }
 
 impl<R: RawMutex> Group<R> {
@@ -201,48 +243,6 @@ impl<R: RawMutex> Tree<R> {
             };
             self.free_spare(env, &mut spare);
             return r;
-        }
-    }
-
-    /// Called for each node of a group being freed (under the tree lock):
-    /// the node one level up counts one resource fewer below it, and a
-    /// node made for descendants whose last one this was leaves its
-    /// group's list for `limbo` (freed once no reader can be on it),
-    /// taking its own count from the node above it in turn.
-    ///
-    /// # Safety
-    ///
-    /// `node` is a node of a group being freed, whose ancestors are live.
-    pub(super) unsafe fn drop_resource_below(&self, node: &PressureNode, limbo: &mut super::tree::Limbo<R>) {
-        let mut up = node.up;
-        // SAFETY: a node's `up` lives while it counts the node (below).
-        while let Some(u) = unsafe { up.as_ref() } {
-            if u.children.fetch_sub(1, Ordering::Relaxed) != 1
-                || u.opened.load(Ordering::Relaxed)
-                || u.counter.usage() != 0
-            {
-                return;
-            }
-            // SAFETY: `u`'s group outlives it, and its list changes only
-            // under the tree lock, which we hold.
-            let mut link = unsafe { &*u.list };
-            loop {
-                let cur = link.load(Ordering::Relaxed);
-                if cur.is_null() {
-                    debug_assert!(false, "a resource node missing from its group's list");
-                    return;
-                }
-                if core::ptr::eq(cur, u) {
-                    // Release: as `link_node`'s publication. A reader on
-                    // `u` goes on through its `next`, unchanged.
-                    link.store(u.next.load(Ordering::Relaxed), Ordering::Release);
-                    break;
-                }
-                // SAFETY: a linked node, alive with its group.
-                link = unsafe { &(*cur).next };
-            }
-            limbo.retire_pressure_node(NonNull::from(u));
-            up = u.up;
         }
     }
 

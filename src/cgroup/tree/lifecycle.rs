@@ -384,7 +384,7 @@ impl<R: RawMutex> Tree<R> {
         for node in gr.pressure_nodes() {
             // SAFETY: a node of a group being freed, whose ancestors live
             // (it holds a reference on its parent until the end).
-            unsafe { self.drop_resource_below(node, limbo) };
+            unsafe { node.leave_above(|n| limbo.retire_pressure_node(n)) };
         }
         let nodes = gr.pressures.load(Ordering::Relaxed);
         // SAFETY: the group's resources, which nothing can reach once the
