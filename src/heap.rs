@@ -595,7 +595,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // scope restores the marks and the current group (see
         // `CallbackScope`) when the handler returns or unwinds.
         let scope = self.tree.callback_scope(&self.platform, crate::cgroup::RECLAIMING | crate::cgroup::MEMALLOC);
-        if scope.saved() & (crate::cgroup::RECLAIMING | crate::cgroup::ATOMIC) != 0 {
+        if !scope.may_run(crate::cgroup::RECLAIMING | crate::cgroup::ATOMIC) {
             return false;
         }
         // SAFETY: `oom` holds null or an `OomHandler<Self>` (only

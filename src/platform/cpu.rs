@@ -82,7 +82,12 @@ static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 /// 5. nothing here allocates, panics, or calls back into the allocator;
 /// 6. `current_group` returns the last token the calling context (thread,
 ///    task) passed to `set_current_group`, unchanged (the same pointer,
-///    with its provenance), or null if it never did;
+///    with its provenance), or null if it never did; or, in a context
+///    where the platform keeps no token (`PerCpu` on a CPU without a
+///    slot), `set_current_group` hands the token it was given straight
+///    back and `current_group` returns null: such a context charges the
+///    root, and runs no callback of the allocator (it cannot be marked as
+///    running one);
 /// 7. if `slots_are_locks()` returns `true`, it always does, `asymmetric()`
 ///    is `true`, a context holds a slot from an acquiring read-modify-write
 ///    in `enter` or `try_enter` (for [`crate::Rseq`], an rseq critical
@@ -193,6 +198,7 @@ pub unsafe trait Platform: Sync {
         0
     }
     /// Number of nodes in use; 1 lets frees skip the home-node check.
+    /// More than [`crate::MAX_NODES`] counts as that many.
     fn nodes(&self) -> usize {
         1
     }

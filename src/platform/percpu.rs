@@ -81,7 +81,9 @@ use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell, atom
 /// 1. `id()`, called with local interrupts masked, returns the index of
 ///    the calling CPU, below [`MAX_CPUS`], different on every CPU and the
 ///    same until interrupts are restored (a CPU whose index is
-///    `MAX_CPUS` or more gets no slot, only the shared path);
+///    `MAX_CPUS` or more gets no slot, only the shared path, and no
+///    current group: it charges the root, `Cgroup::enter` there changes
+///    nothing, and it runs none of the allocator's callbacks);
 /// 2. `irq_save` masks maskable interrupts on the calling CPU and returns
 ///    a value that `irq_restore` turns back into the state before it
 ///    (nesting: save, save, restore, restore leaves the first state);
@@ -127,7 +129,7 @@ pub unsafe trait Cpu: 'static {
     fn node_of(_cpu: usize) -> usize {
         0
     }
-    /// Nodes in use.
+    /// Nodes in use (at most [`crate::MAX_NODES`] count).
     fn nodes() -> usize {
         1
     }
@@ -288,9 +290,9 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
     }
 
     unsafe fn set_current_group(&self, token: *const ()) -> *const () {
-        self.with_cpu(|c| {
-            c.map_or(core::ptr::null(), |c| c.group.swap(token.cast_mut(), Ordering::Relaxed).cast_const())
-        })
+        // A CPU without a slot keeps no token: it hands this one back (with
+        // its reference), as `Platform` point 6 allows.
+        self.with_cpu(|c| c.map_or(token, |c| c.group.swap(token.cast_mut(), Ordering::Relaxed).cast_const()))
     }
 
     #[inline]

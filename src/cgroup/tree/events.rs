@@ -84,8 +84,9 @@ impl<R: RawMutex> Tree<R> {
             None
         } else {
             let m = self.callback_scope(platform, IN_HOOK | RECLAIMING | MEMALLOC);
-            if m.saved() & IN_HOOK != 0 {
-                // Raised by the hook's own allocation: counted, not reported.
+            if !m.may_run(IN_HOOK) {
+                // Raised by the hook's own allocation (or in a context
+                // that cannot be marked): counted, not reported.
                 return;
             }
             Some(m)
@@ -138,6 +139,16 @@ impl<P: Platform> CallbackScope<'_, P> {
     /// The context's marks from before the scope.
     pub(crate) fn saved(&self) -> usize {
         self.marks.saved()
+    }
+
+    /// Whether the callback may run: the context was not in a callback of
+    /// the allocator already (`busy`, of the saved marks) and keeps the
+    /// marks just added. A context where the platform keeps no token
+    /// (`PerCpu` on a CPU without a slot) cannot be marked, so a callback
+    /// there could not tell its own allocations from others and would
+    /// be re-entered from them: none runs there.
+    pub(crate) fn may_run(&self, busy: usize) -> bool {
+        self.saved() & busy == 0 && self.platform.current_group().addr() & RECLAIMING != 0
     }
 }
 

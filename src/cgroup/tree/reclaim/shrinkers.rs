@@ -394,7 +394,12 @@ impl<R: RawMutex> Tree<R> {
         // release the read guard when the shrinkers return or one of them
         // unwinds (nothing else is held across the calls, and `freed`,
         // `held` and the goal are ours).
-        let _scope = self.callback_scope(platform, RECLAIMING | MEMALLOC);
+        let scope = self.callback_scope(platform, RECLAIMING | MEMALLOC);
+        if !scope.may_run(0) {
+            // A context that cannot be marked: a shrinker's allocations
+            // there would reclaim and call it again.
+            return (0, 0);
+        }
         {
             let _read = self.read_guard();
             Self::plan(root, target, pass, |v, Visit { take, floor, .. }| {
@@ -406,7 +411,7 @@ impl<R: RawMutex> Tree<R> {
                 let mut next = SHRINKER_CHUNK;
                 loop {
                     for s in chunk.iter().flatten() {
-                        for node in 0..platform.nodes().max(1) {
+                        for node in 0..platform.nodes().clamp(1, crate::platform::MAX_NODES) {
                             let sc = ShrinkControl {
                                 target: id,
                                 node,
