@@ -58,7 +58,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// Errors: [`Error::NameEmpty`], [`Error::NameTooLong`],
     /// [`Error::NameInvalid`], [`Error::NameTaken`], [`Error::BadLayout`]
-    /// (aligned above a page or larger than 1 MiB),
+    /// (aligned above a page, or larger than a slab of the allocator's
+    /// largest order holds: 1 MiB less its 64-byte header, less with
+    /// detection's padding, and with [`CacheFlags::ACCOUNT`] less an
+    /// 8-byte owner word per object),
     /// [`Error::OutOfMemory`] for the descriptor. There is no cap on the
     /// accounted caches live at once.
     pub fn create_cache<T>(&self, name: &str, flags: CacheFlags) -> Result<KmemCache<'_, T, Self>, Error> {
@@ -72,8 +75,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // geometry refuses.)
         let size =
             size_of::<T>().saturating_add(if self.detecting() { self.typed_padding(size_of::<T>(), align) } else { 0 });
-        let geo = self.cache_geometry(size, align).ok_or(Error::BadLayout)?;
-        let desc = self.tree().register_cache(self, name, geo, flags.contains(CacheFlags::ACCOUNT))?;
+        let account = flags.contains(CacheFlags::ACCOUNT);
+        let geo = if account { self.accounted_cache_geometry(size, align) } else { self.cache_geometry(size, align) };
+        let desc = self.tree().register_cache(self, name, geo.ok_or(Error::BadLayout)?, account)?;
         Ok(KmemCache { kmem: self, desc: NonNull::from(desc), _type: PhantomData })
     }
 }

@@ -54,6 +54,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         Geometry::new(size, align).map(|g| g.within(cap))
     }
 
+    /// [`Kmem::cache_geometry`] for an accounted cache, whose charged
+    /// cache needs an owner word per object in slabs of the same order:
+    /// where the object leaves no room for one (it fills its slab), the
+    /// next order that does, within the cap; `None` if none.
+    pub(crate) fn accounted_cache_geometry(&self, size: usize, align: usize) -> Option<Geometry> {
+        let geo = self.cache_geometry(size, align)?;
+        if geo.with_owners().is_some() {
+            return Some(geo);
+        }
+        let cap = self.max_slab_order().min(MAX_SLAB_ORDER);
+        (geo.order + 1..=cap).find_map(|o| {
+            Geometry::in_order(geo.size, geo.align, o, 1).filter(|g| g.order == o && g.with_owners().is_some())
+        })
+    }
+
     /// Fits the slab order of every cache to the page source (or to the
     /// order fixed at construction), at the first use.
     ///
