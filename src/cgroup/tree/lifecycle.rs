@@ -300,10 +300,11 @@ impl<R: RawMutex> Tree<R> {
             // object of `descriptors`.
             unsafe { self.free_chain(env, descs, &self.descriptors, |d| &d.retired_next) };
             let pnodes = core::mem::replace(&mut limbo.pnodes, core::ptr::null_mut());
-            // SAFETY: each was unlinked from its group's list (so
-            // unreachable now that no iteration runs: every walk of a live
-            // group's list holds a read guard or the tree lock), counted
-            // by no node below, and is an object of `pressure_nodes`.
+            // Each was unlinked from its group's list (so unreachable now
+            // that no iteration runs: every walk of a live group's list
+            // holds a read guard or the tree lock) and is counted by no
+            // node below.
+            // SAFETY: so nothing reaches them; objects of `pressure_nodes`.
             unsafe { self.free_chain(env, pnodes, &self.pressure_nodes, |n| n.retired_next()) };
             if let Some(pages) = limbo.ids.take() {
                 // SAFETY: detached before the fence above, and no lookup
