@@ -194,7 +194,9 @@
 //!    source's lock (6); any other waits for it at the start of its
 //!    operation, before it takes a lock (in interrupt context an
 //!    allocation fails instead of waiting);
-//! 1. `Tree::registry_lock` (cache creation and destruction only);
+//! 1. `Tree::registry_lock` (cache creation and destruction; `shrink` and
+//!    `reap` try it, to retire caches destroyed while objects of theirs
+//!    were on their way back from the quarantine);
 //! 2. `Tree::lock`, the tree lock (group creation and removal, pressure
 //!    resources, subtree reclaim, group reclamation); shrinkers are called
 //!    with no lock held (under a read guard, which is no lock: it only
@@ -208,7 +210,9 @@
 //! 7. detection's quarantine lock, a leaf: objects are linked and
 //!    unlinked under it, and checked and freed after it is dropped.
 //!    Reclaim and cache destruction give the quarantine back to its caches
-//!    (`Env::flush_deferred`) before they take locks 1 and 2.
+//!    (`Env::flush_deferred`) before they take locks 1 and 2; cache
+//!    destruction also waits a bounded while for objects another thread
+//!    took out to give back (`Env::settle_deferred`).
 //!
 //! A cache calls its page source and charges its counter *without*
 //! holding its list lock when it grows; it releases slabs after dropping

@@ -172,6 +172,10 @@ pub(crate) trait Env<R: RawMutex> {
     /// reclaim and cache destruction that follow can empty their slabs.
     /// Called with no allocator lock held, never in atomic context.
     fn flush_deferred(&self) {}
+    /// Waits (a bounded while) until objects another thread took out of
+    /// the deferral to give back are back in their caches: what
+    /// [`Env::flush_deferred`] found missing may be on its way.
+    fn settle_deferred(&self) {}
 }
 
 /// Who a cache charges for its slabs.

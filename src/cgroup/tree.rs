@@ -109,8 +109,10 @@ pub(crate) struct Tree<R: RawMutex> {
     /// guard: a destroyed cache's descriptor is unlinked and freed once no
     /// iteration is in progress (see [`Limbo`]), like a group.
     pub(super) registry: AtomicPtr<CacheDesc<R>>,
-    /// Serialises cache creation and destruction (never taken on an
-    /// allocation path). Taken before `lock`.
+    /// Serialises cache creation and destruction (never waited for on an
+    /// allocation path: `finish_reclaim`, which decay's reap runs inside
+    /// allocations, only tries it, to retire dead caches). Taken before
+    /// `lock`.
     pub(super) registry_lock: Mutex<R, ()>,
     /// Registered shrinkers (copied out before they are called).
     pub(super) shrinkers: Mutex<R, reclaim::Shrinkers>,

@@ -461,9 +461,16 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// After caches gave back slabs: groups whose last reference went are
-    /// reclaimed.
+    /// reclaimed, and destroyed caches that still had slabs when their
+    /// handle went and have none now are retired (skipped while a cache
+    /// is being created or destroyed: the next call gets them).
     pub(crate) fn finish_reclaim<E: Env<R>>(&self, env: &E) {
-        self.reclaim_groups(env, &mut self.lock.lock());
+        let registry = self.registry_lock.try_lock();
+        let mut limbo = self.lock.lock();
+        if registry.is_some() {
+            self.retire_dead_caches(&mut limbo);
+        }
+        self.reclaim_groups(env, &mut limbo);
     }
 }
 

@@ -8,6 +8,7 @@ use core::ptr::NonNull;
 use lock_api::RawMutex;
 
 use super::Tree;
+use super::lifecycle::Limbo;
 use super::lists::{unlink, walk};
 use crate::error::{Error, Name};
 use crate::magazine::{Acct, Env, MagCache};
@@ -115,39 +116,80 @@ impl<R: RawMutex> Tree<R> {
         let desc = unsafe { desc.as_ref() };
         // Objects of the cache waiting in the detection quarantine still
         // sit in its slabs: give them back before the drain below (with no
-        // lock held), or the cache looks leaked and keeps its index.
+        // lock held), or the cache looks leaked and keeps its index; and
+        // wait for those another thread's eviction took out and is giving
+        // back.
         env.flush_deferred();
+        env.settle_deferred();
         let _registry = self.registry_lock.lock();
         desc.live.store(false, Ordering::Relaxed);
         let mut limbo = self.lock.lock();
         // Empty the cache (and its charged cache) of cached objects and
-        // slabs; a slab left means a leaked object still names the cache.
-        // A concurrent drain (`reap`, `shrink`) may hold some of the
-        // cache's magazines for a moment: look again a few times before
-        // concluding that objects were leaked.
-        let mut leaked = true;
+        // slabs; a slab left means a leaked object still names the cache,
+        // or one is still on its way back (an eviction slower than the
+        // wait above): the descriptor then stays, dead, and a later
+        // `shrink` or `reap` retires it once its slabs are gone
+        // (`retire_dead_caches`). A concurrent drain (`reap`, `shrink`)
+        // may hold some of the cache's magazines for a moment: look again
+        // a few times before concluding that objects were leaked.
         for _ in 0..DESTROY_TRIES {
-            leaked = false;
-            Self::drain_and_shrink(env, |f| self.for_each_cache_part(desc, |c| f(c)));
-            self.for_each_cache_part(desc, |c| leaked |= c.cache.nslabs() != 0);
-            if !leaked {
+            if self.drain_dead(env, desc) {
+                self.retire(&mut limbo, desc);
                 break;
             }
             spin_hint();
         }
-        if leaked {
-            return;
+        self.reclaim_groups(env, &mut limbo);
+    }
+
+    /// Retires the dead descriptors whose caches hold no slab any more:
+    /// caches destroyed while some of their objects were on their way back
+    /// from the quarantine, which `shrink` and `reap` (which call it,
+    /// through `finish_reclaim`, after their drains) have emptied since.
+    /// The caller holds the registry lock; `limbo` is the tree lock's.
+    pub(super) fn retire_dead_caches(&self, limbo: &mut Limbo<R>) {
+        loop {
+            let mut empty = None;
+            self.for_each_desc(|d| {
+                if empty.is_none() && !d.live.load(Ordering::Relaxed) && self.holds_no_slab(d) {
+                    empty = Some(NonNull::from(d));
+                }
+            });
+            let Some(d) = empty else { break };
+            // SAFETY: linked, so live; only the registry lock (the
+            // caller's) unlinks it.
+            self.retire(limbo, unsafe { d.as_ref() });
         }
+    }
+
+    /// Whether neither the cache of `desc` nor its charged cache holds a
+    /// slab: no object of it is left anywhere (an object in a magazine or
+    /// on its way back from the quarantine keeps its slab).
+    fn holds_no_slab(&self, desc: &CacheDesc<R>) -> bool {
+        let mut empty = true;
+        self.for_each_cache_part(desc, |c| empty &= c.cache.nslabs() == 0);
+        empty
+    }
+
+    /// Empties the dead cache of `desc` (and its charged cache) of cached
+    /// objects and slabs; whether no slab is left. The caller holds the
+    /// registry and tree locks.
+    fn drain_dead<E: Env<R>>(&self, env: &E, desc: &CacheDesc<R>) -> bool {
+        Self::drain_and_shrink(env, |f| self.for_each_cache_part(desc, |c| f(c)));
+        self.holds_no_slab(desc)
+    }
+
+    /// Unlinks the dead, empty descriptor `desc` and queues it and its
+    /// charged cache for freeing once no iteration runs. The caller holds
+    /// the registry lock; `limbo` is the tree lock's.
+    fn retire(&self, limbo: &mut Limbo<R>, desc: &CacheDesc<R>) {
         if let Some(c) = NonNull::new(desc.charged.swap(core::ptr::null_mut(), Ordering::AcqRel)) {
-            // Taken out of the descriptor here, it is freed only once no
-            // iteration runs.
             limbo.retire_cache(c);
         }
         // SAFETY: linked descriptors are live, and links change only under
-        // the registry lock, which we hold.
+        // the registry lock, which the caller holds.
         let desc = unsafe { unlink(&self.registry, desc, |d| &d.next) };
         limbo.retire_desc(desc);
-        self.reclaim_groups(env, &mut limbo);
     }
 
     /// Calls `f` on the cache of `desc` and on its charged cache, if it has
