@@ -93,6 +93,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
+        // A run no page source can hand out: refused before any charge,
+        // reclaim, out-of-memory handler or report (a review found the
+        // handler asked for 2^48 pages).
+        order_for_pages(lead.checked_add(pages)?)?;
         // Charged before the run is looked for (a refused charge takes
         // nothing from the source), but noted in the peaks only once it
         // is found.
@@ -303,6 +307,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let group = unsafe { (*h).group };
         // SAFETY: a large object's group is a live `Group<R>` of ours.
         let group = unsafe { group.cast::<Group<R>>().as_ref() };
+        // A removed group takes no new charges (a review found growth in
+        // place charging it, under its old `max`): the object moves, to a
+        // run charged to its nearest online ancestor. The header names one
+        // group for all its pages, so the extra ones cannot go elsewhere.
+        if group.is_some_and(|g| g.is_offline()) {
+            return false;
+        }
         let counter = group.map_or(self.tree().root(), |g| g).counter();
         // Noted in the peaks once the pages are claimed (see
         // `alloc_large_as`).
