@@ -1,14 +1,13 @@
 //! Large objects at the edges (found by a review): a request no page
 //! source can ever serve called the out-of-memory handler (asking it for
-//! 2^48 pages) and recorded an out-of-memory report; growth in place of a
-//! removed group's object charged that group, which takes no new charges,
-//! under its old `max`.
+//! 2^48 pages); growth in place of a removed group's object charged that
+//! group, which takes no new charges, under its old `max`.
 
 use core::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use allocator_api2::alloc::Allocator;
-use kmemcg::{Kmem, OsPages, ShrinkControl, Shrinker};
+use kmemcg::{Kmem, OomSite, OsPages, ShrinkControl, Shrinker};
 
 static K: Kmem = Kmem::new(OsPages::new());
 static SCANS: AtomicUsize = AtomicUsize::new(0);
@@ -38,7 +37,7 @@ fn impossible_requests_and_growth_of_removed_groups_objects() {
     K.set_oom_handler(Some(oom));
     // 2^60 bytes (2^48 pages) and an alignment of 2^60: above any run a
     // page source can hand out. Refused at once: no charge, no reclaim,
-    // no handler, no report.
+    // no handler.
     let g = K.root().create_child("impossible").unwrap();
     for l in [Layout::from_size_align(1 << 60, 8).unwrap(), Layout::from_size_align(8, 1 << 60).unwrap()] {
         assert!((&K).allocate(l).is_err());
@@ -48,7 +47,9 @@ fn impossible_requests_and_growth_of_removed_groups_objects() {
     }
     assert_eq!(OOMS.load(Ordering::Relaxed), 0, "the out-of-memory handler was called for an impossible request");
     assert_eq!(SCANS.load(Ordering::Relaxed), 0);
-    assert!(K.last_oom().is_none(), "no out-of-memory report: {:?}", K.last_oom());
+    // Reported as beyond every order.
+    let r = K.last_oom().unwrap();
+    assert_eq!((r.site, r.order), (OomSite::Large { size: 8 }, kmemcg::MAX_ORDER));
     let st = g.stat();
     assert_eq!((st.usage, st.peak, st.failcnt, st.events.max, st.events.oom), (0, 0, 0, 0, 0));
     g.remove().unwrap();

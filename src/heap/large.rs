@@ -94,9 +94,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let pages = pages_for(size)?;
         let lead = align / PAGE_SIZE; // pages from the run start to the object
         // A run no page source can hand out: refused before any charge,
-        // reclaim, out-of-memory handler or report (a review found the
-        // handler asked for 2^48 pages).
-        order_for_pages(lead.checked_add(pages)?)?;
+        // reclaim or out-of-memory handler (a review found the handler
+        // asked for 2^48 pages), reported as beyond every order.
+        if lead.checked_add(pages).and_then(order_for_pages).is_none() {
+            if !sample {
+                self.record_oom_large(size, MAX_ORDER, pages.saturating_add(1));
+            }
+            return None;
+        }
         // Charged before the run is looked for (a refused charge takes
         // nothing from the source), but noted in the peaks only once it
         // is found.

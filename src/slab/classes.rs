@@ -11,9 +11,10 @@
 //! # Slabs in small memory
 //!
 //! [`GEOMETRIES`] is each class's layout in a large page source: waste
-//! under 1/8, in slabs of 8 to 64 pages (8 for every class up to 3.5 KiB;
-//! the 4 KiB class takes 16-page slabs, the 8 KiB class 32, the 16 KiB
-//! class 64). A `Kmem` over a fixed source starts from the smallest slabs
+//! under 1/32 in slabs of up to 64 pages, else under 1/8 (8 pages for
+//! every class up to 896 B and for 1.25 to 1.75 KiB and 3.5 KiB; 16 for
+//! 1, 2.5, 3 and 7 KiB; 32 for 2, 5, 6 and 8 KiB and 14 KiB; 64 for 4,
+//! 10, 12 and 16 KiB). A `Kmem` over a fixed source starts from the smallest slabs
 //! that waste under 1/8 and caps the order at its first use (see
 //! `geometry`): with a cap of
 //! 0 (a source of under 16 pages) every class up to 3.5 KiB has one-page

@@ -52,17 +52,46 @@ fn geometry_waste_under_an_eighth() {
     assert_eq!(Geometry::new(1, 1).unwrap().size, 8, "objects hold a link");
 }
 
+/// Where memory maps on demand, a class's slabs waste under 1/32 where an
+/// order up to `TIGHT_ORDER_MAX` allows it (the page-aligned 4 KiB class
+/// lost a page in 16 to its header), else under 1/8 from `MIN_ORDER`.
+#[test]
+fn class_slabs_waste_under_a_32nd_up_to_the_tight_order() {
+    use super::classes::{GEOMETRIES, NCLASSES};
+    use super::geometry::TIGHT_ORDER_MAX;
+    // A class's waste (in 32nds of the slab, rounded up) at order `o`.
+    let waste = |g: &Geometry, o: u32| {
+        let h = Geometry::in_order(g.size, g.align, o, 1).filter(|h| h.order == o)?;
+        let bytes = PAGE_SIZE << o;
+        Some((bytes - h.capacity * h.size) * 32 / bytes)
+    };
+    for g in GEOMETRIES.iter().take(NCLASSES) {
+        let tight = (MIN_ORDER..=TIGHT_ORDER_MAX).find(|&o| waste(g, o) == Some(0));
+        match tight {
+            Some(o) => assert_eq!(g.order, o, "the first order to waste under 1/32: {g:?}"),
+            None => {
+                // The 8, 14 and 16 KiB classes: the first under 1/8.
+                assert!([8192, 14336, 16384].contains(&g.size), "{g:?}");
+                let loose = (MIN_ORDER..=MAX_SLAB_ORDER).find(|&o| waste(g, o).is_some_and(|w| w < 4));
+                assert_eq!(Some(g.order), loose, "{g:?}");
+            }
+        }
+    }
+    let four = GEOMETRIES.iter().find(|g| g.size == 4096).unwrap();
+    assert_eq!((four.order, four.capacity), (6, 63));
+}
+
 #[test]
 fn geometry_in_an_order_whatever_the_waste() {
     // 13 cache lines (a group with 64 CPU slots): two per page waste 768
-    // bytes, over an eighth, so `smallest` picks order-2 slabs (`new` its
-    // `MIN_ORDER`); `in_order` keeps single pages while two fit, in any
-    // source.
+    // bytes, over an eighth, so `smallest` picks order-2 slabs (`new` the
+    // order after `MIN_ORDER`, the first to waste under 1/32: 640 bytes of
+    // 64 KiB); `in_order` keeps single pages while two fit, in any source.
     let g = Geometry::in_order(1664, 128, 0, 2).unwrap();
     assert_eq!((g.order, g.capacity, g.first), (0, 2, 128));
     assert_eq!((0..=MAX_SLAB_ORDER).map(|cap| g.within(cap)).find(|h| *h != g), None);
     assert_eq!(Geometry::smallest(1664, 128).unwrap().order, 2);
-    assert_eq!(Geometry::new(1664, 128).unwrap().order, MIN_ORDER);
+    assert_eq!(Geometry::new(1664, 128).unwrap().order, MIN_ORDER + 1);
     // Two no longer fit a page: `new`'s choice.
     assert_eq!(Geometry::in_order(2048, 128, 0, 2), Geometry::new(2048, 128));
     assert_eq!(Geometry::in_order(1664, 3, 0, 2), None, "alignment must be a power of two");
