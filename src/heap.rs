@@ -679,9 +679,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
             self.flush_quarantine();
         }
     }
-    fn settle_deferred(&self) {
-        if self.tree.mode() & mode::DEBUG != 0 || self.sampling() {
-            self.settle_quarantine();
-        }
+    fn settle_deferred(&self) -> bool {
+        self.settle_quarantine()
+    }
+    fn deferred_settled(&self) -> bool {
+        self.quarantine_settled()
     }
 }

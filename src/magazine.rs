@@ -173,9 +173,19 @@ pub(crate) trait Env<R: RawMutex> {
     /// Called with no allocator lock held, never in atomic context.
     fn flush_deferred(&self) {}
     /// Waits (a bounded while) until objects another thread took out of
-    /// the deferral to give back are back in their caches: what
-    /// [`Env::flush_deferred`] found missing may be on its way.
-    fn settle_deferred(&self) {}
+    /// the deferral to give back are back in their caches, and that thread
+    /// is done with their caches: what [`Env::flush_deferred`] found
+    /// missing may be on its way. Whether it saw none left.
+    fn settle_deferred(&self) -> bool {
+        true
+    }
+    /// Whether no object is on its way back from the deferral now (no
+    /// wait): a cache destroyed before may be retired only then, for a
+    /// thread giving one back may still be inside its cache after the
+    /// object's slab went.
+    fn deferred_settled(&self) -> bool {
+        true
+    }
 }
 
 /// Who a cache charges for its slabs.

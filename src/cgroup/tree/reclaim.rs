@@ -463,11 +463,12 @@ impl<R: RawMutex> Tree<R> {
     /// After caches gave back slabs: groups whose last reference went are
     /// reclaimed, and destroyed caches that still had slabs when their
     /// handle went and have none now are retired (skipped while a cache
-    /// is being created or destroyed: the next call gets them).
+    /// is being created or destroyed, or an object is on its way back
+    /// from the quarantine: the next call gets them).
     pub(crate) fn finish_reclaim<E: Env<R>>(&self, env: &E) {
         let registry = self.registry_lock.try_lock();
         let mut limbo = self.lock.lock();
-        if registry.is_some() {
+        if registry.is_some() && env.deferred_settled() {
             self.retire_dead_caches(&mut limbo);
         }
         self.reclaim_groups(env, &mut limbo);

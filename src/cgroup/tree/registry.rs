@@ -118,9 +118,10 @@ impl<R: RawMutex> Tree<R> {
         // sit in its slabs: give them back before the drain below (with no
         // lock held), or the cache looks leaked and keeps its index; and
         // wait for those another thread's eviction took out and is giving
-        // back.
+        // back (that thread may be inside the cache after the object's
+        // slab went: a review found it reading the descriptor after).
         env.flush_deferred();
-        env.settle_deferred();
+        let settled = env.settle_deferred();
         let _registry = self.registry_lock.lock();
         desc.live.store(false, Ordering::Relaxed);
         let mut limbo = self.lock.lock();
@@ -128,16 +129,19 @@ impl<R: RawMutex> Tree<R> {
         // slabs; a slab left means a leaked object still names the cache,
         // or one is still on its way back (an eviction slower than the
         // wait above): the descriptor then stays, dead, and a later
-        // `shrink` or `reap` retires it once its slabs are gone
-        // (`retire_dead_caches`). A concurrent drain (`reap`, `shrink`)
-        // may hold some of the cache's magazines for a moment: look again
-        // a few times before concluding that objects were leaked.
-        for _ in 0..DESTROY_TRIES {
-            if self.drain_dead(env, desc) {
-                self.retire(&mut limbo, desc);
-                break;
+        // `shrink` or `reap` retires it once nothing is in transit and its
+        // slabs are gone (`retire_dead_caches`). A concurrent drain
+        // (`reap`, `shrink`) may hold some of the cache's magazines for a
+        // moment: look again a few times before concluding that objects
+        // were leaked.
+        if settled {
+            for _ in 0..DESTROY_TRIES {
+                if self.drain_dead(env, desc) {
+                    self.retire(&mut limbo, desc);
+                    break;
+                }
+                spin_hint();
             }
-            spin_hint();
         }
         self.reclaim_groups(env, &mut limbo);
     }
@@ -146,7 +150,10 @@ impl<R: RawMutex> Tree<R> {
     /// caches destroyed while some of their objects were on their way back
     /// from the quarantine, which `shrink` and `reap` (which call it,
     /// through `finish_reclaim`, after their drains) have emptied since.
-    /// The caller holds the registry lock; `limbo` is the tree lock's.
+    /// The caller holds the registry lock, `limbo` is the tree lock's, and
+    /// no object is on its way back from the quarantine
+    /// (`Env::deferred_settled`): no object of a dead cache can enter the
+    /// quarantine again, so none is being given back into these caches.
     pub(super) fn retire_dead_caches(&self, limbo: &mut Limbo<R>) {
         loop {
             let mut empty = None;

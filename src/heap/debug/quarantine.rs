@@ -204,7 +204,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// the quarantine is still on its way back to its cache, so that what
     /// a flush found missing is back; `false` if one still is then.
     pub(crate) fn settle_quarantine(&self) -> bool {
-        crate::sync::wait_until(|| self.detect.in_transit.load(Ordering::Acquire) == 0)
+        crate::sync::wait_until(|| self.quarantine_settled())
+    }
+
+    /// Whether no object taken out of the quarantine is on its way back
+    /// now. Acquire: pairs with the Release of [`Kmem::release`]'s count,
+    /// made once it is done with the object's cache.
+    pub(crate) fn quarantine_settled(&self) -> bool {
+        self.detect.in_transit.load(Ordering::Acquire) == 0
     }
 
     /// Empties a per-CPU quarantine (under its lock) for a flush, its
@@ -263,6 +270,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// `chain` came out of the quarantine: slots of objects freed by
     /// their users, checked and queued by [`Kmem::quarantine`].
     pub(super) unsafe fn release(&self, mut chain: *mut u8, d: Detection) {
+        // A read guard for the give-backs: a typed cache destroyed
+        // meanwhile is not freed while this thread may still be inside it
+        // (after an object's slab went, its release reads the cache's
+        // geometry and counter: a review found its descriptor freed
+        // there). Retirement also waits for nothing to be in transit.
+        let _read = (!chain.is_null()).then(|| self.tree().read_guard());
         while !chain.is_null() {
             // SAFETY: per the contract.
             let (s, slot, owner, next) = unsafe { queued::<R>(chain) };
