@@ -12,64 +12,26 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::time::Duration;
 
-use kmemcg::{CacheFlags, DefaultRawMutex, Detection, Kmem, OsPages, Platform, Threads};
+use kmemcg::{CacheFlags, DefaultRawMutex, Detection, Kmem, OsPages};
 
-/// `Threads`, whose `enter` sleeps a millisecond on a thread marked slow:
-/// an eviction's give-back that takes its time.
-struct Slow(Threads);
+#[path = "support/hooked.rs"]
+mod hooked;
+use hooked::Hooked;
 
 thread_local! {
+    /// Marks the evicting thread: each `enter` of it sleeps a millisecond
+    /// first (an eviction's give-back that takes its time).
     static SLOW: Cell<bool> = const { Cell::new(false) };
 }
 
-fn maybe_sleep() {
+fn maybe_sleep() -> bool {
     if SLOW.with(Cell::get) {
         std::thread::sleep(Duration::from_millis(1));
     }
+    true
 }
 
-// SAFETY: every slot method forwards to `Threads`, which keeps the
-// contract; the sleep happens before a slot is taken, allocates nothing
-// and calls nothing of the allocator.
-unsafe impl Platform for Slow {
-    fn current_group(&self) -> *const () {
-        self.0.current_group()
-    }
-    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.set_current_group(token) }
-    }
-    unsafe fn enter(&self) -> Option<usize> {
-        maybe_sleep();
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.enter() }
-    }
-    unsafe fn try_enter(&self) -> Option<usize> {
-        maybe_sleep();
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.try_enter() }
-    }
-    unsafe fn exit(&self, slot: usize) {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.exit(slot) }
-    }
-    fn asymmetric(&self) -> bool {
-        self.0.asymmetric()
-    }
-    fn heavy_barrier(&self) {
-        self.0.heavy_barrier()
-    }
-    unsafe fn steal(&self, slot: usize) -> bool {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.steal(slot) }
-    }
-    unsafe fn unsteal(&self, slot: usize) {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.unsteal(slot) }
-    }
-}
-
-type SKmem = Kmem<OsPages, DefaultRawMutex, Slow>;
+type SKmem = Kmem<OsPages, DefaultRawMutex, Hooked>;
 
 /// Active objects of the descriptor cache (one per typed cache not yet
 /// retired), from `slabinfo`.
@@ -82,7 +44,7 @@ fn descriptors(k: &SKmem) -> usize {
 #[test]
 fn a_cache_dropped_while_its_objects_are_evicted_is_freed() {
     let k: &'static SKmem = Box::leak(Box::new(
-        Kmem::with_platform(OsPages::new(), Slow(Threads::new()))
+        Kmem::with_platform(OsPages::new(), Hooked::new(maybe_sleep))
             .with_detection(Detection::ALL.quarantine(64 << 10).guard_pages(0)),
     ));
     k.shrink();

@@ -15,10 +15,11 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kmemcg::{
-    CacheFlags, DefaultRawMutex, Detection, Kmem, OsPages, Ownership, PageRun, PageSource, Platform, SourceStats,
-    Threads,
-};
+use kmemcg::{CacheFlags, DefaultRawMutex, Detection, Kmem, OsPages, Ownership, PageRun, PageSource, SourceStats};
+
+#[path = "support/hooked.rs"]
+mod hooked;
+use hooked::Hooked;
 
 thread_local! {
     /// Marks the evicting thread: its page frees are slow, and it gets no
@@ -73,55 +74,12 @@ unsafe impl PageSource for SlowSrc {
     }
 }
 
-/// `Threads`, with no slot for the slow thread (the contract lets `enter`
-/// return `None`).
-struct NoSlot(Threads);
-
-// SAFETY: forwards to `Threads`, or returns `None` from `enter` and
-// `try_enter`, which the contract allows.
-unsafe impl Platform for NoSlot {
-    fn current_group(&self) -> *const () {
-        self.0.current_group()
-    }
-    unsafe fn set_current_group(&self, token: *const ()) -> *const () {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.set_current_group(token) }
-    }
-    unsafe fn enter(&self) -> Option<usize> {
-        if SLOW.with(Cell::get) {
-            return None;
-        }
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.enter() }
-    }
-    unsafe fn try_enter(&self) -> Option<usize> {
-        if SLOW.with(Cell::get) {
-            return None;
-        }
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.try_enter() }
-    }
-    unsafe fn exit(&self, slot: usize) {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.exit(slot) }
-    }
-    fn asymmetric(&self) -> bool {
-        self.0.asymmetric()
-    }
-    fn heavy_barrier(&self) {
-        self.0.heavy_barrier()
-    }
-    unsafe fn steal(&self, slot: usize) -> bool {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.steal(slot) }
-    }
-    unsafe fn unsteal(&self, slot: usize) {
-        // SAFETY: forwarded: the caller upholds the contract.
-        unsafe { self.0.unsteal(slot) }
-    }
+/// No slot for the slow thread.
+fn slot_unless_slow() -> bool {
+    !SLOW.with(Cell::get)
 }
 
-type SKmem = Kmem<SlowSrc, DefaultRawMutex, NoSlot>;
+type SKmem = Kmem<SlowSrc, DefaultRawMutex, Hooked>;
 
 /// Active objects of the descriptor cache, from `slabinfo`.
 fn descriptors(k: &SKmem) -> usize {
@@ -133,7 +91,7 @@ fn descriptors(k: &SKmem) -> usize {
 #[test]
 fn a_cache_is_not_freed_while_a_give_back_is_inside_it() {
     let k: &'static SKmem = Box::leak(Box::new(
-        Kmem::with_platform(SlowSrc(OsPages::new()), NoSlot(Threads::new()))
+        Kmem::with_platform(SlowSrc(OsPages::new()), Hooked::new(slot_unless_slow))
             .with_detection(Detection::ALL.quarantine(1 << 20).guard_pages(0)),
     ));
     k.shrink();
