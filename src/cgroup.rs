@@ -95,9 +95,12 @@ const FREED: u8 = 2;
 /// referenced and cannot be freed; a forgotten guard only pins its group.
 #[repr(C)]
 pub(crate) struct TokenHead {
-    /// The [`Tree`] the group belongs to (null for a root): a token of
-    /// another allocator is never charged here.
-    owner: *const (),
+    /// The [`Tree`] the group belongs to (null for a root), with bit 0
+    /// ([`REMOVED_BIT`]) set by `remove`: a token of another allocator is
+    /// never charged here, and one compare tells an allocation both that
+    /// the group is its tree's and that it is online (`Tree::charged_for`).
+    /// `state` stays the authority on removal everywhere else.
+    owner: AtomicPtr<()>,
     /// Drops one reference on the group this head starts (the
     /// monomorphised `Tree::release_token` of its tree).
     release: unsafe fn(NonNull<TokenHead>),
@@ -115,7 +118,18 @@ pub(crate) struct TokenHead {
     state: AtomicU8,
 }
 
+/// Bit 0 of [`TokenHead::owner`]: set once the group is removed (a tree is
+/// aligned to more than 1, so its address never has it).
+const REMOVED_BIT: usize = 1;
+
 impl TokenHead {
+    /// The tree that made the group this head starts (null for a root),
+    /// whether or not it is removed.
+    #[inline]
+    fn tree(&self) -> *const () {
+        self.owner.load(Ordering::Relaxed).map_addr(|a| a & !REMOVED_BIT).cast_const()
+    }
+
     /// Whether `remove` has run on the group this head starts.
     #[inline]
     fn is_offline(&self) -> bool {
@@ -361,7 +375,7 @@ impl<R: RawMutex> Group<R> {
         fn new_root(name: Name) -> Self {
             let head =
                 TokenHead {
-                owner: ptr::null(),
+                owner: atomic_null(),
                 release: release_root,
                 acquire: release_root,
                 parent: ptr::null(),
@@ -383,7 +397,13 @@ impl<R: RawMutex> Group<R> {
         name: Name,
     ) -> Self {
         let parent_head = ptr::from_ref(parent).cast::<u8>().wrapping_add(HEAD_OFFSET).cast::<TokenHead>();
-        let head = TokenHead { owner, release, acquire, parent: parent_head, state: atomic_u8(ONLINE) };
+        let head = TokenHead {
+            owner: AtomicPtr::new(owner.cast_mut()),
+            release,
+            acquire,
+            parent: parent_head,
+            state: atomic_u8(ONLINE),
+        };
         // SAFETY: forwarded: the parent (and so its counter) outlives us.
         Self::with(unsafe { PageCounter::with_parent(&parent.counter) }, head, name)
     }
@@ -413,23 +433,38 @@ impl<R: RawMutex> Group<R> {
         self.index
     }
 
-    /// The group a token names, if the tree `owner` made it.
+    /// The group a token names if the tree `owner` made it: `Ok` while
+    /// online, `Err(Some)` once removed, `Err(None)` for the root's (null)
+    /// token or another tree's group. One load and one compare decide the
+    /// online case (see [`TokenHead::owner`]); a group seen online here
+    /// may be removed the next instant, as with any test of `state`.
     ///
     /// # Safety
     ///
     /// `token` is null or points to the head of a live group (of any
     /// allocator), and if `owner` made it, that group is a `Group<R>`.
-    #[inline]
-    unsafe fn of_token<'a>(token: *const (), owner: *const ()) -> Option<&'a Group<R>> {
+    #[inline(always)]
+    unsafe fn of_token<'a>(token: *const (), owner: *const ()) -> Result<&'a Group<R>, Option<&'a Group<R>>> {
         let head = untag(token).cast::<TokenHead>();
+        if head.is_null() {
+            return Err(None);
+        }
         // SAFETY: a live group's head (caller contract); only the head is
         // read before the owner check.
-        if head.is_null() || unsafe { (*head).owner } != owner {
-            return None;
+        let o = unsafe { (*head).owner.load(Ordering::Relaxed) };
+        if ptr::eq(o, owner) {
+            // SAFETY: made by `owner`, so the head of a `Group<R>` (caller
+            // contract), at `HEAD_OFFSET` from its start.
+            return Ok(unsafe { Self::of_head(head) });
         }
-        // SAFETY: made by `owner`, so the head of a `Group<R>` (caller
-        // contract), at `HEAD_OFFSET` from its start.
-        Some(unsafe { Self::of_head(head) })
+        if o.addr() != owner.addr() | REMOVED_BIT {
+            return Err(None);
+        }
+        // Pairs with `mark_removed`'s `Release` store of the bit: the
+        // caller's walk to an online ancestor sees `state` as `OFFLINE`.
+        fence(Ordering::Acquire);
+        // SAFETY: as above.
+        Err(Some(unsafe { Self::of_head(head) }))
     }
 
     /// The group whose head `head` is.
@@ -491,6 +526,20 @@ impl<R: RawMutex> Group<R> {
     #[inline]
     pub(crate) fn is_offline(&self) -> bool {
         self.head.is_offline()
+    }
+
+    /// Marks the group removed (`Tree::remove`, under the tree lock):
+    /// `state` first, then the owner word's bit, both `Release`, so a
+    /// context that sees the bit also sees `OFFLINE`.
+    pub(crate) fn mark_removed(&self) {
+        self.head.state.store(OFFLINE, Ordering::Release);
+        let tree = self.head.tree();
+        self.head.owner.store(tree.map_addr(|a| a | REMOVED_BIT).cast_mut(), Ordering::Release);
+    }
+
+    /// The tree that made this group (null for a root).
+    pub(crate) fn tree_id(&self) -> *const () {
+        self.head.tree()
     }
 
     /// The nearest group from this one up that is online.

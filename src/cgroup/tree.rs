@@ -364,9 +364,9 @@ impl<R: RawMutex> Tree<R> {
         match unsafe { Group::<R>::of_token(token, self.id()) } {
             // A token never names a root (the root's is null): an online
             // group is charged itself, with no walk and no root test.
-            Some(g) if !g.is_offline() => g,
-            Some(g) => self.effective(g),
-            None => core::ptr::null(),
+            Ok(g) => g,
+            Err(Some(g)) => self.effective(g),
+            Err(None) => core::ptr::null(),
         }
     }
 

@@ -287,6 +287,36 @@ fn loom_remove_races_allocation_in_the_group() {
 }
 
 #[test]
+fn loom_current_group_races_removal() {
+    // A thread whose current group is `g` (a child of `p`) allocates for
+    // it, as `Kmem` does (`Tree::charged_for` on its token: one compare of
+    // the token head's owner word tells "this tree's, online"), while the
+    // main thread removes `g`, which sets the word's removed bit. The
+    // allocation charges `g` (it ran first) or `p` (it saw the bit, and
+    // then `g` offline), never anything else; once the removal is done,
+    // `g` takes no new charge.
+    model(|env| {
+        let p = env.child("p");
+        let g = env.tree.create_child(&*env, p, Name::new_group("g").unwrap()).unwrap();
+        // SAFETY: referenced by this thread until its `put_group`.
+        let g = unsafe { &*g.as_ptr() };
+        env.warm(&[]);
+        let token = env.tree.token(g) as usize;
+        let (gp, pp) = (g as *const Group<R> as usize, p as *const Group<R> as usize);
+        let current = spawn_started(&env, move |env| {
+            let r = env.tree.charged_for(token as *const ()) as usize;
+            assert!(r == gp || r == pp, "charged neither the group nor its parent");
+        });
+        env.tree.remove(&*env, g).unwrap();
+        current.join().unwrap();
+        assert_eq!(env.tree.charged_for(token as *const ()) as usize, pp, "a removed group took a charge");
+        env.tree.put_group(g);
+        env.tree.remove(&*env, p).unwrap();
+        env.put_and_settle(p);
+    });
+}
+
+#[test]
 fn loom_remove_races_a_remote_free() {
     // A group is removed while another thread frees an object allocated
     // in it: the object goes back to the (now dead) cache that owns it,

@@ -9,7 +9,7 @@ use lock_api::RawMutex;
 use super::lists::{push_doubly, unlink_doubly};
 use super::{CacheDesc, Tree, ids, mode, names};
 use crate::cgroup::pressure::PressureNode;
-use crate::cgroup::{FREED, Group, OFFLINE, TokenHead};
+use crate::cgroup::{FREED, Group, TokenHead};
 use crate::error::{Error, Name};
 use crate::magazine::{Env, MagCache};
 use crate::slab::{Cache, Pages};
@@ -109,7 +109,7 @@ impl<R: RawMutex> Tree<R> {
         // already require that: their counters' parent is its root's).
         unsafe {
             let g = Group::<R>::of_head(head.as_ptr());
-            (*g.head.owner.cast::<Self>()).put_group(g);
+            (*g.tree_id().cast::<Self>()).put_group(g);
         }
     }
 
@@ -208,7 +208,7 @@ impl<R: RawMutex> Tree<R> {
                 limbo.names.remove(env.src(), g);
             }
         }
-        g.head.state.store(OFFLINE, Ordering::Release);
+        g.mark_removed();
         // A removed group protects nothing (Linux resets both at offline):
         // what its objects hold is reclaimed with its parent's.
         g.counter.set_min(0);
