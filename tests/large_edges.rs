@@ -1,7 +1,9 @@
 //! Large objects at the edges (found by a review): a request no page
 //! source can ever serve called the out-of-memory handler (asking it for
 //! 2^48 pages); growth in place of a removed group's object charged that
-//! group, which takes no new charges, under its old `max`.
+//! group, which takes no new charges, under its old `max`; growth in place
+//! to a size no run can hold was charged (and counted as refused) up to
+//! every ancestor before the page source said no.
 
 use core::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -85,4 +87,39 @@ fn impossible_requests_and_growth_of_removed_groups_objects() {
     K.shrink();
     assert_eq!((child.usage(), parent.usage()), (0, 0));
     parent.remove().unwrap();
+}
+
+#[test]
+fn impossible_growth_in_place_charges_nothing() {
+    // A review's repro: the same request as a new allocation was refused
+    // before any charge; as the growth of a live large object it was
+    // charged to its group and every ancestor, seen in their usage by
+    // other threads and counted in the parent's `failcnt` and max events.
+    // A `Kmem` of its own: the other test reads `K`'s last report.
+    let k: &'static Kmem = Box::leak(Box::new(Kmem::new(OsPages::new())));
+    let p = k.root().create_child("limited-parent").unwrap();
+    p.set_max(256 << 20).unwrap();
+    let g = p.create_child("grower").unwrap();
+    let a = g.allocator();
+    let small = Layout::from_size_align(64 << 10, 8).unwrap();
+    let huge = Layout::from_size_align(isize::MAX as usize - 4095 - (1 << 20), 8).unwrap();
+    let b = a.allocate(small).unwrap();
+    assert!(a.allocate(huge).is_err());
+    // SAFETY: `b` is live, of layout `small`, which `huge` is larger than.
+    assert!(unsafe { a.grow(b.cast(), small, huge) }.is_err());
+    let st = p.stat();
+    assert_eq!((st.failcnt, st.events.max), (0, 0), "an impossible growth in place was charged");
+    assert!(p.peak() < 1 << 20, "an impossible growth in place showed in a peak: {}", p.peak());
+    // Unlimited up to the root: no refusal to count, but no charge either.
+    let free = k.root().create_child("unlimited").unwrap();
+    let b2 = free.allocator().allocate(small).unwrap();
+    let root_peak = k.root().peak();
+    // SAFETY: as above.
+    assert!(unsafe { free.allocator().grow(b2.cast(), small, huge) }.is_err());
+    assert!(k.root().peak() <= root_peak.max(1 << 30), "the root's peak took the growth: {}", k.root().peak());
+    // SAFETY: live, of layout `small` (a failed growth keeps the block).
+    unsafe {
+        a.deallocate(b.cast(), small);
+        free.allocator().deallocate(b2.cast(), small);
+    }
 }

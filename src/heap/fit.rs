@@ -57,14 +57,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`Kmem::cache_geometry`] for an accounted cache, whose charged
     /// cache needs an owner word per object in slabs of the same order:
     /// where the object leaves no room for one (it fills its slab), the
-    /// next order that does, within the cap; `None` if none.
+    /// next order that does; `None` if none up to [`MAX_SLAB_ORDER`]. Past
+    /// the cap if need be, as [`Geometry::within`] gives an object that
+    /// fills no slab within the cap the smallest order that holds it (a
+    /// review found a type that exactly filled a capped slab refused while
+    /// every larger one was accepted).
     pub(crate) fn accounted_cache_geometry(&self, size: usize, align: usize) -> Option<Geometry> {
         let geo = self.cache_geometry(size, align)?;
         if geo.with_owners().is_some() {
             return Some(geo);
         }
-        let cap = self.max_slab_order().min(MAX_SLAB_ORDER);
-        (geo.order + 1..=cap).find_map(|o| {
+        (geo.order + 1..=MAX_SLAB_ORDER).find_map(|o| {
             Geometry::in_order(geo.size, geo.align, o, 1).filter(|g| g.order == o && g.with_owners().is_some())
         })
     }

@@ -308,6 +308,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         new_pages: usize,
     ) -> bool {
         let extra = new_pages - pages;
+        // An object no run could hold (its pages and the header's above
+        // `MAX_ORDER`) is refused before any charge, as `alloc_large_as`
+        // refuses one (a review found such growth charged, and counted as
+        // refused, up to every ancestor, before the page source said no).
+        if new_pages.checked_add(1).and_then(order_for_pages).is_none() {
+            return false;
+        }
         // SAFETY: a live header of ours.
         let group = unsafe { (*h).group };
         // SAFETY: a large object's group is a live `Group<R>` of ours.
