@@ -96,19 +96,37 @@ pub(crate) const GEOMETRIES: [Geometry; NCLASSES] = {
 /// The largest request the one-lookup path of [`class_of`] serves.
 const LUT_MAX: usize = 4096;
 
-/// `LUT[(size + 3) >> 2][align >> 3]`: the smallest class that
-/// holds `size <= LUT_MAX` bytes aligned to 4 (column 0) or 8 (column 1).
-/// Classes 12, 20 and 28 are only 4-aligned; every other class is at least
-/// 8-aligned. 2 KiB, so a request of any size up to a page costs one load
-/// and no branch on the size (as jemalloc's `sz_size2index_lookup`).
-const LUT: [[u8; 2]; LUT_MAX / 4 + 1] = {
-    let mut lut = [[0u8; 2]; LUT_MAX / 4 + 1];
+/// `LUT[i]`: the smallest class of at least `4 * (i + 1)` bytes, whatever
+/// its alignment. [`lut_class`] reads it at `((size - 1) | (align - 1)) >> 2`,
+/// the size rounded up to the alignment, less one: the smallest class that
+/// holds that many bytes is aligned to `align` (checked below at compile
+/// time for every alignment and multiple of it up to [`LUT_MAX`]). Class
+/// sizes are multiples of 4, so a row per 4 bytes loses nothing. 1 KiB,
+/// so a request of any size up to a page, with any alignment that keeps
+/// it there, costs one load and no branch on the size (as jemalloc's
+/// `sz_size2index_lookup`).
+const LUT: [u8; LUT_MAX / 4] = {
+    let mut lut = [0u8; LUT_MAX / 4];
     let mut i = 0;
     while i < lut.len() {
-        lut[i] = [first_class_fitting(i * 4, 4) as u8, first_class_fitting(i * 4, 8) as u8];
+        lut[i] = first_class_fitting(4 * (i + 1), 1) as u8;
         i += 1;
     }
     lut
+};
+// What `lut_class` rests on: for every alignment `a` up to `LUT_MAX` and
+// every multiple `m` of it up to `LUT_MAX`, the smallest class holding `m`
+// bytes is aligned to `a`.
+const _: () = {
+    let mut a = 1;
+    while a <= LUT_MAX {
+        let mut m = a;
+        while m <= LUT_MAX {
+            assert!(GEOMETRIES[LUT[(m - 1) >> 2] as usize].align >= a);
+            m += a;
+        }
+        a *= 2;
+    }
 };
 /// `BIG[(size + 1023) >> 10]`: smallest class holding `LUT_MAX < size <= 16384`.
 const BIG: [u8; MAX_CLASS_SIZE / 1024 + 1] = {
@@ -143,24 +161,21 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
     }
 }
 
-/// [`class_of`] of the requests its one table serves, `0 < size <=
-/// LUT_MAX` and `align <= 8` (`None` for the others, which
-/// [`class_of_large`] takes): for the fast paths, which send the rest
-/// out of line whole.
+/// [`class_of`] of the requests its one table serves, `0 < size` and
+/// `size` rounded up to `align` at most [`LUT_MAX`] (`None` for the
+/// others, which [`class_of_large`] takes): for the fast paths, which send
+/// the rest out of line whole.
 #[inline(always)]
 pub(crate) fn lut_class(size: usize, align: usize) -> Option<usize> {
-    // One test for `0 < size <= LUT_MAX && align <= 8`: both shifts are
-    // zero exactly then (a zero size wraps around). Shifts to the right:
-    // an alignment shifted left can overflow to zero (2^56 << 8), which
-    // the fuzzer found handing out 8-aligned blocks for huge alignments.
-    const _: () = assert!(LUT_MAX == 1 << 12);
-    // `align >> 3` is the column (0 up to 4, 1 for 8) and, shifted once
-    // more, zero exactly for alignments up to 8.
-    let col = align >> 3;
-    if (size.wrapping_sub(1) >> 12) | (col >> 1) == 0 {
-        // SAFETY: `size <= LUT_MAX` keeps the row in bounds, and `col` is
-        // 0 or 1.
-        return Some(*unsafe { at(&at(&LUT, (size + 3) >> 2)[..], col) } as usize);
+    // `size` rounded up to `align` (a power of two), less one: no add, so
+    // nothing overflows; a zero size wraps to all ones, and an alignment
+    // above the table sets a bit past it, so one test sends both away (an
+    // earlier test shifted the alignment left, which overflowed to zero
+    // for 2^56 and up: the fuzzer found it).
+    let last = size.wrapping_sub(1) | align.wrapping_sub(1);
+    if last < LUT_MAX {
+        // SAFETY: `last < LUT_MAX`, so the row is below `LUT_MAX / 4`.
+        return Some(*unsafe { at(&LUT, last >> 2) } as usize);
     }
     None
 }
@@ -171,7 +186,7 @@ pub(crate) fn class_of_large(size: usize, align: usize) -> Option<usize> {
     let idx = if size == 0 {
         return None;
     } else if size <= LUT_MAX {
-        LUT[(size + 3) >> 2][1] as usize
+        LUT[(size - 1) >> 2] as usize
     } else if size <= MAX_CLASS_SIZE {
         BIG[(size + 1023) >> 10] as usize
     } else {
