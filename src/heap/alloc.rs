@@ -48,11 +48,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// aborts the program there. Out of line and cold, with their
     /// arguments in registers, so the guard's landing pad is not on the
     /// fast path, which then needs no stack frame.
+    ///
+    /// The request's size and alignment come first, in the registers a
+    /// `GlobalAlloc::alloc` call brought them in (as for
+    /// [`Kmem::alloc_pow2_other`]): the entry point moves nothing on the
+    /// way to the fast path.
     #[cold]
     #[inline(never)]
-    pub(super) fn no_unwind_special(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+    pub(super) fn no_unwind_special(size: usize, align: usize, this: &Self) -> Option<NonNull<u8>> {
         let guard = NoUnwind;
-        let r = self.alloc_special_current(size, align);
+        let r = Self::alloc_special_current(size, align, this);
         core::mem::forget(guard);
         r
     }
@@ -91,9 +96,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
         let g = if m & SPECIAL != 0 {
             if NOUNWIND {
-                return self.no_unwind_special(size, align);
+                return Self::no_unwind_special(size, align, self);
             }
-            return self.alloc_special_current(size, align);
+            return Self::alloc_special_current(size, align, self);
         } else if self.platform.in_interrupt() {
             // Interrupt context charges the root, not the interrupted task.
             core::ptr::null()
@@ -141,8 +146,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// them on every allocation.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_special_current(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        self.alloc_special(self.current(), size, align, false)
+    pub(super) fn alloc_special_current(size: usize, align: usize, this: &Self) -> Option<NonNull<u8>> {
+        this.alloc_special(this.current(), size, align, false)
     }
 
     /// The allocation path with detection or fault injection on (or the
