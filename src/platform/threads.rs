@@ -11,6 +11,17 @@
 //! Where the kernel offers `membarrier(PRIVATE_EXPEDITED)`, slot holders
 //! use compiler fences only and remote drains pay for a heavy barrier.
 //!
+//! # Signal handlers
+//!
+//! A slot is the thread's, not the operation's: a signal handler that
+//! allocates through the same `Kmem` while its thread is inside an
+//! operation gets the slot that operation holds, part way through a pop
+//! or a push (a review's test saw one object handed to the handler and to
+//! the interrupted code). As with `malloc`, allocating in a signal
+//! handler is not supported (the README says so); marking holds per
+//! thread to refuse it would be a store on every operation. Installing a
+//! handler takes `unsafe` code, so no safe program gets there.
+//!
 //! # More threads than slots
 //!
 //! With more live threads than [`MAX_CPUS`], the threads without a slot
@@ -158,6 +169,13 @@ std::thread_local! {
     static SEEN: Cell<usize> = const { Cell::new(NONE) };
     /// This thread's current group token (0: the root).
     static GROUP: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
+    /// Set by the exit hook ([`release_slot`]): the thread claims no slot
+    /// again. A key destructor that runs after ours and allocates would
+    /// otherwise claim one and set our key again, which glibc no longer
+    /// looks at in its last round: the slot would stay claimed for good,
+    /// its `OWNER` naming the dead thread's `FAST` (a review found the next
+    /// revocation reading it after the thread's memory was gone).
+    static EXITED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The node of each slot: the node its holder ran on when it claimed it
@@ -265,6 +283,7 @@ fn release(slot: usize) -> usize {
 extern "C" fn release_slot(value: *mut libc::c_void) {
     let slot = value as usize - 1;
     // The thread-locals have no destructor, so they are still accessible.
+    let _ = EXITED.try_with(|e| e.set(true));
     let _ = SLOT.try_with(|s| s.set(NONE));
     let _ = FAST.try_with(|f| f.store(NONE, Ordering::Relaxed));
     // Before this thread's `FAST` goes away with it.
@@ -468,6 +487,10 @@ impl Threads {
     #[cold]
     #[inline(never)]
     fn enter_slotless(&self) -> Option<usize> {
+        // An exiting thread past its exit hook: the shared path.
+        if EXITED.with(Cell::get) {
+            return None;
+        }
         let key = init()?;
         // Acquire: pairs with the bump in `release`, so the scan after
         // reading an epoch sees every slot freed before it.
@@ -586,7 +609,9 @@ impl Threads {
 // thread's code) or in a give-up, which happens inside `enter`, and the
 // allocator calls `enter` only outside a hold (it holds one slot at a
 // time and pairs each `enter` with `exit` before the next); Rust code
-// does not re-enter a thread between enter and exit. The Release store /
+// does not re-enter a thread between enter and exit, except a signal
+// handler, which must not allocate through the allocator (the module's
+// *Signal handlers*; installing one is `unsafe`). The Release store /
 // Acquire CAS pair hands the slot's magazines to the next owner. (2) one
 // node. (3) ASYM is settled in `init`, before the first claim, and `FAST`
 // (what `try_enter` reads) holds a slot only when it is 1. (4) `steal`
