@@ -506,3 +506,56 @@ fn groups_charge_exactly_on_rseq() {
     assert_eq!(groups[0].usage(), 0, "the removed group is still charged");
     assert_eq!(groups[1].usage(), 0, "the live group is still charged");
 }
+
+#[test]
+fn a_reap_passes_a_cpu_slot_held_in_an_operation() {
+    // A reap waits for nobody (decay runs one inside an allocation): while
+    // this thread holds its CPU's slot (as an allocation does, between
+    // `enter` and `exit`), another thread's reaps pass that slot over.
+    // Before, `Rseq`'s `steal` waited for the lock in every reap (a review
+    // found a decay reap, and a forked child, waiting for a holder that
+    // was preempted or gone).
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpus = allowed_cpus();
+    move_to(cpus[0]);
+    let k: &'static Kmem<OsPages, DefaultRawMutex, Rseq> =
+        Box::leak(Box::new(Kmem::with_platform(OsPages::new(), Rseq::new())));
+    k.set_decay(kmemcg::Decay::OFF);
+    let l = Layout::from_size_align(64, 8).unwrap();
+    // This CPU's slot (this thread's, in the fallback) holds magazines.
+    // SAFETY: valid layout; each block freed once.
+    unsafe {
+        let blocks: Vec<*mut u8> = (0..200).map(|_| k.alloc(l)).collect();
+        for p in blocks {
+            assert!(!p.is_null());
+            k.dealloc(p, l);
+        }
+    }
+    let slot = (0..10_000)
+        .find_map(|_| {
+            // SAFETY: this thread holds no slot; `exit` below.
+            let s = unsafe { Rseq::new().enter() };
+            if s.is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            s
+        })
+        .expect("this thread's slot");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reaper = std::thread::spawn(move || {
+        k.reap();
+        k.reap();
+        tx.send(()).unwrap();
+    });
+    let passed = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+    // SAFETY: entered above.
+    unsafe { Rseq::new().exit(slot) };
+    reaper.join().unwrap();
+    move_anywhere(&cpus);
+    assert!(passed, "a reap waited for a slot held in an operation");
+    // The hold is over: the next reaps take the magazines back.
+    k.reap();
+    k.reap();
+    k.shrink();
+    assert_eq!(k.stats().source.pages_in_use, 0, "pages left after the hold ended");
+}

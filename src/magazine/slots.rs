@@ -210,7 +210,7 @@ impl Slots {
             return None;
         }
         // SAFETY: as in `begin_drain`.
-        if unsafe { plat.steal(slot) } {
+        if unsafe { plat.try_steal(slot) } {
             return Some(true);
         }
         if !plat.slots_are_locks() {
@@ -240,7 +240,7 @@ impl Slots {
             return false;
         }
         // SAFETY: as in `begin_drain`.
-        if unsafe { plat.steal(slot) } {
+        if unsafe { plat.try_steal(slot) } {
             return true;
         }
         s.drainers.store(false, Ordering::Release);

@@ -78,7 +78,9 @@ static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 ///    (under Miri the fast paths make the full fence themselves, so there
 ///    it may return one either way, as `Threads` does);
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
-///    then no `enter` returns it until `unsteal(slot)`;
+///    then no `enter` returns it until `unsteal(slot)`; so does
+///    `try_steal(slot)`, which returns at once (`false`) where a context
+///    holds the slot;
 /// 5. nothing here allocates, panics, or calls back into the allocator;
 /// 6. `current_group` returns the last token the calling context (thread,
 ///    task) passed to `set_current_group`, unchanged (the same pointer,
@@ -223,12 +225,23 @@ pub unsafe trait Platform: Sync {
     unsafe fn steal(&self, _slot: usize) -> bool {
         false
     }
-    /// Gives back a slot taken by `steal`.
+    /// [`Platform::steal`] for a reap, which waits for nobody: `false` at
+    /// once where a context holds the slot. The default is `steal`, for
+    /// platforms whose `steal` never waits.
     ///
     /// # Safety
     ///
-    /// The caller took `slot` with `steal` (which returned `true`) and has
-    /// not given it back since.
+    /// As for [`Platform::steal`].
+    unsafe fn try_steal(&self, slot: usize) -> bool {
+        // SAFETY: forwarded.
+        unsafe { self.steal(slot) }
+    }
+    /// Gives back a slot taken by `steal` or `try_steal`.
+    ///
+    /// # Safety
+    ///
+    /// The caller took `slot` with `steal` or `try_steal` (which returned
+    /// `true`) and has not given it back since.
     unsafe fn unsteal(&self, _slot: usize) {}
     /// Whether the caller runs in interrupt context: its allocations are
     /// then *atomic* (no reclaim, no shrinkers, no tree lock) and charged

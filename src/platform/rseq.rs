@@ -647,6 +647,30 @@ unsafe impl Platform for Rseq {
         true
     }
 
+    /// One try of [`Rseq::steal`]'s: `false` where another stealer is at
+    /// it or a context holds the slot (a reap waits for nobody: a review
+    /// found a decay reap, and a child of `fork`, waiting here for a lock
+    /// whose holder was preempted or gone). Raises no `want`.
+    unsafe fn try_steal(&self, slot: usize) -> bool {
+        let Some(lock) = STATE.locks.get(slot) else { return false };
+        let rseq = mode() == RSEQ;
+        // As in `steal`, one stealer at a time.
+        if lock.stealing.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        // Acquire: the last holder's magazine writes. In the rseq mode,
+        // a section that committed `HELD` over our `DRAIN` shows after the
+        // barrier, and then the slot is its holder's (who frees it), not
+        // ours: we wrote nothing more.
+        let got = lock.state.compare_exchange(FREE, DRAIN, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            && (!rseq || {
+                restart(cpu_for_slot(slot));
+                lock.state.load(Ordering::Acquire) == DRAIN
+            });
+        lock.stealing.store(false, Ordering::Release);
+        got
+    }
+
     unsafe fn unsteal(&self, slot: usize) {
         // Release: the next holder sees the drained magazines.
         STATE.locks[slot].state.store(FREE, Ordering::Release);
