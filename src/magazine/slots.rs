@@ -2,8 +2,6 @@
 //! holder and a drainer agree on who may touch the slot's magazines (see
 //! the protocol table in the `magazine` module docs).
 
-use crossbeam_utils::CachePadded;
-
 use crate::platform::{MAX_CPUS, Platform};
 use crate::sync::{
     AtomicBool, AtomicU8, AtomicUsize, CellArray, Ordering, atomic_bool, atomic_u8, atomic_usize, compiler_fence,
@@ -18,6 +16,15 @@ const HELD: u8 = 1;
 const USED: u8 = 2;
 
 /// The handshake state of one slot, shared by every cache of a `Kmem`.
+///
+/// 32 bytes, as a cache's per-slot magazines (`CpuMags`) are: one shift of
+/// the slot indexes both arrays on the fast path (with 128-byte entries it
+/// took two shifts and a move). Two slots share a cache line, `2k` with
+/// `2k + 1`, as their magazines do, and [`slot_for_cpu`] keeps CPUs that
+/// run at once apart the same way.
+///
+/// [`slot_for_cpu`]: crate::slot_for_cpu
+#[repr(C, align(32))]
 pub(crate) struct SlotSync {
     /// `HELD` while the holder uses the slot's magazines; the holder leaves
     /// `USED` behind, and a reap turns `USED` into `IDLE`, so a slot still
@@ -52,7 +59,7 @@ pub struct SlotStats {
 }
 
 pub(crate) struct Slots {
-    sync: CellArray<CachePadded<SlotSync>, MAX_CPUS>,
+    sync: CellArray<SlotSync, MAX_CPUS>,
 }
 
 impl Slots {
@@ -61,13 +68,13 @@ impl Slots {
         pub(crate) fn new() -> Self {
             Slots {
                 sync: CellArray::new(repeat!(
-                    CachePadded::new(SlotSync {
+                    SlotSync {
                         state: atomic_u8(IDLE),
                         drain: atomic_bool(false),
                         drainers: atomic_bool(false),
                         hits: atomic_usize(0),
                         misses: atomic_usize(0),
-                    });
+                    };
                     MAX_CPUS
                 )),
             }

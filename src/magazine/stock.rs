@@ -12,7 +12,6 @@
 //! This layer does not know what an owner is: a non-null pointer the
 //! layers above give (a group) and read back when they flush a stock.
 
-use crossbeam_utils::CachePadded;
 use lock_api::RawMutex;
 
 use super::Env;
@@ -38,9 +37,22 @@ impl Stock {
     }
 }
 
+/// One slot's stock cell: 32 bytes, as the slot's handshake state and its
+/// magazines are (see `SlotSync`), so one shift of the slot indexes all
+/// three on a grouped fast path.
+#[repr(C, align(32))]
+struct StockCell(UnsafeCell<Stock>);
+
+impl core::ops::Deref for StockCell {
+    type Target = UnsafeCell<Stock>;
+    fn deref(&self) -> &UnsafeCell<Stock> {
+        &self.0
+    }
+}
+
 /// The stocks of every slot.
 pub(crate) struct Stocks {
-    cells: CellArray<CachePadded<UnsafeCell<Stock>>, MAX_CPUS>,
+    cells: CellArray<StockCell, MAX_CPUS>,
     /// Bit `s` is set once slot `s` held a stock: drains visit only those.
     used: AtomicUsize,
     /// Stocks a drainer took and has not yet handed on: their bytes are
@@ -59,7 +71,7 @@ impl Stocks {
         /// Every stock empty.
         pub(crate) fn new() -> Self {
             Stocks {
-                cells: CellArray::new(repeat!(CachePadded::new(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS)),
+                cells: CellArray::new(repeat!(StockCell(UnsafeCell::new(Stock::EMPTY)); MAX_CPUS)),
                 used: atomic_usize(0),
                 taken: atomic_usize(0),
             }
