@@ -64,8 +64,6 @@
 
 use core::marker::PhantomData;
 
-use crossbeam_utils::CachePadded;
-
 use super::{MAX_CPUS, Platform, cpu_for_slot, slot_for_cpu};
 #[cfg(not(loom))]
 use crate::sync::atomic_bool;
@@ -142,9 +140,15 @@ pub unsafe trait Cpu: 'static {
     fn throttle(_ns: u64) {}
 }
 
-/// One CPU's state, on a cache line of its own. The flag first: an
-/// exclusive load or store-release (aarch64) takes no offset.
-#[repr(C)]
+/// One CPU's state: 32 bytes, as the allocator's per-slot handshake state
+/// and magazines are, so one shift of the slot indexes them all (aarch64
+/// has no scaled register offset for a stride of 128: with cache-line
+/// padding its pair took two more instructions). Two CPUs' states share a
+/// cache line, slots `2k` and `2k + 1`, as their magazines do, and
+/// [`slot_for_cpu`] gives the first half of the CPUs lines of their own.
+/// The flag first: an exclusive load or store-release (aarch64) takes no
+/// offset.
+#[repr(C, align(32))]
 struct CpuState {
     /// Without `Cpu::BARRIER`: 1 while the slot is held (by its CPU, or
     /// stolen by a drain), else 0: a try-lock taken with `Acquire` (see
@@ -188,7 +192,7 @@ fn take(busy: &AtomicUsize) -> bool {
 /// masked (and, without `Cpu::BARRIER`, its flag taken). See the module
 /// docs.
 pub struct PerCpu<C: Cpu> {
-    cpus: [CachePadded<CpuState>; MAX_CPUS],
+    cpus: [CpuState; MAX_CPUS],
     _cpu: PhantomData<fn() -> C>,
 }
 
@@ -208,11 +212,11 @@ impl<C: Cpu> PerCpu<C> {
         pub fn new() -> Self {
             PerCpu {
                 cpus: crate::sync::repeat!(
-                    CachePadded::new(CpuState {
+                    CpuState {
                         busy: atomic_usize(0),
                         saved: UnsafeCell::new(0),
                         group: atomic_null(),
-                    });
+                    };
                     MAX_CPUS
                 ),
                 _cpu: PhantomData,
@@ -232,7 +236,7 @@ impl<C: Cpu> PerCpu<C> {
     #[inline]
     fn with_cpu<T>(&self, f: impl FnOnce(Option<&CpuState>) -> T) -> T {
         let saved = C::irq_save();
-        let r = f(Self::slot().map(|s| &*self.cpus[s]));
+        let r = f(Self::slot().map(|s| &self.cpus[s]));
         // SAFETY: saved just above, on this CPU.
         unsafe { C::irq_restore(saved) };
         r
