@@ -81,7 +81,8 @@ const FREED: u8 = 2;
 /// A token is shared by every allocator on the platform (with `std`, one
 /// per thread for all of them), so code of one allocator may hold a token
 /// of another's group, made with another lock type. It reads only this
-/// head, which starts a `repr(C)` `Group<R>` (nothing of `R` before it).
+/// head, which follows the counter in a `repr(C)` `Group<R>` (nothing
+/// before it depends on `R`).
 ///
 /// **Tokens hold references.** A platform's current-group slot owns one
 /// reference on the group its token names (none for the root, whose token
@@ -136,8 +137,8 @@ impl TokenHead {
     }
 }
 
-/// Where the token head sits in every `Group<R>`: at its start, so the
-/// same for every lock type, and a token is its group's address.
+/// Where the token head sits in every `Group<R>`: after the counter, so
+/// the same for every lock type.
 const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, head);
 
 // Two groups and a slab header fit one page, so the group cache needs no
@@ -147,7 +148,7 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 // the largest groups.
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
-static_assertions::const_assert_eq!(HEAD_OFFSET, 0);
+static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
 
 /// A memory event of a group (Linux `memory.events`): counted in the
 /// group's [`GroupStat`](crate::GroupStat), locally and in each ancestor
@@ -243,22 +244,20 @@ impl Events {
 
 /// One group of the tree.
 ///
-/// `repr(C)`: the token head first, at [`HEAD_OFFSET`] (see
-/// [`TokenHead`]), then the counter (the counter that refused a charge
-/// leads back to its group through `PageCounter::owner`, see
-/// `Tree::group_of_counter`). Two groups fit a page (the group
+/// `repr(C)`: the counter first (the counter that refused a charge leads
+/// back to its group through `PageCounter::owner`, see
+/// `Tree::group_of_counter`), then the token head at
+/// [`HEAD_OFFSET`] (see [`TokenHead`]). Two groups fit a page (the group
 /// cache's slabs stay single pages; asserted above).
 ///
 /// Fields are private to this layer; the layers above read a group through
 /// its methods.
 #[repr(C)]
 pub(crate) struct Group<R: RawMutex> {
-    /// Which tree made this group, and how a token drops a reference on it.
-    /// First: a token is the group's own address, so an allocation turns
-    /// the current token into its group with no arithmetic.
-    head: TokenHead,
     /// Pages charged to this group and its descendants.
     counter: PageCounter,
+    /// Which tree made this group, and how a token drops a reference on it.
+    head: TokenHead,
     name: Name,
     /// (`plan` and `visited` sit in the padding after the name.)
     /// What the reclaim pass being planned takes from this group (see
