@@ -11,6 +11,19 @@
 //! Where the kernel offers `membarrier(PRIVATE_EXPEDITED)`, slot holders
 //! use compiler fences only and remote drains pay for a heavy barrier.
 //!
+//! # Thread exit
+//!
+//! The exit hook is kmemcg's `pthread` key destructor, and a thread gets
+//! one from its first `enter`, with a slot or without ([`HOOK_ONLY`]): it
+//! releases the slot and marks the thread [`EXITED`], after which the
+//! thread takes the shared path (another key's destructor may still
+//! allocate). One case is left: a thread whose very first allocation
+//! through this platform comes from a key destructor in glibc's last
+//! round (`PTHREAD_DESTRUCTOR_ITERATIONS`, 4) sets the key too late for
+//! glibc to run the hook, and keeps its slot for good (its magazines
+//! stranded, its `OWNER` entry naming its freed `FAST` word). No glibc
+//! interface tells a destructor round from ordinary running.
+//!
 //! # Signal handlers
 //!
 //! A slot is the thread's, not the operation's: a signal handler that
@@ -176,7 +189,20 @@ std::thread_local! {
     /// its `OWNER` naming the dead thread's `FAST` (a review found the next
     /// revocation reading it after the thread's memory was gone).
     static EXITED: Cell<bool> = const { Cell::new(false) };
+    /// Whether kmemcg's key holds a value for this thread (a slot, or
+    /// [`HOOK_ONLY`]): from its first `enter`, every thread's exit hook
+    /// runs, with or without a slot.
+    static HOOKED: Cell<bool> = const { Cell::new(false) };
 }
+
+/// kmemcg's key value for a thread that entered the allocator and holds
+/// no slot (it found none, or gave its own up): not null, so the exit hook
+/// runs for it too and marks it [`EXITED`], but it names no slot (`slot + 1`
+/// of a real one is at most [`MAX_CPUS`]). Without it, such a thread's
+/// exit ran no hook, and a later key destructor that allocated could
+/// claim a slot that no hook would ever release (a review found it after
+/// the first fix).
+const HOOK_ONLY: usize = MAX_CPUS + 1;
 
 /// The node of each slot: the node its holder ran on when it claimed it
 /// (see *Nodes*). Written by the claimer after its claiming CAS, read by
@@ -279,11 +305,15 @@ fn release(slot: usize) -> usize {
     epoch
 }
 
-/// Runs at thread exit for threads that hold a slot.
+/// Runs at thread exit for threads that entered the allocator: releases
+/// the slot the value names, if any ([`HOOK_ONLY`] names none).
 extern "C" fn release_slot(value: *mut libc::c_void) {
-    let slot = value as usize - 1;
     // The thread-locals have no destructor, so they are still accessible.
     let _ = EXITED.try_with(|e| e.set(true));
+    let slot = value as usize - 1;
+    if slot >= MAX_CPUS {
+        return;
+    }
     let _ = SLOT.try_with(|s| s.set(NONE));
     let _ = FAST.try_with(|f| f.store(NONE, Ordering::Relaxed));
     // Before this thread's `FAST` goes away with it.
@@ -456,10 +486,10 @@ impl Threads {
         if sleepers || (WANTED.load(Ordering::Relaxed) && WANTED.swap(false, Ordering::Relaxed)) {
             // `init` ran before the claim, so the key is there.
             if let Some(key) = init()
-                // SAFETY: `key` is a live key; a null value means the exit
-                // destructor will not run for this thread (and setting it
-                // allocates nothing).
-                && unsafe { libc::pthread_setspecific(key, core::ptr::null()) } == 0
+                // SAFETY: `key` is a live key; `HOOK_ONLY` keeps the exit
+                // hook for this thread but names no slot (and setting it
+                // allocates nothing, as in `claim`).
+                && unsafe { libc::pthread_setspecific(key, core::ptr::without_provenance(HOOK_ONLY)) } == 0
             {
                 SLOT.with(|s| s.set(NONE));
                 FAST.with(|f| f.store(NONE, Ordering::Relaxed));
@@ -492,6 +522,12 @@ impl Threads {
             return None;
         }
         let key = init()?;
+        if !HOOKED.with(Cell::get) {
+            // SAFETY: `key` is a live key; the value is a plain integer.
+            if unsafe { libc::pthread_setspecific(key, core::ptr::without_provenance(HOOK_ONLY)) } == 0 {
+                HOOKED.with(|h| h.set(true));
+            }
+        }
         // Acquire: pairs with the bump in `release`, so the scan after
         // reading an epoch sees every slot freed before it.
         let epoch = RELEASES.load(Ordering::Acquire);
@@ -583,6 +619,7 @@ impl Threads {
             // Relaxed: see `SLOT_NODE`; below MAX_NODES (`numa`), so the
             // cast keeps it.
             SLOT_NODE[slot].store(super::numa::current_node() as u8, Ordering::Relaxed);
+            HOOKED.with(|h| h.set(true));
             SLOT.with(|s| s.set(slot));
             LEFT.with(|l| l.set(QUANTUM));
             if armed_ok() {
