@@ -98,6 +98,14 @@ pub(crate) use slots::Slots;
 pub(crate) use stock::{Stock, Stocks};
 
 static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
+// One shift of the slot indexes a cache's per-slot magazines, the slot's
+// handshake state and its byte stock alike (see `SlotSync`): their strides
+// must stay equal. (Loom's atomics are larger; its models do not count
+// instructions.)
+#[cfg(all(target_pointer_width = "64", not(loom)))]
+static_assertions::const_assert!(
+    size_of::<CpuMags>() == 32 && size_of::<slots::SlotSync>() == 32 && Stocks::CELL_SIZE == 32
+);
 
 /// Rounds in the largest magazine: 4 under loom and in the crate's own
 /// tests under Miri, so models and unit tests reach the slow paths often;

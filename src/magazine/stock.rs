@@ -67,6 +67,10 @@ unsafe impl Sync for Stocks {}
 unsafe impl Send for Stocks {}
 
 impl Stocks {
+    /// The stride of the stock cells (see `SlotSync`).
+    #[cfg(all(target_pointer_width = "64", not(loom)))]
+    pub(crate) const CELL_SIZE: usize = size_of::<StockCell>();
+
     loom_const_fn! {
         /// Every stock empty.
         pub(crate) fn new() -> Self {

@@ -164,6 +164,10 @@ struct CpuState {
     group: AtomicPtr<()>,
 }
 
+// The magazine layer's per-slot entries' stride (see above).
+#[cfg(all(target_pointer_width = "64", not(loom)))]
+static_assertions::const_assert_eq!(core::mem::size_of::<CpuState>(), 32);
+
 /// Takes a slot flag: whether it was free (then it is ours, `Acquire`).
 ///
 /// On x86_64 a `fetch_or(1)` of which only bit 0 of the result is tested,
