@@ -103,9 +103,7 @@ static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
 // must stay equal. (Loom's atomics are larger; its models do not count
 // instructions.)
 #[cfg(all(target_pointer_width = "64", not(loom)))]
-static_assertions::const_assert!(
-    size_of::<CpuMags>() == 32 && size_of::<slots::SlotSync>() == 32 && Stocks::CELL_SIZE == 32
-);
+static_assertions::const_assert!(size_of::<CpuMags>() == 32 && size_of::<slots::SlotSync>() == 32);
 
 /// Rounds in the largest magazine: 4 under loom and in the crate's own
 /// tests under Miri, so models and unit tests reach the slow paths often;

@@ -43,6 +43,10 @@ impl Stock {
 #[repr(C, align(32))]
 struct StockCell(UnsafeCell<Stock>);
 
+// The stride of a slot's magazines and handshake state (see `SlotSync`).
+#[cfg(all(target_pointer_width = "64", not(loom)))]
+static_assertions::const_assert_eq!(size_of::<StockCell>(), 32);
+
 impl core::ops::Deref for StockCell {
     type Target = UnsafeCell<Stock>;
     fn deref(&self) -> &UnsafeCell<Stock> {
@@ -67,10 +71,6 @@ unsafe impl Sync for Stocks {}
 unsafe impl Send for Stocks {}
 
 impl Stocks {
-    /// The stride of the stock cells (see `SlotSync`).
-    #[cfg(all(target_pointer_width = "64", not(loom)))]
-    pub(crate) const CELL_SIZE: usize = size_of::<StockCell>();
-
     loom_const_fn! {
         /// Every stock empty.
         pub(crate) fn new() -> Self {
