@@ -11,7 +11,7 @@ use crate::counter::PageCounter;
 use crate::error::Error;
 use crate::magazine::{Acct, ChargedPop, MagCache};
 use crate::platform::{PageSource, Platform};
-use crate::slab::classes::{class_of, class_of_large, lut_class};
+use crate::slab::classes::{SizeClass, class_of, class_of_large, lut_class};
 use crate::sync::{word_load, word_store};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -252,7 +252,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         this: &Self,
     ) -> Option<NonNull<u8>> {
         match class_of_large(size, align) {
-            Some(c) => this.alloc_class::<NOUNWIND>(g, c),
+            // SAFETY: `class_of_large` returns indices below NCLASSES.
+            Some(c) => this.alloc_class::<NOUNWIND>(g, unsafe { SizeClass::from_index(c) }),
             None if size == 0 => None,
             None if NOUNWIND => this.no_unwind_large(g, size, align),
             None => this.alloc_large(g, size, align, false),
@@ -260,18 +261,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// An object of size class `c` charged to `g` (null: root). Callers
-    /// pass a class from `lut_class` or `class_of_large` (below
-    /// NCLASSES) and null or a live group of this allocator.
+    /// pass null or a live group of this allocator.
     #[inline(always)]
-    fn alloc_class<const NOUNWIND: bool>(&self, g: *const Group<R>, c: usize) -> Option<NonNull<u8>> {
+    fn alloc_class<const NOUNWIND: bool>(&self, g: *const Group<R>, c: SizeClass) -> Option<NonNull<u8>> {
         // The grouped path looks up the class's cache only where it makes
         // the charged one (a hit does not use it): box-group 165 -> 162.
         // SAFETY: callers pass null or a live group of this allocator.
         if let Some(g) = unsafe { g.as_ref() } {
+            let c = c.index();
             return match self.tree.class_charged(c) {
                 Some(charged) => self.alloc_charged::<NOUNWIND>(g, charged),
                 None => {
-                    // SAFETY: `c` is below NCLASSES (callers).
+                    // SAFETY: `c` is below NCLASSES (a class's index).
                     let base = unsafe { self.tree.classes().get_unchecked(c) };
                     if NOUNWIND {
                         self.no_unwind_new_charged(g, c, base)
@@ -281,8 +282,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 }
             };
         }
-        // SAFETY: `c` is below NCLASSES (callers).
-        let base = unsafe { self.tree.classes().get_unchecked(c) };
+        let base = self.tree.class_cache(c);
         let p = match base.alloc_fast(self) {
             Some(p) => p,
             None if NOUNWIND => self.no_unwind_slow(base)?,

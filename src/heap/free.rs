@@ -10,7 +10,7 @@ use crate::cgroup::mode;
 use crate::magazine::{ChargedPush, MagCache};
 use crate::page::pages_for;
 use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
-use crate::slab::classes::{GEOMETRIES, class_of, class_of_large, lut_class};
+use crate::slab::classes::{GEOMETRIES, SizeClass, class_of, class_of_large, lut_class};
 use crate::sync::{word_load, word_store};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -61,13 +61,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// As for [`Kmem::free_raw`] (a rebased pointer), `c` being
     /// `class_of(size, align)`.
     #[inline(always)]
-    unsafe fn free_class(&self, c: usize, ptr: NonNull<u8>, size: usize, align: usize) {
+    unsafe fn free_class(&self, c: SizeClass, ptr: NonNull<u8>, size: usize, align: usize) {
         let m = self.tree.mode();
         if m != 0 {
             // SAFETY: forwarded.
             return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
         }
-        let Some(base) = self.base_for_free(c, ptr) else { return };
+        let Some(base) = self.checked_base(self.tree.class_cache(c), ptr) else { return };
         hardened_on_free(base, ptr);
         // SAFETY: with no groups, every object of class `c` is in the base
         // cache.
@@ -85,8 +85,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(never)]
     unsafe fn free_other(ptr: NonNull<u8>, size: usize, align: usize, this: &Self) {
         match class_of_large(size, align) {
-            // SAFETY: forwarded.
-            Some(c) => unsafe { this.free_class(c, ptr, size, align) },
+            // SAFETY: forwarded; `class_of_large` returns indices below
+            // NCLASSES.
+            Some(c) => unsafe { this.free_class(SizeClass::from_index(c), ptr, size, align) },
             None if size == 0 => {}
             None => {
                 let m = this.tree.mode();
@@ -111,12 +112,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(super) unsafe fn free_moded(
         &self,
         m: usize,
-        class: Option<usize>,
+        class: Option<SizeClass>,
         ptr: NonNull<u8>,
         size: usize,
         align: usize,
     ) {
         if m & (mode::DEBUG | mode::ENV | mode::BYTES) != 0 {
+            let class = class.map(SizeClass::index);
             // SAFETY: forwarded.
             if unsafe { self.free_unsampled(m, class, ptr, size) } {
                 return;
@@ -139,7 +141,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// As for [`Kmem::free_raw`].
     #[inline(never)]
-    unsafe fn free_grouped_out(&self, class: Option<usize>, ptr: NonNull<u8>) {
+    unsafe fn free_grouped_out(&self, class: Option<SizeClass>, ptr: NonNull<u8>) {
         // SAFETY: forwarded.
         unsafe { self.free_grouped(class, ptr) }
     }
@@ -152,10 +154,10 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// As for [`Kmem::free_raw`].
     #[inline(always)]
-    pub(super) unsafe fn free_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
+    pub(super) unsafe fn free_grouped(&self, class: Option<SizeClass>, ptr: NonNull<u8>) {
         match class {
             Some(c) => {
-                let Some(base) = self.base_for_free(c, ptr) else { return };
+                let Some(base) = self.checked_base(self.tree.class_cache(c), ptr) else { return };
                 // SAFETY: forwarded.
                 unsafe { self.free_owned(base, ptr) }
             }
@@ -216,7 +218,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             {
                 c.sub_bytes(self.usable_size(size, align));
             }
-            self.free_grouped(class, ptr)
+            // `class` is `class_of`'s, below NCLASSES.
+            self.free_grouped(class.map(|c| SizeClass::from_index(c)), ptr)
         }
     }
 
@@ -226,7 +229,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     pub(super) fn base_for_free(&self, c: usize, ptr: NonNull<u8>) -> Option<&MagCache<R>> {
         // SAFETY: `class_of` returns indices below NCLASSES.
-        let base = unsafe { self.tree.classes().get_unchecked(c) };
+        self.checked_base(unsafe { self.tree.classes().get_unchecked(c) }, ptr)
+    }
+
+    /// [`Kmem::base_for_free`] of a class whose base cache is `base`.
+    #[inline(always)]
+    fn checked_base<'a>(&self, base: &'a MagCache<R>, ptr: NonNull<u8>) -> Option<&'a MagCache<R>> {
         if (cfg!(debug_assertions) || cfg!(feature = "hardened")) && !self.is_object_of(base, ptr) {
             self.bad_free();
             return None;

@@ -156,7 +156,7 @@ const fn first_class_fitting(size: usize, align: usize) -> usize {
 #[inline(always)]
 pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
     match lut_class(size, align) {
-        Some(c) => Some(c),
+        Some(c) => Some(c.index()),
         None => class_of_large(size, align),
     }
 }
@@ -164,20 +164,94 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
 /// [`class_of`] of the requests its one table serves, `0 < size` and
 /// `size` rounded up to `align` at most [`LUT_MAX`] (`None` for the
 /// others, which [`class_of_large`] takes): for the fast paths, which send
-/// the rest out of line whole.
+/// the rest out of line whole. The class comes as its table row, from
+/// which a fast path reads the index ([`SizeClass::index`]) where it needs
+/// that, and the base cache's place ([`SizeClass::offset_in`]) where it
+/// needs the cache, each with one load.
 #[inline(always)]
-pub(crate) fn lut_class(size: usize, align: usize) -> Option<usize> {
+pub(crate) fn lut_class(size: usize, align: usize) -> Option<SizeClass> {
     // `size` rounded up to `align` (a power of two), less one: no add, so
     // nothing overflows; a zero size wraps to all ones, and an alignment
     // above the table sets a bit past it, so one test sends both away (an
     // earlier test shifted the alignment left, which overflowed to zero
     // for 2^56 and up: the fuzzer found it).
     let last = size.wrapping_sub(1) | align.wrapping_sub(1);
-    if last < LUT_MAX {
-        // SAFETY: `last < LUT_MAX`, so the row is below `LUT_MAX / 4`.
-        return Some(*unsafe { at(&LUT, last >> 2) } as usize);
+    if last < LUT_MAX { Some(SizeClass(Found::Row(last >> 2))) } else { None }
+}
+
+/// A size class as a lookup found it (invariant: a row below
+/// `LUT_MAX / 4`, or an index below [`NCLASSES`]).
+///
+/// Passed down the fast paths unevaluated, so that each branch loads what
+/// it uses: the plain one the cache's offset, the moded one the index.
+/// (Evaluated at the lookup, both loads ran before the mode test, LLVM
+/// having no reason to sink them.)
+#[derive(Clone, Copy)]
+pub(crate) struct SizeClass(Found);
+
+#[derive(Clone, Copy)]
+enum Found {
+    /// A row of [`LUT`].
+    Row(usize),
+    /// A class index.
+    Index(usize),
+}
+
+impl SizeClass {
+    /// Class `c`.
+    ///
+    /// # Safety
+    ///
+    /// `c < NCLASSES`.
+    #[inline(always)]
+    pub(crate) unsafe fn from_index(c: usize) -> SizeClass {
+        debug_assert!(c < NCLASSES);
+        SizeClass(Found::Index(c))
     }
-    None
+
+    /// The class's index.
+    #[inline(always)]
+    pub(crate) fn index(self) -> usize {
+        match self.0 {
+            // SAFETY: a row is below `LUT_MAX / 4` (see the type).
+            Found::Row(r) => *unsafe { at(&LUT, r) } as usize,
+            Found::Index(c) => c,
+        }
+    }
+
+    /// The byte offset of the class in an array of one `T` per class
+    /// (below `NCLASSES * size_of::<T>()`): for a row, read from a table
+    /// of them, so a fast path finds the class's cache with one load and
+    /// no multiply.
+    #[inline(always)]
+    pub(crate) fn offset_in<T>(self) -> usize {
+        match self.0 {
+            Found::Row(r) => {
+                let table: &'static [u32; LUT_MAX / 4] = &Offsets::<T>::TABLE;
+                // SAFETY: a row is below `LUT_MAX / 4` (see the type).
+                *unsafe { at(table, r) } as usize
+            }
+            Found::Index(c) => c * core::mem::size_of::<T>(),
+        }
+    }
+}
+
+/// [`LUT`] as byte offsets in an array of one `T` per class (see
+/// [`SizeClass::offset_in`]): 4 KiB for each `T` it is used with (one, the
+/// base caches' type of an allocator).
+struct Offsets<T>(core::marker::PhantomData<T>);
+
+impl<T> Offsets<T> {
+    const TABLE: [u32; LUT_MAX / 4] = {
+        assert!(core::mem::size_of::<T>() * NCLASSES <= u32::MAX as usize);
+        let mut t = [0u32; LUT_MAX / 4];
+        let mut i = 0;
+        while i < t.len() {
+            t[i] = (LUT[i] as usize * core::mem::size_of::<T>()) as u32;
+            i += 1;
+        }
+        t
+    };
 }
 
 /// [`class_of`] for requests above [`LUT_MAX`] or aligned above 8.

@@ -7,7 +7,7 @@ use crate::PAGE_SIZE;
 use crate::heap::Kmem;
 use crate::platform::{DefaultRawMutex, PageSource};
 use crate::platform::{Region, SourceStats};
-use crate::slab::classes::{CLASS_SIZES, GEOMETRIES, MAX_CLASS_SIZE, NCLASSES, class_of};
+use crate::slab::classes::{CLASS_SIZES, GEOMETRIES, MAX_CLASS_SIZE, NCLASSES, SizeClass, class_of, lut_class};
 use crate::testutil::{Rng, arena, scaled};
 use core::ptr::NonNull;
 
@@ -36,6 +36,36 @@ fn huge_alignments_get_no_class() {
         for size in [1, 8, 64, 4096, 16384] {
             assert_eq!(class_of(size, 1 << shift), None, "size {size}, align 2^{shift}");
         }
+    }
+}
+
+/// The fast paths find a class's cache through a table of byte offsets
+/// (`SizeClass::offset_in`, `Tree::class_cache`): for every size and
+/// alignment the one-table lookup serves, that is the cache `class_of`
+/// names, and for every class index too.
+#[test]
+fn class_caches_by_offset_are_the_classes_caches() {
+    let k = RKmem::new(Region::new());
+    let classes = k.tree().classes();
+    for shift in 0..=12 {
+        let align = 1usize << shift;
+        for size in 1..=4096usize {
+            let Some(c) = lut_class(size, align) else {
+                assert!(size.next_multiple_of(align) > 4096);
+                continue;
+            };
+            assert_eq!(Some(c.index()), class_of(size, align));
+            assert!(
+                core::ptr::eq(k.tree().class_cache(c), classes.get(c.index()).unwrap()),
+                "size {size} align {align}"
+            );
+        }
+    }
+    for i in 0..NCLASSES {
+        // SAFETY: `i < NCLASSES`.
+        let c = unsafe { SizeClass::from_index(i) };
+        // SAFETY: as above.
+        assert!(core::ptr::eq(k.tree().class_cache(c), unsafe { classes.get_unchecked(i) }));
     }
 }
 

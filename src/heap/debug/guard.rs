@@ -9,7 +9,7 @@ use crate::cgroup::{Group, mode};
 use crate::heap::{Kmem, hardened_on_free};
 use crate::page::pages_for;
 use crate::platform::{PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, report_abort};
-use crate::slab::classes::class_of;
+use crate::slab::classes::{SizeClass, class_of};
 use crate::sync::Ordering;
 
 /// Sampling alone at one allocation in this many or fewer counts slow
@@ -196,8 +196,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// As for `Kmem::free_raw`.
     #[inline(never)]
     unsafe fn free_unsampled_grouped(&self, class: Option<usize>, ptr: NonNull<u8>) {
-        // SAFETY: forwarded.
-        unsafe { self.free_grouped(class, ptr) }
+        // SAFETY: forwarded; `class` is `class_of`'s, below NCLASSES.
+        unsafe { self.free_grouped(class.map(|c| SizeClass::from_index(c)), ptr) }
     }
 
     /// Whether allocation and free sites are recorded (for sampled

@@ -15,7 +15,7 @@ use crate::heap::{Kmem, hardened_on_free};
 use crate::magazine::MagCache;
 use crate::page::pages_for;
 use crate::platform::{PAGE_SIZE, PageSource, Platform, report_abort};
-use crate::slab::classes::{GEOMETRIES, class_of};
+use crate::slab::classes::{GEOMETRIES, SizeClass, class_of};
 use crate::sync::{Ordering, word_store_shared};
 
 impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
@@ -187,8 +187,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // `c` is in the base cache.
                 return unsafe { base.free(self, ptr) };
             }
-            // SAFETY: forwarded.
-            return unsafe { self.free_grouped(class, ptr) };
+            // SAFETY: forwarded; `class` is `class_of`'s, below NCLASSES.
+            return unsafe { self.free_grouped(class.map(|c| SizeClass::from_index(c)), ptr) };
         }
         // SAFETY: forwarded.
         unsafe { self.free_checked_full(ptr, size, align) }
