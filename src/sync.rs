@@ -82,6 +82,7 @@ impl<T, const N: usize> CellArray<T, N> {
     /// # Safety
     ///
     /// `off` is `i * size_of::<T>()` for some `i < N`.
+    #[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
     #[inline(always)]
     pub(crate) unsafe fn get_at_offset(&self, off: usize) -> &T {
         // SAFETY: the offset of an element (caller); as in `get_unchecked`.

@@ -223,6 +223,7 @@ impl SizeClass {
     /// (below `NCLASSES * size_of::<T>()`): for a row, read from a table
     /// of them, so a fast path finds the class's cache with one load and
     /// no multiply.
+    #[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
     #[inline(always)]
     pub(crate) fn offset_in<T>(self) -> usize {
         match self.0 {
@@ -239,6 +240,7 @@ impl SizeClass {
 /// [`LUT`] as byte offsets in an array of one `T` per class (see
 /// [`SizeClass::offset_in`]): 4 KiB for each `T` it is used with (one, the
 /// base caches' type of an allocator).
+#[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
 struct Offsets<T>(core::marker::PhantomData<T>);
 
 impl<T> Offsets<T> {
