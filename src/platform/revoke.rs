@@ -21,7 +21,7 @@
 //!
 //! | value | meaning | written by |
 //! | --- | --- | --- |
-//! | `s < MAX_CPUS` | armed: the fast path holds slot `s` without counting | the holder ([`Revoker::arm`]) |
+//! | [`armed`]`(s)`, `s < MAX_CPUS` | armed: the fast path holds slot `s` without counting | the holder ([`Revoker::arm`]) |
 //! | [`counting`]`(s, ticks)` | counting: `ticks` more fast-path holds, each counted down | the holder; a revoker, from `s` only |
 //! | [`NONE`] | no fast path (no slot, or no membarrier) | the holder |
 //!
@@ -45,18 +45,53 @@ use crate::sync::{
 
 /// The word of a thread without a fast path.
 pub(crate) const NONE: usize = usize::MAX;
-/// A counting word is `(ticks + 1) << TICK_SHIFT | slot`.
+/// A counting word is `(ticks + 1) << TICK_SHIFT | armed(slot)`.
 const TICK_SHIFT: u32 = 16;
+/// An armed word is the slot shifted by this: 32, the stride of the
+/// magazine layer's per-slot arrays, so the fast path's `slot * 32`
+/// is the word itself (see [`fast_hold`]).
+const SLOT_SHIFT: u32 = 5;
+/// Armed words are below this.
+const ARMED_END: usize = MAX_CPUS << SLOT_SHIFT;
 /// Counted holds a counting word grants between two calls of the
 /// holder's slow path: bounds how stale its operation count gets.
 pub(crate) const FAST_TICKS: usize = 4096;
 
-static_assertions::const_assert!(MAX_CPUS <= 1 << TICK_SHIFT && (FAST_TICKS + 1) < usize::MAX >> TICK_SHIFT);
+static_assertions::const_assert!(ARMED_END <= 1 << TICK_SHIFT && (FAST_TICKS + 1) < usize::MAX >> TICK_SHIFT);
+
+/// The armed word of a holder of `slot`.
+#[inline(always)]
+pub(crate) const fn armed(slot: usize) -> usize {
+    slot << SLOT_SHIFT
+}
 
 /// The word of a holder of `slot` with `ticks` counted holds left.
 #[inline(always)]
 pub(crate) const fn counting(slot: usize, ticks: usize) -> usize {
-    ((ticks + 1) << TICK_SHIFT) | slot
+    ((ticks + 1) << TICK_SHIFT) | armed(slot)
+}
+
+/// The slot of an armed word `v`, else `None`.
+#[inline(always)]
+pub(crate) fn armed_slot(v: usize) -> Option<usize> {
+    if v < ARMED_END { Some(v >> SLOT_SHIFT) } else { None }
+}
+
+/// The fast path's hold for `word`, its holder's: the slot while armed,
+/// a counted hold while ticks last, else `None`. Only the word's holder
+/// calls it.
+#[inline(always)]
+pub(crate) fn fast_hold(word: &AtomicUsize) -> Option<usize> {
+    // Relaxed: the word only ever names its holder's own slot, or none.
+    let v = word.load(Ordering::Relaxed);
+    let a = if v < ARMED_END { v } else { counted(word, v)? };
+    // SAFETY: `a` is `armed(s)` for a slot `s`: an armed word (only `arm`
+    // stores one, and revokers only switch one to counting) or what
+    // `counted` returns. Told to the compiler after both paths meet,
+    // `slot * 32`, the magazine layer's offset of the slot's entries,
+    // folds into `a` itself: no shift on the fast path.
+    unsafe { core::hint::assert_unchecked(a % (1 << SLOT_SHIFT) == 0 && a < ARMED_END) };
+    Some(a >> SLOT_SHIFT)
 }
 
 /// The holds a counting word `v` (not [`NONE`]) granted out of
@@ -67,13 +102,13 @@ pub(crate) const fn ticks_used(v: usize) -> usize {
 }
 
 /// The fast path's hold for its word `v`, which was not armed: a counted
-/// hold while ticks last (the word counted down), else `None`. Inline,
-/// but off the armed path: a call there would make every allocation
-/// entry point set up a stack frame.
+/// hold while ticks last (the word counted down), as the slot's armed
+/// word ([`armed`]), else `None`. Inline, but off the armed path: a call
+/// there would make every allocation entry point set up a stack frame.
 ///
 /// Only the word's holder calls it (nobody else writes a counting word).
 #[inline(always)]
-pub(crate) fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
+fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
     if v == NONE || v >> TICK_SHIFT <= 1 {
         return None;
     }
@@ -202,9 +237,10 @@ impl Revoker {
             if let Some(word) = unsafe { word.as_ref() } {
                 // Relaxed: the fence above orders it. Only an armed word
                 // changes: the holder alone writes the others.
-                if word.load(Ordering::Relaxed) == slot {
+                let armed = armed(slot);
+                if word.load(Ordering::Relaxed) == armed {
                     let _ =
-                        word.compare_exchange(slot, counting(slot, FAST_TICKS), Ordering::Relaxed, Ordering::Relaxed);
+                        word.compare_exchange(armed, counting(slot, FAST_TICKS), Ordering::Relaxed, Ordering::Relaxed);
                 }
             }
             self.revoking[slot].store(false, Ordering::Release);
@@ -222,7 +258,7 @@ impl Revoker {
         // Store, fence, load (Dekker with `revoke_all`): a revoker raising
         // the flag now either sees this store and the publication before
         // it (and switches the word) or is seen here.
-        word.store(slot, Ordering::Relaxed);
+        word.store(armed(slot), Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if self.contended.load(Ordering::Relaxed) {
             word.store(counting(slot, FAST_TICKS), Ordering::Relaxed);

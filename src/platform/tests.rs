@@ -671,3 +671,28 @@ fn rseq_lock_words_follow_holds_and_steals() {
     }
     p.heavy_barrier();
 }
+
+/// `Threads`' fast-path word (`revoke`): an armed word is its slot times
+/// 32 and holds it; a counting word holds its slot while ticks last,
+/// counting one down per hold; `NONE` holds nothing.
+#[cfg(feature = "std")]
+#[test]
+fn fast_words_hold_their_slots() {
+    use crate::sync::{AtomicUsize, Ordering};
+    use revoke::{FAST_TICKS, NONE, armed, counting, fast_hold};
+    for slot in 0..MAX_CPUS {
+        assert_eq!(armed(slot), slot * 32);
+        let word = AtomicUsize::new(armed(slot));
+        assert_eq!(fast_hold(&word), Some(slot));
+        assert_eq!(word.load(Ordering::Relaxed), armed(slot), "an armed hold stores nothing");
+        let word = AtomicUsize::new(counting(slot, 2));
+        assert_eq!(fast_hold(&word), Some(slot));
+        assert_eq!(word.load(Ordering::Relaxed), counting(slot, 1));
+        assert_eq!(fast_hold(&word), Some(slot));
+        assert_eq!(word.load(Ordering::Relaxed), counting(slot, 0));
+        assert_eq!(fast_hold(&word), None, "out of ticks");
+        let word = AtomicUsize::new(counting(slot, FAST_TICKS));
+        assert_eq!(fast_hold(&word), Some(slot));
+    }
+    assert_eq!(fast_hold(&AtomicUsize::new(NONE)), None);
+}

@@ -74,7 +74,9 @@
 //! * **Counting only under contention.** Counting is a store on every
 //!   operation, and a store-then-reload dependency on the next one (about
 //!   1.4 ns a pair), so holders count only while slots are short. A
-//!   holder's fast path is *armed* while its `FAST` word is its slot:
+//!   holder's fast path is *armed* while its `FAST` word is its slot
+//!   times 32 (`armed(s)`, the byte offset of the slot's entries in the
+//!   magazine layer's arrays, so the fast path has no shift to make):
 //!   `try_enter` then only loads it. The first thread turned away raises
 //!   `CONTENDED` and *revokes* every armed holder: it switches each one's
 //!   `FAST` (whose address the holder publishes in `OWNER[s]`) to
@@ -121,7 +123,7 @@
 //!
 //! | state | `SLOT` | `FAST` | `OWNER[s]` | key value | `CLAIMED[s]` |
 //! | --- | --- | --- | --- | --- | --- |
-//! | holds `s`, fast path armed (asymmetric only) | `s` | `s` | `&FAST` | `s + 1` | `true` |
+//! | holds `s`, fast path armed (asymmetric only) | `s` | `armed(s)` | `&FAST` | `s + 1` | `true` |
 //! | holds `s`, counting (asymmetric only) | `s` | `counting(s, ticks)` | `&FAST` | `s + 1` | `true` |
 //! | holds `s`, no membarrier | `s` | `NONE` | null | `s + 1` | `true` |
 //! | no slot | `NONE` | `NONE` | — | null | — |
@@ -150,7 +152,7 @@ use core::mem::size_of;
 use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform, cpu_for_slot, slot_for_cpu};
-use super::revoke::{self, FAST_TICKS, Revoker, counting, ticks_used};
+use super::revoke::{self, FAST_TICKS, Revoker, armed_slot, counting, ticks_used};
 use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering, atomic_bool, atomic_u8, atomic_usize};
 
 /// `SLOT` of a thread without a slot; also "never" for epochs; and the
@@ -450,7 +452,7 @@ impl Threads {
         let mut used = 1;
         if fast {
             let v = FAST.with(|f| f.load(Ordering::Relaxed));
-            if v < MAX_CPUS {
+            if armed_slot(v).is_some() {
                 return Some(slot);
             }
             // Counting: the holds `try_enter` granted, and this one.
@@ -688,10 +690,7 @@ unsafe impl Platform for Threads {
     unsafe fn try_enter(&self) -> Option<usize> {
         // Relaxed: the word only ever names this thread's own slot, or
         // none (see the atomics table).
-        FAST.with(|f| {
-            let v = f.load(Ordering::Relaxed);
-            if v < MAX_CPUS { Some(v) } else { revoke::counted(f, v) }
-        })
+        FAST.with(revoke::fast_hold)
     }
 
     #[inline(always)]
