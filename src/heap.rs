@@ -43,6 +43,7 @@ use crate::magazine::{Env, MAGAZINE_GEOMETRY, MagCache, Slots};
 pub(crate) use crate::platform::hardened_abort;
 use crate::platform::{DefaultPlatform, DefaultRawMutex, DefaultSource, PAGE_SIZE, PageSource, Platform};
 use crate::slab::Cache;
+use crate::slab::classes::SizeClass;
 use crate::sync::{AtomicPtr, AtomicUsize, OneCell, Ordering, Stat};
 
 /// The allocator: size-class caches, a page path for large objects and named
@@ -409,6 +410,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub fn platform(&self) -> &P {
         &self.platform
     }
+    /// The base cache of size class `c`: for a class found by the
+    /// one-table lookup, one load of its offset in the `Kmem` (no load of
+    /// the class index, no multiply, no add of the tree's offset).
+    #[inline(always)]
+    pub(crate) fn cache_of(&self, c: SizeClass) -> &MagCache<R> {
+        #[cfg(not(any(loom, all(miri, feature = "std"))))]
+        // SAFETY: the caches are inline in the tree here, and `offset_in`
+        // gives the offset of class `c`'s (below NCLASSES) in `Self` (its
+        // `ClassArray`): a `MagCache<R>` inside `*self`, in the classes'
+        // `CellArray`, of which only shared references are ever made.
+        return unsafe { &*core::ptr::from_ref(self).cast::<u8>().add(c.offset_in::<Self>()).cast::<MagCache<R>>() };
+        #[cfg(any(loom, all(miri, feature = "std")))]
+        // SAFETY: a class index is below NCLASSES.
+        return unsafe { self.tree.classes().get_unchecked(c.index()) };
+    }
 
     /// The group tree, for the handles and reports: checked with
     /// [`Kmem::settle`] (the allocation paths read the field itself).
@@ -685,4 +701,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     fn deferred_settled(&self) -> bool {
         self.quarantine_settled()
     }
+}
+
+/// Where the size classes' caches are in a `Kmem` (inline in its tree;
+/// see `Tree`'s `ClassArray`), for [`Kmem::cache_of`].
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
+impl<S: PageSource, R: RawMutex, P: Platform> crate::slab::classes::ClassArray for Kmem<S, R, P> {
+    const BASE: usize = core::mem::offset_of!(Self, tree) + <Tree<R> as crate::slab::classes::ClassArray>::BASE;
+    const STRIDE: usize = <Tree<R> as crate::slab::classes::ClassArray>::STRIDE;
 }

@@ -77,18 +77,6 @@ impl<T, const N: usize> CellArray<T, N> {
         unsafe { &*self.0.get().cast::<T>().add(i) }
     }
 
-    /// The element `off` bytes into the array.
-    ///
-    /// # Safety
-    ///
-    /// `off` is `i * size_of::<T>()` for some `i < N`.
-    #[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
-    #[inline(always)]
-    pub(crate) unsafe fn get_at_offset(&self, off: usize) -> &T {
-        // SAFETY: the offset of an element (caller); as in `get_unchecked`.
-        unsafe { &*self.0.get().cast::<u8>().add(off).cast::<T>() }
-    }
-
     /// The first element's address (the array's): for `Rseq`'s sections,
     /// built on x86_64 Linux with `std` only.
     #[allow(dead_code)] // unused where `Rseq` is not built

@@ -32,7 +32,6 @@ use crate::slab::Cache;
 #[cfg(not(all(miri, feature = "std", not(loom))))]
 use crate::slab::classes::GEOMETRIES;
 use crate::slab::classes::NCLASSES;
-use crate::slab::classes::SizeClass;
 use crate::sync::{
     AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, Ordering, atomic_null, atomic_u32, atomic_usize,
     loom_const_fn, repeat,
@@ -208,6 +207,16 @@ loom_const_fn! {
     }
 }
 
+/// Where the size classes' caches are when they are inline in the tree
+/// (not under loom, nor under Miri with `std`): for
+/// [`SizeClass::offset_in`](crate::slab::classes::SizeClass::offset_in).
+#[cfg(not(any(loom, all(miri, feature = "std"))))]
+impl<R: RawMutex> crate::slab::classes::ClassArray for Tree<R> {
+    // `CellArray` is a transparent cell around the array.
+    const BASE: usize = core::mem::offset_of!(Tree<R>, classes);
+    const STRIDE: usize = core::mem::size_of::<MagCache<R>>();
+}
+
 impl<R: RawMutex> Tree<R> {
     loom_const_fn! {
         /// A tree with only its root; nothing is allocated until first use.
@@ -261,19 +270,6 @@ impl<R: RawMutex> Tree<R> {
     #[inline(always)]
     pub(crate) fn classes(&self) -> &ClassesRef<R> {
         &self.classes
-    }
-
-    /// The cache of size class `c`: for a class found by the one-table
-    /// lookup, a load of its byte offset and no multiply.
-    #[inline(always)]
-    pub(crate) fn class_cache(&self, c: SizeClass) -> &MagCache<R> {
-        #[cfg(not(all(miri, feature = "std", not(loom))))]
-        // SAFETY: the offset of a class (below NCLASSES) in an array of
-        // `MagCache<R>`s, which `classes` is.
-        return unsafe { self.classes.get_at_offset(c.offset_in::<MagCache<R>>()) };
-        #[cfg(all(miri, feature = "std", not(loom)))]
-        // SAFETY: a class index is below NCLASSES.
-        return unsafe { self.classes.get_unchecked(c.index()) };
     }
 
     /// Caps the slab order of the size classes and of the metadata caches

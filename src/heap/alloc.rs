@@ -282,7 +282,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 }
             };
         }
-        let base = self.tree.class_cache(c);
+        let base = self.cache_of(c);
         let p = match base.alloc_fast(self) {
             Some(p) => p,
             None if NOUNWIND => self.no_unwind_slow(base)?,

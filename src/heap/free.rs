@@ -67,7 +67,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: forwarded.
             return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
         }
-        let Some(base) = self.checked_base(self.tree.class_cache(c), ptr) else { return };
+        let Some(base) = self.checked_base(self.cache_of(c), ptr) else { return };
         hardened_on_free(base, ptr);
         // SAFETY: with no groups, every object of class `c` is in the base
         // cache.
@@ -157,7 +157,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(super) unsafe fn free_grouped(&self, class: Option<SizeClass>, ptr: NonNull<u8>) {
         match class {
             Some(c) => {
-                let Some(base) = self.checked_base(self.tree.class_cache(c), ptr) else { return };
+                let Some(base) = self.checked_base(self.cache_of(c), ptr) else { return };
                 // SAFETY: forwarded.
                 unsafe { self.free_owned(base, ptr) }
             }

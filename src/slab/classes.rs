@@ -219,37 +219,45 @@ impl SizeClass {
         }
     }
 
-    /// The byte offset of the class in an array of one `T` per class
-    /// (below `NCLASSES * size_of::<T>()`): for a row, read from a table
-    /// of them, so a fast path finds the class's cache with one load and
-    /// no multiply.
+    /// The byte offset of the class's item in `A` (see [`ClassArray`]):
+    /// for a row, read from a table of them, so a fast path finds the
+    /// class's cache with one load and no multiply.
     #[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
     #[inline(always)]
-    pub(crate) fn offset_in<T>(self) -> usize {
+    pub(crate) fn offset_in<A: ClassArray>(self) -> usize {
         match self.0 {
             Found::Row(r) => {
-                let table: &'static [u32; LUT_MAX / 4] = &Offsets::<T>::TABLE;
+                let table: &'static [u32; LUT_MAX / 4] = &Offsets::<A>::TABLE;
                 // SAFETY: a row is below `LUT_MAX / 4` (see the type).
                 *unsafe { at(table, r) } as usize
             }
-            Found::Index(c) => c * core::mem::size_of::<T>(),
+            Found::Index(c) => A::BASE + c * A::STRIDE,
         }
     }
 }
 
-/// [`LUT`] as byte offsets in an array of one `T` per class (see
-/// [`SizeClass::offset_in`]): 4 KiB for each `T` it is used with (one, the
-/// base caches' type of an allocator).
-#[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
-struct Offsets<T>(core::marker::PhantomData<T>);
+/// Where something holds one item per size class, in class order: `BASE`
+/// bytes from its start to the first, `STRIDE` bytes from one to the next
+/// (for [`SizeClass::offset_in`]).
+pub(crate) trait ClassArray {
+    /// The first item's offset.
+    const BASE: usize;
+    /// The items' size.
+    const STRIDE: usize;
+}
 
-impl<T> Offsets<T> {
+/// [`LUT`] as byte offsets of the classes' items in `A` (see
+/// [`SizeClass::offset_in`]): 4 KiB for each `A` it is used with.
+#[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
+struct Offsets<A>(core::marker::PhantomData<A>);
+
+impl<A: ClassArray> Offsets<A> {
     const TABLE: [u32; LUT_MAX / 4] = {
-        assert!(core::mem::size_of::<T>() * NCLASSES <= u32::MAX as usize);
+        assert!(A::BASE + A::STRIDE * NCLASSES <= u32::MAX as usize);
         let mut t = [0u32; LUT_MAX / 4];
         let mut i = 0;
         while i < t.len() {
-            t[i] = (LUT[i] as usize * core::mem::size_of::<T>()) as u32;
+            t[i] = (A::BASE + LUT[i] as usize * A::STRIDE) as u32;
             i += 1;
         }
         t

@@ -40,7 +40,7 @@ fn huge_alignments_get_no_class() {
 }
 
 /// The fast paths find a class's cache through a table of byte offsets
-/// (`SizeClass::offset_in`, `Tree::class_cache`): for every size and
+/// (`SizeClass::offset_in`, `Kmem::cache_of`): for every size and
 /// alignment the one-table lookup serves, that is the cache `class_of`
 /// names, and for every class index too.
 #[test]
@@ -55,17 +55,16 @@ fn class_caches_by_offset_are_the_classes_caches() {
                 continue;
             };
             assert_eq!(Some(c.index()), class_of(size, align));
-            assert!(
-                core::ptr::eq(k.tree().class_cache(c), classes.get(c.index()).unwrap()),
-                "size {size} align {align}"
-            );
+            // SAFETY: a class index is below NCLASSES.
+            let by_index = unsafe { classes.get_unchecked(c.index()) };
+            assert!(core::ptr::eq(k.cache_of(c), by_index), "size {size} align {align}");
         }
     }
     for i in 0..NCLASSES {
         // SAFETY: `i < NCLASSES`.
         let c = unsafe { SizeClass::from_index(i) };
         // SAFETY: as above.
-        assert!(core::ptr::eq(k.tree().class_cache(c), unsafe { classes.get_unchecked(i) }));
+        assert!(core::ptr::eq(k.cache_of(c), unsafe { classes.get_unchecked(i) }));
     }
 }
 
