@@ -98,7 +98,8 @@ pub(crate) use slots::Slots;
 pub(crate) use stock::{Stock, Stocks};
 
 static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
-// One shift of the slot indexes a cache's per-slot magazines, the slot's
+// One shift of the slot (none on `Threads`, whose fast-path word is the
+// slot times 32) indexes a cache's per-slot magazines, the slot's
 // handshake state and its byte stock alike (see `SlotSync`): their strides
 // must stay equal. (Loom's atomics are larger; its models do not count
 // instructions.)

@@ -19,7 +19,8 @@ const USED: u8 = 2;
 ///
 /// 32 bytes, as a cache's per-slot magazines (`CpuMags`) are: one shift of
 /// the slot indexes both arrays on the fast path (with 128-byte entries it
-/// took two shifts and a move). Two slots share a cache line, `2k` with
+/// took two shifts and a move), and on `Threads` none, its fast-path word
+/// being the slot times 32 already (`revoke::armed`). Two slots share a cache line, `2k` with
 /// `2k + 1`, as their magazines do, and [`slot_for_cpu`] keeps CPUs that
 /// run at once apart the same way.
 ///

@@ -38,8 +38,8 @@ impl Stock {
 }
 
 /// One slot's stock cell: 32 bytes, as the slot's handshake state and its
-/// magazines are (see `SlotSync`), so one shift of the slot indexes all
-/// three on a grouped fast path.
+/// magazines are (see `SlotSync`), so one shift of the slot (none on
+/// `Threads`) indexes all three on a grouped fast path.
 #[repr(C, align(32))]
 struct StockCell(UnsafeCell<Stock>);
 
