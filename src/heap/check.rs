@@ -53,9 +53,22 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let mut root_own = 0;
         t.root_caches(&mut |c| root_own += c.cache.stats().pages);
         // Object pages of each group's subtree: they stop below the root.
+        // Over every group whose parents lead to `g`, not a walk of the
+        // child lists: a removed group leaves its parent's list but stays,
+        // charged, while its objects live (a walk missed a removed
+        // grandchild's pages: review finding).
         let obj_subtree = |g: &Group<R>| {
             let mut n = 0;
-            g.walk_subtree(|x| n += t.obj_pages(x));
+            t.for_each_group(|x| {
+                let mut up = Some(x);
+                while let Some(y) = up {
+                    if core::ptr::eq(y, g) {
+                        n += t.obj_pages(x);
+                        break;
+                    }
+                    up = y.parent();
+                }
+            });
             n
         };
         // Large pages charged to the root itself: all minus the groups'.
