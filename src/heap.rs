@@ -351,29 +351,11 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
-    /// The tree, to set up (`const`, before the allocator is shared).
-    #[cfg(not(any(loom, all(miri, feature = "std"))))]
-    const fn tree_mut(&mut self) -> &mut Tree<R> {
-        &mut self.tree.get_mut().0
-    }
-
-    /// The tree, to set up (`const`, before the allocator is shared).
-    #[cfg(all(miri, feature = "std", not(loom)))]
-    const fn tree_mut(&mut self) -> &mut Tree<R> {
-        self.tree.get_mut().template_mut()
-    }
-
-    /// The tree, to set up.
-    #[cfg(loom)]
-    fn tree_mut(&mut self) -> &mut Tree<R> {
-        self.tree.get_mut()
-    }
-
     crate::sync::loom_const_fn! {
         /// With `std`: read `KMEMCG_DEBUG` at the first allocation.
         fn reading_env(mut self) -> Self {
             if cfg!(all(feature = "std", not(loom))) {
-                self.tree_mut().mode = crate::sync::atomic_usize(mode::ENV);
+                self.slots.set_initial_mode(mode::ENV);
             }
             self
         }
@@ -383,7 +365,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// injection, or the environment still to read).
     #[inline(always)]
     pub(crate) fn special(&self) -> bool {
-        self.tree.mode() & SPECIAL != 0
+        self.slots.mode() & SPECIAL != 0
     }
 
     /// The mode word, for a caller that tests it more than once (atomic
@@ -391,7 +373,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`Kmem::current_in`].
     #[inline(always)]
     pub(crate) fn alloc_mode(&self) -> usize {
-        self.tree.mode()
+        self.slots.mode()
     }
 
     /// Whether detection is on (after reading the environment): sampling
@@ -410,6 +392,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub fn platform(&self) -> &P {
         &self.platform
     }
+    /// The slots' handshake state and the mode word (for the handle layer,
+    /// which sets mode bits through the tree).
+    #[inline(always)]
+    pub(crate) fn slots_ref(&self) -> &Slots {
+        &self.slots
+    }
+
     /// The base cache of size class `c`: for a class found by the
     /// one-table lookup, one load of its offset in the `Kmem` (no load of
     /// the class index, no multiply, no add of the tree's offset).
@@ -540,7 +529,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// a token that belongs to another allocator).
     #[inline]
     pub(crate) fn current(&self) -> *const Group<R> {
-        self.current_in(self.tree.mode())
+        self.current_in(self.slots.mode())
     }
 
     /// [`Kmem::current`] under mode word `m` ([`Kmem::alloc_mode`]).
@@ -691,7 +680,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Env<R> for Kmem<S, R, P> {
     /// The quarantine holds freed objects, charged, in their slabs: reclaim
     /// and cache destruction empty it first (issue 26, items 7 and 8).
     fn flush_deferred(&self) {
-        if self.tree.mode() & mode::DEBUG != 0 || self.sampling() {
+        if self.slots.mode() & mode::DEBUG != 0 || self.sampling() {
             self.flush_quarantine();
         }
     }

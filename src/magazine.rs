@@ -94,7 +94,7 @@ use cpu_mags::{CpuMags, Spilled};
 use depot::Depot;
 pub(crate) use drain::{drain_many, reap_slots};
 pub use slots::SlotStats;
-pub(crate) use slots::Slots;
+pub(crate) use slots::{DRAINS, Hold, Slots};
 pub(crate) use stock::{Stock, Stocks};
 
 static_assertions::const_assert!(MAX_CPUS <= usize::BITS as usize);
@@ -395,6 +395,19 @@ impl<R: RawMutex> MagCache<R> {
             return NonNull::new(unsafe { cpu_mags::rseq_ops::pop(f, self.cpus.as_ptr().cast()) });
         }
         let slot = cx.slots().try_hold(cx.plat())?;
+        // SAFETY: we hold `slot`.
+        unsafe { self.pop_held(cx, slot) }
+    }
+
+    /// A pop from the loaded magazine of `slot`, which the caller holds;
+    /// ends the hold.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot` (from the slot handshake, with no drain in
+    /// progress), and gives the hold up here.
+    #[inline(always)]
+    pub(crate) unsafe fn pop_held<E: Env<R>>(&self, cx: &E, slot: usize) -> Option<NonNull<u8>> {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let r = unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
@@ -410,6 +423,23 @@ impl<R: RawMutex> MagCache<R> {
     #[inline(always)]
     pub(crate) fn alloc_fast_charged<E: Env<R>>(&self, cx: &E, charge: impl FnOnce(usize) -> bool) -> ChargedPop {
         let Some(slot) = cx.slots().try_hold(cx.plat()) else { return ChargedPop::Uncharged };
+        // SAFETY: we hold `slot`.
+        unsafe { self.alloc_charged_held(cx, slot, charge) }
+    }
+
+    /// [`MagCache::alloc_fast_charged`] under the caller's hold of `slot`,
+    /// which it ends.
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::pop_held`].
+    #[inline(always)]
+    pub(crate) unsafe fn alloc_charged_held<E: Env<R>>(
+        &self,
+        cx: &E,
+        slot: usize,
+        charge: impl FnOnce(usize) -> bool,
+    ) -> ChargedPop {
         let r = if !charge(slot) {
             ChargedPop::Uncharged
         } else {
@@ -443,6 +473,25 @@ impl<R: RawMutex> MagCache<R> {
         uncharge: impl FnOnce(usize) -> bool,
     ) -> ChargedPush {
         let Some(slot) = cx.slots().try_hold(cx.plat()) else { return ChargedPush::NoSlot };
+        // SAFETY: forwarded; we hold `slot`.
+        unsafe { self.free_charged_held(cx, slot, ptr, uncharge) }
+    }
+
+    /// [`MagCache::free_fast_charged`] under the caller's hold of `slot`
+    /// (never [`ChargedPush::NoSlot`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`MagCache::free_fast_charged`]; the caller holds `slot`
+    /// (from the slot handshake, with no drain in progress).
+    #[inline(always)]
+    pub(crate) unsafe fn free_charged_held<E: Env<R>>(
+        &self,
+        cx: &E,
+        slot: usize,
+        ptr: NonNull<u8>,
+        uncharge: impl FnOnce(usize) -> bool,
+    ) -> ChargedPush {
         if !uncharge(slot) {
             return ChargedPush::Refused(slot);
         }

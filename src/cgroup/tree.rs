@@ -26,15 +26,14 @@ use crate::counter::PageCounter;
 use crate::error::{Error, Name};
 #[cfg(not(all(miri, feature = "std", not(loom))))]
 use crate::magazine::Acct;
-use crate::magazine::{MagCache, Stocks};
+use crate::magazine::{MagCache, Slots, Stocks};
 use crate::platform::{MAX_NODES, PAGE_SIZE};
 use crate::slab::Cache;
 #[cfg(not(all(miri, feature = "std", not(loom))))]
 use crate::slab::classes::GEOMETRIES;
 use crate::slab::classes::NCLASSES;
 use crate::sync::{
-    AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, Ordering, atomic_null, atomic_u32, atomic_usize,
-    loom_const_fn, repeat,
+    AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, atomic_null, atomic_u32, atomic_usize, loom_const_fn, repeat,
 };
 
 mod charged;
@@ -76,11 +75,6 @@ pub(crate) struct Tree<R: RawMutex> {
     /// Pushed with `Release` and unlinked under `lock`; iterated under a
     /// read guard.
     pub(super) all_groups: AtomicPtr<Group<R>>,
-    /// What the allocation paths must do besides the plain fast path, in
-    /// one word so that path tests it once ([`mode`]): `GROUPS` mirrors
-    /// `all_groups` (set and cleared under `lock`), the other bits belong
-    /// to the heap layer.
-    pub(crate) mode: AtomicUsize,
     /// Serialises changes to the tree, subtree reclaim, and reclamation
     /// (never taken on an allocation fast path). Holds what was unlinked
     /// but not yet freed.
@@ -127,8 +121,13 @@ pub(crate) struct Tree<R: RawMutex> {
     ids: ids::Ids,
 }
 
-/// The bits of [`Tree::mode`]. Zero: no group but the root exists and no
-/// special path is on, so an allocation takes the plain fast path.
+/// The mode bits: what the allocation paths must do besides the plain
+/// fast path, kept in the magazine layer's `Slots::word` beside the count
+/// of drains, so that a fast path tests both with one load after its
+/// handshake. Zero: no group but the root exists and no special path is
+/// on, so an allocation takes the plain fast path. `GROUPS` mirrors
+/// `Tree::all_groups` (set and cleared under the tree's lock), the other
+/// bits belong to the heap layer. All below `magazine::MODE_BITS`.
 pub(crate) mod mode {
     /// A group but the root exists (mirrors `Tree::all_groups`).
     pub(crate) const GROUPS: usize = 1;
@@ -233,7 +232,6 @@ impl<R: RawMutex> Tree<R> {
                 #[cfg(loom)]
                 classes: boxed_classes(),
                 all_groups: atomic_null(),
-                mode: atomic_usize(0),
                 lock: Mutex::const_new(R::INIT, Limbo::new()),
                 readers: atomic_usize(0),
                 zombies: atomic_null(),
@@ -293,51 +291,27 @@ impl<R: RawMutex> Tree<R> {
         (self as *const Self).cast()
     }
 
-    /// Whether no group but the root was ever created (the loom models
-    /// check it).
+    /// Whether no group but the root was ever created, as the mode bits
+    /// `slots` keeps say (the loom models check it).
     #[cfg(loom)]
-    pub(crate) fn no_groups(&self) -> bool {
-        self.mode() & mode::GROUPS == 0
-    }
-
-    /// The allocation paths' mode word (see [`mode`]); 0: the plain fast
-    /// path. `Relaxed`: `GROUPS` clear means no group but the root was
-    /// ever created, so every object of a class is in its base cache and
-    /// the fast paths skip the group lookups; a group created concurrently
-    /// is not current on this thread yet, and its caches hold no object
-    /// this thread frees without having synchronised with its creation. A
-    /// path that acts on a bit other than `GROUPS` reads
-    /// [`Tree::mode_acquire`] first.
-    #[inline(always)]
-    pub(crate) fn mode(&self) -> usize {
-        self.mode.load(Ordering::Relaxed)
-    }
-
-    /// The mode word with `Acquire`: what was written before a bit was
-    /// set with [`Tree::set_mode`] is visible.
-    #[inline]
-    pub(crate) fn mode_acquire(&self) -> usize {
-        self.mode.load(Ordering::Acquire)
-    }
-
-    /// Sets (`on`) or clears bits of the mode word, `Release`.
-    pub(crate) fn set_mode(&self, bits: usize, on: bool) {
-        if on {
-            self.mode.fetch_or(bits, Ordering::Release);
-        } else {
-            self.mode.fetch_and(!bits, Ordering::Release);
-        }
+    pub(crate) fn no_groups(&self, slots: &Slots) -> bool {
+        slots.mode() & mode::GROUPS == 0
     }
 
     /// Arms (or, `None`, disarms) fault injection for group `g`.
-    pub(crate) fn inject_faults(&self, g: &Group<R>, f: Option<super::FaultInjection>) -> Result<(), Error> {
+    pub(crate) fn inject_faults(
+        &self,
+        slots: &Slots,
+        g: &Group<R>,
+        f: Option<super::FaultInjection>,
+    ) -> Result<(), Error> {
         let _tree = self.lock.lock();
         if g.is_offline() {
             return Err(Error::Removed);
         }
         g.inject.set(f);
         if f.is_some() {
-            self.set_mode(mode::INJECT, true);
+            slots.set_mode(mode::INJECT, true);
         }
         Ok(())
     }
@@ -346,10 +320,10 @@ impl<R: RawMutex> Tree<R> {
     /// its counter and sends every allocation and free of this allocator
     /// through the heap's special paths from now on (sticky, as
     /// injection is).
-    pub(crate) fn track_bytes(&self, g: &Group<R>) {
+    pub(crate) fn track_bytes(&self, slots: &Slots, g: &Group<R>) {
         g.counter().track_bytes();
-        if self.mode() & mode::BYTES == 0 {
-            self.set_mode(mode::BYTES, true);
+        if slots.mode() & mode::BYTES == 0 {
+            slots.set_mode(mode::BYTES, true);
         }
     }
 

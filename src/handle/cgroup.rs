@@ -317,7 +317,7 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// that never call it. Objects already live when counting began are
     /// not counted (freeing them lowers the count, never below 0).
     pub fn track_bytes(&self) {
-        self.kmem.tree().track_bytes(self.g());
+        self.kmem.tree().track_bytes(self.kmem.slots_ref(), self.g());
     }
 
     /// Bytes of live objects counted in this group's subtree since
@@ -352,12 +352,12 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// replaces the rule and restarts its count. Errors:
     /// [`Error::Removed`].
     pub fn inject_faults(&self, f: FaultInjection) -> Result<(), Error> {
-        self.kmem.tree().inject_faults(self.g(), Some(f))
+        self.kmem.tree().inject_faults(self.kmem.slots_ref(), self.g(), Some(f))
     }
 
     /// Stops fault injection for this group (its count stays readable).
     pub fn stop_injecting(&self) {
-        let _ = self.kmem.tree().inject_faults(self.g(), None);
+        let _ = self.kmem.tree().inject_faults(self.kmem.slots_ref(), self.g(), None);
     }
 
     /// Allocations fault injection failed in this group.

@@ -9,7 +9,7 @@ use super::{FreeOnUnwind, Kmem, NoUnwind, SPECIAL, hardened_on_alloc};
 use crate::cgroup::{Group, mode};
 use crate::counter::PageCounter;
 use crate::error::Error;
-use crate::magazine::{Acct, ChargedPop, MagCache};
+use crate::magazine::{Acct, ChargedPop, DRAINS, Hold, MagCache};
 use crate::platform::{PageSource, Platform};
 use crate::slab::classes::{SizeClass, class_of, class_of_large, lut_class};
 use crate::sync::{word_load, word_store};
@@ -82,12 +82,107 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         r
     }
 
-    /// An allocation for the current group: one test of the mode word
-    /// takes the plain path (no groups, no detection, no injection).
-    /// `NOUNWIND`: for `GlobalAlloc` (see [`Kmem::no_unwind_special`]).
+    /// An allocation for the current group. `NOUNWIND`: for `GlobalAlloc`
+    /// (see [`Kmem::no_unwind_special`]).
+    ///
+    /// The class's cache first, then the slot's handshake, whose one load
+    /// of the word (`Slots::try_hold_checked`) tells the mode and the
+    /// drains together: clear, the plain pop; `GROUPS` alone (besides
+    /// `DEBUG`, which an allocation ignores while no sample is due), the
+    /// grouped path under the same hold. Everything else (detection,
+    /// injection, a drain, no fast slot, sizes past the table, platforms
+    /// whose slots are locks) takes [`Kmem::alloc_current_moded`], which
+    /// reads the mode word first, as every allocation did before the word
+    /// held the drains.
     #[inline(always)]
     pub(super) fn alloc_current<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        let m = self.tree.mode();
+        // Where slots are locks (`PerCpu`, `NoCpus`, `Rseq`), the mode word
+        // first: their holds make no handshake whose load could tell it
+        // (after the lock, the same test cost 2 to 3 instructions more).
+        if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {
+            return self.alloc_current_moded::<NOUNWIND>(size, align);
+        }
+        let Some(c) = lut_class(size, align) else { return Self::alloc_current_out::<NOUNWIND>(size, align, self) };
+        let base = self.cache_of(c);
+        let slot = match self.slots.try_hold_checked(&self.platform, !mode::DEBUG) {
+            Hold::Clear(slot) => slot,
+            Hold::Flagged(slot, w) => return self.alloc_flagged::<NOUNWIND>(slot, w, c, base, size, align),
+            Hold::None => return Self::alloc_current_out::<NOUNWIND>(size, align, self),
+        };
+        // SAFETY: we hold `slot`, with no drain in progress.
+        let p = match unsafe { base.pop_held(self, slot) } {
+            Some(p) => p,
+            None if NOUNWIND => self.no_unwind_slow(base)?,
+            None => self.alloc_slow_opt(base)?,
+        };
+        hardened_on_alloc(base, p);
+        Some(p)
+    }
+
+    /// [`Kmem::alloc_current`] once its handshake read word `w` with a
+    /// bit besides `DEBUG` set, holding `slot`: with `GROUPS` the only
+    /// one, the current group's object under this hold; else the hold
+    /// ends and [`Kmem::alloc_current_moded`] takes the request.
+    #[inline(always)]
+    fn alloc_flagged<const NOUNWIND: bool>(
+        &self,
+        slot: usize,
+        w: usize,
+        c: SizeClass,
+        base: &MagCache<R>,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
+        if w & (DRAINS | SPECIAL) != 0 {
+            self.slots.unhold(&self.platform, slot);
+            return Self::alloc_current_out::<NOUNWIND>(size, align, self);
+        }
+        let g = if self.platform.in_interrupt() {
+            // Interrupt context charges the root, not the interrupted task.
+            core::ptr::null()
+        } else {
+            self.tree.charged_for(self.platform.current_group())
+        };
+        // SAFETY: `charged_for` gives null or a live group of this
+        // allocator.
+        let Some(g) = (unsafe { g.as_ref() }) else {
+            // The root's object, as on the plain path, under this hold.
+            // SAFETY: we hold `slot`, with no drain in progress (`w`).
+            let p = match unsafe { base.pop_held(self, slot) } {
+                Some(p) => p,
+                None if NOUNWIND => self.no_unwind_slow(base)?,
+                None => self.alloc_slow_opt(base)?,
+            };
+            hardened_on_alloc(base, p);
+            return Some(p);
+        };
+        let c = c.index();
+        match self.tree.class_charged(c) {
+            // SAFETY: as above.
+            Some(charged) => unsafe { self.alloc_charged_in::<NOUNWIND>(g, charged, slot) },
+            None => {
+                self.slots.unhold(&self.platform, slot);
+                // SAFETY: `c` is below NCLASSES (a class's index).
+                let base = unsafe { self.tree.classes().get_unchecked(c) };
+                if NOUNWIND { self.no_unwind_new_charged(g, c, base) } else { self.alloc_in_new_charged(g, c, base) }
+            }
+        }
+    }
+
+    /// [`Kmem::alloc_current_moded`] out of line, with the request's size
+    /// and alignment first, in the registers a `GlobalAlloc::alloc` call
+    /// brought them in.
+    #[inline(never)]
+    fn alloc_current_out<const NOUNWIND: bool>(size: usize, align: usize, this: &Self) -> Option<NonNull<u8>> {
+        this.alloc_current_moded::<NOUNWIND>(size, align)
+    }
+
+    /// An allocation for the current group that reads the mode word before
+    /// anything else: one test of it takes the plain path (no groups, no
+    /// detection, no injection).
+    #[inline(always)]
+    fn alloc_current_moded<const NOUNWIND: bool>(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let m = self.slots.mode();
         // `DEBUG` alone: sampling with no sample due, as plain.
         if m & !mode::DEBUG == 0 {
             // A path of its own: merged with the grouped one, the null
@@ -134,7 +229,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// injection included.
     #[inline(always)]
     pub(super) fn alloc_for(&self, g: *const Group<R>, size: usize, align: usize) -> Option<NonNull<u8>> {
-        if self.tree.mode() & SPECIAL != 0 {
+        if self.slots.mode() & SPECIAL != 0 {
             return self.alloc_special(g, size, align, true);
         }
         self.alloc_pow2::<false>(g, size, align)
@@ -303,6 +398,34 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
         let p = match charged.alloc_fast_charged(self, |slot| unsafe { self.tree.stock_take_at(slot, g, n) }) {
+            ChargedPop::Hit(p) => p,
+            ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged(g, charged, true),
+            ChargedPop::Charged => return self.charged_refill(g, charged).ok(),
+            ChargedPop::Uncharged if NOUNWIND => return self.no_unwind_charged(g, charged, false),
+            ChargedPop::Uncharged => return self.alloc_charged_slow(g, charged).ok(),
+        };
+        // SAFETY: a fresh object of a charged cache.
+        unsafe { Self::set_owner(charged, p, g) };
+        hardened_on_alloc(charged, p);
+        Some(p)
+    }
+
+    /// [`Kmem::alloc_charged`] under the caller's hold of `slot`, which it
+    /// ends.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `slot`, with no drain in progress.
+    #[inline(always)]
+    unsafe fn alloc_charged_in<const NOUNWIND: bool>(
+        &self,
+        g: &Group<R>,
+        charged: &MagCache<R>,
+        slot: usize,
+    ) -> Option<NonNull<u8>> {
+        let n = charged.cache.geometry().size;
+        // SAFETY: forwarded; the closure runs under the hold of `slot`.
+        let p = match unsafe { charged.alloc_charged_held(self, slot, |slot| self.tree.stock_take_at(slot, g, n)) } {
             ChargedPop::Hit(p) => p,
             ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged(g, charged, true),
             ChargedPop::Charged => return self.charged_refill(g, charged).ok(),

@@ -279,7 +279,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // The old detector holds no resources (atomics and an unlocked,
             // empty quarantine): forgotten, as a `const fn` cannot drop.
             core::mem::forget(core::mem::replace(self.detect.get_mut(), Detector::new(d)));
-            self.tree_mut().mode = atomic_usize(mode_of(d));
+            self.slots.set_initial_mode(mode_of(d));
             self
         }
     }
@@ -294,12 +294,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// The mode word with `Acquire`, once the environment is read.
     #[inline]
     pub(crate) fn resolve_mode(&self) -> usize {
-        let m = self.tree.mode_acquire();
+        let m = self.slots.mode_acquire();
         if m & mode::ENV == 0 {
             return m;
         }
         self.read_env();
-        self.tree.mode_acquire()
+        self.slots.mode_acquire()
     }
 
     /// Reads `KMEMCG_DEBUG` (with `std`) and clears the `ENV` bit. Runs
@@ -309,7 +309,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     fn read_env(&self) {
         let d = env_detection(&self.detect.warned);
         self.detect.set(d);
-        self.tree.set_mode(mode_of(d), true);
-        self.tree.set_mode(mode::ENV, false);
+        self.slots.set_mode(mode_of(d), true);
+        self.slots.set_mode(mode::ENV, false);
     }
 }

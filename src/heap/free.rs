@@ -7,7 +7,7 @@ use lock_api::RawMutex;
 
 use super::{Kmem, SPECIAL, hardened_abort, hardened_on_free};
 use crate::cgroup::mode;
-use crate::magazine::{ChargedPush, MagCache};
+use crate::magazine::{ChargedPush, Hold, MagCache};
 use crate::page::pages_for;
 use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::classes::{GEOMETRIES, SizeClass, class_of, class_of_large, lut_class};
@@ -56,13 +56,138 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// [`Kmem::free_raw`] of an object of size class `c`.
     ///
+    /// As for an allocation ([`Kmem::alloc_current`]): the class's cache,
+    /// then the slot's handshake, whose one load of the word tells the
+    /// mode and the drains: clear, the plain push; `GROUPS` alone, the
+    /// grouped free under the same hold; anything else, the hold ends and
+    /// [`Kmem::free_class_moded`] takes the free.
+    ///
     /// # Safety
     ///
     /// As for [`Kmem::free_raw`] (a rebased pointer), `c` being
     /// `class_of(size, align)`.
     #[inline(always)]
     unsafe fn free_class(&self, c: SizeClass, ptr: NonNull<u8>, size: usize, align: usize) {
-        let m = self.tree.mode();
+        // As in `alloc_current`: where slots are locks, the mode word first.
+        if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {
+            // SAFETY: forwarded.
+            return unsafe { self.free_class_moded(c, ptr, size, align) };
+        }
+        let base = self.cache_of(c);
+        let slot = match self.slots.try_hold_checked(&self.platform, usize::MAX) {
+            Hold::Clear(slot) => slot,
+            // SAFETY: forwarded.
+            Hold::Flagged(slot, w) => return unsafe { self.free_flagged(slot, w, c, base, ptr, size, align) },
+            // SAFETY: forwarded.
+            Hold::None => return unsafe { Self::free_class_out(c, ptr, size, align, self) },
+        };
+        let Some(base) = self.checked_base(base, ptr) else {
+            return self.slots.unhold(&self.platform, slot);
+        };
+        hardened_on_free(base, ptr);
+        // SAFETY: with no groups, every object of class `c` is in the base
+        // cache; we hold `slot`, with no drain in progress.
+        unsafe {
+            if !base.push_held(self, slot, ptr) {
+                base.free_slow(self, ptr)
+            }
+        }
+    }
+
+    /// [`Kmem::free_class`] once its handshake read word `w` with a bit
+    /// set, holding `slot`: with `GROUPS` the only one, the free into
+    /// whichever cache owns the object, under this hold (and with `DEBUG`
+    /// alone, see below); else the hold ends and
+    /// [`Kmem::free_class_moded`] takes the free.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_class`]; the caller holds `slot` and `base` is
+    /// class `c`'s cache.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn free_flagged(
+        &self,
+        slot: usize,
+        w: usize,
+        c: SizeClass,
+        base: &MagCache<R>,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) {
+        // `GROUPS` alone first: the grouped free, one compare away.
+        // Besides it, `DEBUG` alone (sampling, while a sampled object
+        // lives) is served here too, for a block that does not end at a
+        // page boundary, as a sample's does (`free_unsampled`; the summary
+        // of the samples' guard pages is read off the hold, as it may
+        // take a lock).
+        if w != mode::GROUPS {
+            let others = w & !mode::GROUPS;
+            if others != mode::DEBUG || ptr.as_ptr().addr().wrapping_add(size).is_multiple_of(PAGE_SIZE) {
+                self.slots.unhold(&self.platform, slot);
+                // SAFETY: forwarded.
+                return unsafe { Self::free_class_out(c, ptr, size, align, self) };
+            }
+            if w & mode::GROUPS == 0 {
+                // `DEBUG` alone: no groups, so the object is the base
+                // cache's.
+                let Some(base) = self.checked_base(base, ptr) else {
+                    return self.slots.unhold(&self.platform, slot);
+                };
+                hardened_on_free(base, ptr);
+                // SAFETY: as in `free_class`'s plain push.
+                unsafe {
+                    if !base.push_held(self, slot, ptr) {
+                        base.free_slow(self, ptr)
+                    }
+                }
+                return;
+            }
+        }
+        let Some(base) = self.checked_base(base, ptr) else {
+            return self.slots.unhold(&self.platform, slot);
+        };
+        if !self.at_home() {
+            self.slots.unhold(&self.platform, slot);
+            return super::moved_here();
+        }
+        // SAFETY: a live object of class `c`, in a slab of `base` or of its
+        // charged cache.
+        let owner = unsafe { Self::owner(base, ptr) };
+        hardened_on_free(owner, ptr);
+        // SAFETY: forwarded; we hold `slot`, with no drain in progress
+        // (`w`).
+        unsafe {
+            if owner.cache.geometry().has_owners() {
+                self.free_charged_in(owner, ptr, slot)
+            } else if !owner.push_held(self, slot, ptr) {
+                self.free_into_slow(owner, ptr)
+            }
+        }
+    }
+
+    /// [`Kmem::free_class_moded`] out of line, with the block's pointer,
+    /// size and alignment in the registers a `GlobalAlloc::dealloc` call
+    /// brought them in.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_class`].
+    #[inline(never)]
+    unsafe fn free_class_out(c: SizeClass, ptr: NonNull<u8>, size: usize, align: usize, this: &Self) {
+        // SAFETY: forwarded.
+        unsafe { this.free_class_moded(c, ptr, size, align) }
+    }
+
+    /// [`Kmem::free_class`] that reads the mode word first.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_class`].
+    #[inline(always)]
+    unsafe fn free_class_moded(&self, c: SizeClass, ptr: NonNull<u8>, size: usize, align: usize) {
+        let m = self.slots.mode();
         if m != 0 {
             // SAFETY: forwarded.
             return unsafe { self.free_moded(m, Some(c), ptr, size, align) };
@@ -90,7 +215,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             Some(c) => unsafe { this.free_class(SizeClass::from_index(c), ptr, size, align) },
             None if size == 0 => {}
             None => {
-                let m = this.tree.mode();
+                let m = this.slots.mode();
                 if m != 0 {
                     // SAFETY: forwarded.
                     return unsafe { this.free_moded(m, None, ptr, size, align) };
@@ -315,6 +440,42 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         }
     }
 
+    /// [`Kmem::free_charged`] under the caller's hold of `slot`, which it
+    /// ends.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_charged`]; the caller holds `slot`, with no
+    /// drain in progress.
+    #[inline(always)]
+    unsafe fn free_charged_in(&self, owner: &MagCache<R>, ptr: NonNull<u8>, slot: usize) {
+        let n = owner.cache.geometry().size;
+        // SAFETY: a live object of `owner`, whose slabs have owner words,
+        // written only through `word_store`.
+        let key = unsafe {
+            let w = owner.cache.owner_word(ptr.as_ptr());
+            let key = word_load(w);
+            word_store(w, core::ptr::null_mut());
+            key
+        };
+        if key.is_null() {
+            self.slots.unhold(&self.platform, slot);
+            // Not charged (a double free the slab will refuse).
+            // SAFETY: forwarded.
+            return unsafe { self.free_into_slow(owner, ptr) };
+        }
+        // SAFETY: forwarded; the closure runs under the hold of `slot`.
+        match unsafe { owner.free_charged_held(self, slot, ptr, |slot| self.tree.stock_add_at(slot, key, n)) } {
+            ChargedPush::Pushed => {}
+            // SAFETY: forwarded (uncharged).
+            ChargedPush::Uncharged => unsafe { self.free_into_slow(owner, ptr) },
+            // SAFETY: forwarded; we hold `slot`.
+            ChargedPush::Refused(slot) => unsafe { self.free_charged_held(owner, ptr, key, slot) },
+            // SAFETY: forwarded.
+            ChargedPush::NoSlot => unsafe { self.free_charged_slow(owner, ptr, key) },
+        }
+    }
+
     /// [`Kmem::free_into`] of a charged cache's object: uncharged from the
     /// group its owner word names before it goes back (from then on
     /// another thread may hand it out), under the same hold of the slot
@@ -488,7 +649,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// environment still to read), which take their usual paths.
     #[inline]
     pub(crate) fn grows_onto_pages(&self, size: usize, align: usize) -> bool {
-        self.tree.mode() & SPECIAL == 0 && align.is_power_of_two() && class_of(size, align).is_none()
+        self.slots.mode() & SPECIAL == 0 && align.is_power_of_two() && class_of(size, align).is_none()
     }
 
     /// Resizes a block of `old_size` to `new_size` (both non-zero) without
@@ -506,7 +667,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         new_size: usize,
     ) -> bool {
         let ptr = self.source.rebase(ptr);
-        let m = self.tree.mode();
+        let m = self.slots.mode();
         // Sampling alone with a sample live (`DEBUG`, maybe with
         // `GROUPS`, nothing else): a block that cannot be a sample resizes
         // as plain, as its free frees it as plain.
@@ -520,7 +681,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             (Some(a), Some(b)) => a == b,
             // Byte tracking counts a large object's pages at allocation
             // and free: it moves instead.
-            (None, None) if self.tree.mode() & mode::BYTES != 0 => false,
+            (None, None) if self.slots.mode() & mode::BYTES != 0 => false,
             (None, None) => {
                 self.settle();
                 // SAFETY: forwarded: a live large object.
@@ -534,7 +695,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// size, or its whole pages (`size` itself with detection on: the rest
     /// is red zone).
     pub(crate) fn usable_size(&self, size: usize, align: usize) -> usize {
-        if self.tree.mode() & mode::DEBUG != 0 {
+        if self.slots.mode() & mode::DEBUG != 0 {
             return size;
         }
         match class_of(size, align) {

@@ -2,11 +2,21 @@
 //! holder and a drainer agree on who may touch the slot's magazines (see
 //! the protocol table in the `magazine` module docs).
 
+use crossbeam_utils::CachePadded;
+
 use crate::platform::{MAX_CPUS, Platform};
 use crate::sync::{
     AtomicBool, AtomicU8, AtomicUsize, CellArray, Ordering, atomic_bool, atomic_u8, atomic_usize, compiler_fence,
     fence, loom_const_fn, repeat, spin_hint,
 };
+
+/// [`Slots::word`]: one drain in progress. Below it, the mode bits.
+pub(crate) const DRAIN: usize = 1 << 8;
+/// [`Slots::word`]: the mode bits (`cgroup::mode`), which the layers
+/// above set and read (`Slots::set_mode`, `Slots::mode`).
+pub(crate) const MODE_BITS: usize = DRAIN - 1;
+/// [`Slots::word`]: the count of drains in progress.
+pub(crate) const DRAINS: usize = !MODE_BITS;
 
 /// `SlotSync::state`: nobody used the slot since the last reap.
 const IDLE: u8 = 0;
@@ -31,8 +41,6 @@ pub(crate) struct SlotSync {
     /// `USED` behind, and a reap turns `USED` into `IDLE`, so a slot still
     /// `IDLE` at the next reap went unused for a whole interval.
     state: AtomicU8,
-    /// Set by a drainer that wants the slot's magazines.
-    drain: AtomicBool,
     /// Serialises drainers of this slot.
     drainers: AtomicBool,
     /// Slow-path holds of this slot that a magazine served, and those that
@@ -40,6 +48,20 @@ pub(crate) struct SlotSync {
     /// holder only (`Relaxed` load and store), read by reports.
     hits: AtomicUsize,
     misses: AtomicUsize,
+}
+
+/// What [`Slots::try_hold_checked`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// No fast hold: the platform would first have to claim a slot (the
+    /// caller's slow path does).
+    None,
+    /// The slot, held, and the word showed no bit of the mask.
+    Clear(usize),
+    /// The slot, held, and the word the handshake read, which showed a
+    /// bit of the mask. Going on under the hold is only allowed if the
+    /// word shows no drain ([`DRAINS`]).
+    Flagged(usize, usize),
 }
 
 /// The handshake states of all slots.
@@ -61,6 +83,15 @@ pub struct SlotStats {
 
 pub(crate) struct Slots {
     sync: CellArray<SlotSync, MAX_CPUS>,
+    /// The allocation paths' word: the mode bits below [`DRAIN`] (see
+    /// `cgroup::mode`; the layers above own them), and from `DRAIN` up
+    /// the count of drains in progress, which a holder reads after
+    /// marking its slot `HELD` (Dekker with the drainer's count and
+    /// barrier): one load tells a fast path both "plain mode" and "no
+    /// drain". Here, beside the handshake it serves, on a line of its
+    /// own: holders write their `SlotSync` on every operation, this word
+    /// changes only with a mode bit or a drain.
+    word: CachePadded<AtomicUsize>,
 }
 
 impl Slots {
@@ -71,14 +102,58 @@ impl Slots {
                 sync: CellArray::new(repeat!(
                     SlotSync {
                         state: atomic_u8(IDLE),
-                        drain: atomic_bool(false),
                         drainers: atomic_bool(false),
                         hits: atomic_usize(0),
                         misses: atomic_usize(0),
                     };
                     MAX_CPUS
                 )),
+                word: CachePadded::new(atomic_usize(0)),
             }
+        }
+    }
+
+    loom_const_fn! {
+        /// Starts with mode bits `bits` (before the allocator is shared).
+        pub(crate) fn set_initial_mode(&mut self, bits: usize) {
+            self.word = CachePadded::new(atomic_usize(bits & MODE_BITS));
+        }
+    }
+
+    /// The mode bits (see `cgroup::mode`); 0: the plain paths. With them
+    /// comes the count of drains in progress (unmasked: a mask costs an
+    /// instruction where its complement is no immediate, as on aarch64),
+    /// which a test of the mode can only send to a slower path: every
+    /// test is of bits, and a drain bit set makes the plain paths' tests
+    /// fail and the others' pass unchanged. `Relaxed`:
+    /// `GROUPS` clear means no group but the root was ever created, so
+    /// every object of a class is in its base cache and the fast paths
+    /// skip the group lookups; a group created concurrently is not
+    /// current on this thread yet, and its caches hold no object this
+    /// thread frees without having synchronised with its creation. A path
+    /// that acts on a bit other than `GROUPS` reads
+    /// [`Slots::mode_acquire`] first.
+    #[inline(always)]
+    pub(crate) fn mode(&self) -> usize {
+        self.word.load(Ordering::Relaxed)
+    }
+
+    /// [`Slots::mode`] with `Acquire`: what was written before a bit was
+    /// set with [`Slots::set_mode`] is visible.
+    #[inline]
+    pub(crate) fn mode_acquire(&self) -> usize {
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// Sets (`on`) or clears mode bits, `Release`; read-modify-writes, so
+    /// the drain count between them is kept (and so is every release
+    /// sequence a holder's `Acquire` load relies on, see `end_drain`).
+    pub(crate) fn set_mode(&self, bits: usize, on: bool) {
+        debug_assert!(bits & DRAINS == 0);
+        if on {
+            self.word.fetch_or(bits, Ordering::Release);
+        } else {
+            self.word.fetch_and(!bits, Ordering::Release);
         }
     }
 
@@ -115,11 +190,41 @@ impl Slots {
     /// comes with an asymmetric platform (contract point 3), so the
     /// holder's fence is a compiler fence without asking; except under
     /// Miri, where `Threads` hands out slots without membarrier (see
-    /// `threads.rs`), and the handshake asks.
+    /// `threads.rs`), and under loom, where a model's platform may hand
+    /// them out while symmetric (`loom_checked_holds_race_a_drain_and_a_mode_bit`),
+    /// and the handshake asks.
     #[inline(always)]
     pub(super) fn try_hold<P: Platform>(&self, plat: &P) -> Option<usize> {
         // SAFETY: as in `hold`.
-        self.handshake(plat, unsafe { plat.try_enter() }?, !cfg!(miri))
+        self.handshake(plat, unsafe { plat.try_enter() }?, !cfg!(any(miri, loom)))
+    }
+
+    /// [`Slots::try_hold`] for a fast path that also asks about the mode
+    /// bits: the handshake, whose one load of the word answers both "a
+    /// drain in progress" and "a mode bit in `mask`" (`mask` includes
+    /// [`DRAINS`]). On [`Hold::Flagged`] the caller holds the slot and
+    /// either goes on under the hold, which it may only do if the word
+    /// shows no drain, or ends it with [`Slots::unhold`].
+    #[inline(always)]
+    pub(crate) fn try_hold_checked<P: Platform>(&self, plat: &P, mask: usize) -> Hold {
+        debug_assert!(mask & DRAINS == DRAINS);
+        // SAFETY: as in `hold`.
+        let Some(slot) = (unsafe { plat.try_enter() }) else { return Hold::None };
+        // Where slots are locks the entry excluded drainers (see
+        // `handshake`): the word tells the mode alone.
+        if !plat.slots_are_locks() {
+            // SAFETY: the platform contract keeps slots below MAX_CPUS.
+            unsafe { self.sync.get_unchecked(slot) }.state.store(HELD, Ordering::Relaxed);
+            // Orders the store above before the load below (Dekker), as in
+            // `try_hold`'s handshake.
+            if cfg!(any(miri, loom)) && !plat.asymmetric() {
+                fence(Ordering::SeqCst);
+            }
+            compiler_fence(Ordering::SeqCst);
+        }
+        // Acquire: if a drain just finished, see what it did to the slot.
+        let w = self.word.load(Ordering::Acquire);
+        if w & mask != 0 { Hold::Flagged(slot, w) } else { Hold::Clear(slot) }
     }
 
     /// The holder's handshake on `slot`, which the caller entered;
@@ -142,7 +247,7 @@ impl Slots {
         }
         compiler_fence(Ordering::SeqCst);
         // Acquire: if a drain just finished, see what it did to the slot.
-        if s.drain.load(Ordering::Acquire) {
+        if self.word.load(Ordering::Acquire) & DRAINS != 0 {
             s.state.store(USED, Ordering::Release);
             // SAFETY: the caller entered `slot` and hands its hold over.
             unsafe { plat.exit(slot) };
@@ -193,7 +298,11 @@ impl Slots {
                 }
             }
         }
-        s.drain.store(true, Ordering::Relaxed);
+        // Counted in the word every holder reads (holders of every slot
+        // take the shared path until the drain ends: drains are short and
+        // rare, and one word to read is what keeps the fast path at one
+        // load for its mode and its drains).
+        self.word.fetch_add(DRAIN, Ordering::Relaxed);
         if plat.asymmetric() {
             plat.heavy_barrier();
         } else {
@@ -222,7 +331,7 @@ impl Slots {
             return Some(true);
         }
         if !plat.slots_are_locks() {
-            s.drain.store(true, Ordering::Relaxed);
+            self.word.fetch_add(DRAIN, Ordering::Relaxed);
             if plat.asymmetric() {
                 plat.heavy_barrier();
             } else {
@@ -231,9 +340,9 @@ impl Slots {
             if s.state.load(Ordering::Acquire) != HELD {
                 return Some(false);
             }
-            // Held: withdraw. A holder that saw the flag meanwhile took
+            // Held: withdraw. A holder that saw the count meanwhile took
             // the shared path for one operation; nothing else changed.
-            s.drain.store(false, Ordering::Relaxed);
+            self.word.fetch_sub(DRAIN, Ordering::Relaxed);
         }
         s.drainers.store(false, Ordering::Release);
         None
@@ -274,8 +383,11 @@ impl Slots {
             // SAFETY: `begin_drain` stole it (`stolen`).
             unsafe { plat.unsteal(slot) };
         } else {
-            // Release: the next holder sees the emptied slot.
-            s.drain.store(false, Ordering::Release);
+            // Release: the next holder sees the emptied slot (its `Acquire`
+            // load reads this or a later read-modify-write of the word,
+            // which continues this release sequence: the word is only
+            // ever written by read-modify-writes).
+            self.word.fetch_sub(DRAIN, Ordering::Release);
         }
         s.drainers.store(false, Ordering::Release);
     }

@@ -21,7 +21,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use crate::counter::PageCounter;
-use crate::magazine::{Acct, MAGAZINE_GEOMETRY, MagCache, Slots};
+use crate::magazine::{Acct, DRAINS, Hold, MAGAZINE_GEOMETRY, MagCache, Slots};
 use crate::platform::{NoCpus, PAGE_SIZE, PageSource, PerCpu, Platform, Region};
 use crate::slab::{Cache, Geometry, Pages};
 use crate::sync::LoomRawMutex;
@@ -40,6 +40,10 @@ loom::thread_local! {
 struct LoomCpus {
     nodes: usize,
     single: Option<std::boxed::Box<dyn Platform + Send>>,
+    /// `try_enter` hands out the thread's slot (the fast paths' holds run
+    /// their handshake, with its fence, as under Miri: the platform is
+    /// symmetric); else it hands out none.
+    fast: bool,
 }
 
 /// The CPU a model thread says it is on ([`set_slot`]); interrupts are
@@ -84,6 +88,13 @@ unsafe impl Platform for LoomCpus {
             let v = s.get();
             (v != usize::MAX).then_some(v)
         })
+    }
+    unsafe fn try_enter(&self) -> Option<usize> {
+        if self.fast {
+            // SAFETY: forwarded.
+            return unsafe { self.enter() };
+        }
+        None
     }
     unsafe fn exit(&self, slot: usize) {
         if let Some(one) = &self.single {
@@ -132,17 +143,21 @@ struct TestEnv {
 
 impl TestEnv {
     fn new(nodes: usize) -> TestEnv {
-        Self::with_platform(LoomCpus { nodes, single: None })
+        Self::with_platform(LoomCpus { nodes, single: None, fast: false })
     }
 
     /// One node and `NoCpus`'s one slot.
     fn single() -> TestEnv {
-        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(NoCpus::new())) })
+        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(NoCpus::new())), fast: false })
     }
 
     /// One node and `PerCpu`'s slots, without an all-CPU barrier.
     fn per_cpu() -> TestEnv {
-        Self::with_platform(LoomCpus { nodes: 1, single: Some(std::boxed::Box::new(PerCpu::<LoomCpu>::new())) })
+        Self::with_platform(LoomCpus {
+            nodes: 1,
+            single: Some(std::boxed::Box::new(PerCpu::<LoomCpu>::new())),
+            fast: false,
+        })
     }
 
     fn with_platform(plat: LoomCpus) -> TestEnv {
@@ -438,5 +453,85 @@ fn loom_three_threads_wait_for_one_lock() {
             t.join().unwrap();
         }
         assert_eq!(*m.lock(), 3);
+    });
+}
+
+/// The heap's fast paths' hold (`Slots::try_hold_checked`): one load of
+/// the word after the handshake tells the mode bits and the drains. A
+/// holder that finds a mode bit and no drain goes on under its hold (as
+/// the grouped paths do); one that finds a drain ends the hold and takes
+/// the shared path. Here the owner of slot 0 allocates and frees through
+/// it while another thread sets a mode bit and this one drains the slot:
+/// no object is handed out twice or lost, and the drain never touches
+/// magazines a holder is using. Fails if a holder goes on under a hold
+/// that saw a drain, or if the drain's count did not reach the holder
+/// through the word.
+#[test]
+fn loom_checked_holds_race_a_drain_and_a_mode_bit() {
+    /// A mode bit of the model's (the layers above own the real ones).
+    const BIT: usize = 1;
+    fn alloc_checked(env: &TestEnv, c: &MagCache<R>) -> core::ptr::NonNull<u8> {
+        let held = match env.slots.try_hold_checked(&env.plat, DRAINS | BIT) {
+            Hold::Clear(slot) => Some(slot),
+            Hold::Flagged(slot, w) if w & DRAINS == 0 => Some(slot),
+            Hold::Flagged(slot, _) => {
+                env.slots.unhold(&env.plat, slot);
+                None
+            }
+            Hold::None => None,
+        };
+        // SAFETY: held, with no drain in progress.
+        match held.and_then(|slot| unsafe { c.pop_held(env, slot) }) {
+            Some(p) => p,
+            None => c.alloc(env).expect("memory"),
+        }
+    }
+    fn free_checked(env: &TestEnv, c: &MagCache<R>, p: core::ptr::NonNull<u8>) {
+        let held = match env.slots.try_hold_checked(&env.plat, DRAINS | BIT) {
+            Hold::Clear(slot) => Some(slot),
+            Hold::Flagged(slot, w) if w & DRAINS == 0 => Some(slot),
+            Hold::Flagged(slot, _) => {
+                env.slots.unhold(&env.plat, slot);
+                None
+            }
+            Hold::None => None,
+        };
+        // SAFETY: a live object of `c`, freed once; held, with no drain.
+        unsafe {
+            if !held.is_some_and(|slot| c.push_held(env, slot, p)) {
+                c.free(env, p)
+            }
+        }
+    }
+    loom::model(|| {
+        let env = Arc::new(TestEnv::with_platform(LoomCpus { nodes: 1, single: None, fast: true }));
+        let c = Arc::new(cache(&env));
+        let ready = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let said = ready.clone();
+        let owner = spawn_on(0, &env, &c, move |env, c| {
+            churn(env, c, 1, 6);
+            said.store(true, std::sync::atomic::Ordering::Release);
+            for tag in [7u8, 8] {
+                let p = alloc_checked(env, c);
+                // SAFETY: a fresh 64-byte object.
+                unsafe { p.as_ptr().write_bytes(tag, 64) };
+                // SAFETY: still ours.
+                let s = unsafe { core::slice::from_raw_parts(p.as_ptr(), 64) };
+                assert!(s.iter().all(|&b| b == tag), "object handed to two threads");
+                free_checked(env, c, p);
+            }
+        });
+        while !ready.load(std::sync::atomic::Ordering::Acquire) {
+            thread::yield_now();
+        }
+        let setter = {
+            let env = env.clone();
+            thread::spawn(move || env.slots.set_mode(BIT, true))
+        };
+        c.drain(&*env);
+        owner.join().unwrap();
+        setter.join().unwrap();
+        assert_eq!(env.slots.mode(), BIT, "the mode bit was lost");
+        settle(&env, &c);
     });
 }

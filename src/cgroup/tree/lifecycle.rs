@@ -179,7 +179,7 @@ impl<R: RawMutex> Tree<R> {
             // Publish the initialised group (pairs with Acquire in walks).
             push_doubly(&parent.first_child, g, |x| &x.next_sibling, |x| &x.prev_sibling);
             push_doubly(&self.all_groups, g, |x| &x.next_all, |x| &x.prev_all);
-            self.set_mode(mode::GROUPS, true);
+            env.slots().set_mode(mode::GROUPS, true);
             // The group starts with its online reference; the caller's.
             g.as_ref().get();
         }
@@ -276,7 +276,7 @@ impl<R: RawMutex> Tree<R> {
                 limbo.groups = g.as_ptr();
             }
             if self.all_groups.load(Ordering::Relaxed).is_null() {
-                self.set_mode(mode::GROUPS, false);
+                env.slots().set_mode(mode::GROUPS, false);
                 // No id names a group now: the table's pages go too, once
                 // no lookup can be reading them (before the fence below).
                 if limbo.ids.is_none() {

@@ -57,9 +57,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return false;
         }
         if self.counts_on_slow_paths(n) {
-            let armed = self.tree.mode() & mode::ARMED != 0;
+            let armed = self.slots.mode() & mode::ARMED != 0;
             if armed {
-                self.tree.set_mode(mode::ARMED, false);
+                self.slots.set_mode(mode::ARMED, false);
             }
             return armed;
         }
@@ -92,7 +92,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// [`ALLOCS_PER_SLOW_PATH`] of them).
     #[inline]
     pub(crate) fn sample_tick(&self) {
-        if !self.sampling() || self.tree.mode() & mode::ARMED != 0 {
+        if !self.sampling() || self.slots.mode() & mode::ARMED != 0 {
             return;
         }
         // The countdown inline (a load and a store, as in `sample_due`):
@@ -143,7 +143,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             self.detect.armed_ms.store(now, Ordering::Relaxed);
         }
-        self.tree.set_mode(mode::ARMED, true);
+        self.slots.set_mode(mode::ARMED, true);
     }
 
     /// With sampling alone, while sampled objects live, and no sample due
@@ -300,7 +300,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     // when the last one was freed; before `p` is handed
                     // out, so a free of `p` sees it.
                     if self.detect.guarded_live.fetch_add(1, Ordering::Release) == 0 {
-                        self.tree.set_mode(mode::DEBUG, true);
+                        self.slots.set_mode(mode::DEBUG, true);
                     }
                     true
                 }
@@ -377,7 +377,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // With sampling alone, the last live sample clears `DEBUG`: frees
         // take the plain path again (see `alloc_guarded`).
         if self.detect.guarded_live.fetch_sub(1, Ordering::Relaxed) == 1 && !self.checks_objects() {
-            self.tree.set_mode(mode::DEBUG, false);
+            self.slots.set_mode(mode::DEBUG, false);
         }
         let pages = (guard.addr() - run.addr()) / PAGE_SIZE;
         // SAFETY: the run of a sampled object just freed, ours.

@@ -178,7 +178,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // A plain object (sampling alone, or aligned past what gets
             // red zones): freed as the plain path frees it.
             let class = class_of(size, align);
-            if self.tree.mode() & mode::GROUPS == 0
+            if self.slots.mode() & mode::GROUPS == 0
                 && let Some(c) = class
             {
                 let Some(base) = self.base_for_free(c, ptr) else { return };
