@@ -20,13 +20,21 @@
 //! | holder | drainer |
 //! | --- | --- |
 //! | `state = HELD` (Relaxed) | take `drainers` lock |
-//! | light fence | `drain = 1` (Relaxed) |
-//! | read `drain` (Acquire); if 1: `state = USED`, use the shared path | heavy fence |
+//! | light fence | `word += DRAIN` (Relaxed read-modify-write) |
+//! | read `word` (Acquire); if it counts a drain: `state = USED`, use the shared path | heavy fence |
 //! | ... magazines ... | wait for `state != HELD` (Acquire) |
-//! | `state = USED` (Release) | ... magazines ... ; `drain = 0` (Release) |
+//! | `state = USED` (Release) | ... magazines ... ; `word -= DRAIN` (Release) |
 //!
-//! This is Dekker's pattern: each side stores its flag, fences, and reads
-//! the other's, so they cannot both proceed. With an asymmetric platform
+//! This is Dekker's pattern: each side stores its mark, fences, and reads
+//! the other's, so they cannot both proceed. The drainer's mark is a count
+//! in `Slots::word`, the word that also holds the allocation paths' mode
+//! bits (`cgroup::mode`): one load after the holder's mark tells a fast
+//! path both whether a drain runs and whether the mode is plain, and a
+//! holder that finds mode bits but no drain may go on under its hold (the
+//! grouped paths do). Every holder, of any slot, backs off while a drain
+//! runs; drains are short and rare. The word is only written by
+//! read-modify-writes, so a holder's `Acquire` load that reads a later
+//! value than a drain's end still synchronises with it. With an asymmetric platform
 //! (Linux `membarrier`) the holder's fence is a compiler fence and the
 //! drainer's `heavy_barrier` makes it a full one on every CPU, so the fast
 //! path has no atomic read-modify-write and no hardware fence; otherwise

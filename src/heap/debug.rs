@@ -6,7 +6,7 @@
 //! first allocation ([`Detection::from_env_value`] gives its syntax). Off,
 //! it costs nothing on the fast paths: they test the tree's mode word,
 //! which they test anyway, and the detection paths hang off its non-zero
-//! branch (`Tree::mode`).
+//! branch (the mode bits, `Slots::mode`).
 //!
 //! # Object layout
 //!
