@@ -4,7 +4,7 @@
 //! Chosen per `Kmem` when it is built ([`Kmem::with_detection`]) or, with
 //! `std`, from the `KMEMCG_DEBUG` environment variable, read once at the
 //! first allocation ([`Detection::from_env_value`] gives its syntax). Off,
-//! it costs nothing on the fast paths: they test the tree's mode word,
+//! it costs nothing on the fast paths: they test the mode word,
 //! which they test anyway, and the detection paths hang off its non-zero
 //! branch (the mode bits, `Slots::mode`).
 //!
