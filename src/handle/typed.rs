@@ -327,11 +327,13 @@ impl<T, K: Heap> Drop for FreeOnDrop<'_, '_, T, K> {
         unsafe {
             let ptr = b.kmem.source().rebase(b.ptr.cast());
             let owner = KmemOf::<K>::owner(&b.desc.cache, ptr);
-            if b.kmem.special() && b.kmem.detecting() {
-                b.kmem.free_typed_checked(owner, ptr, size_of::<T>(), b.desc.cache.cache.geometry().align);
-            } else {
-                b.kmem.free_into(owner, ptr);
-            }
+            b.kmem.free_typed(owner, ptr, || {
+                if b.kmem.detecting() {
+                    b.kmem.free_typed_checked(owner, ptr, size_of::<T>(), b.desc.cache.cache.geometry().align);
+                } else {
+                    b.kmem.free_into(owner, ptr);
+                }
+            });
         }
     }
 }

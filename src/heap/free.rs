@@ -7,7 +7,7 @@ use lock_api::RawMutex;
 
 use super::{Kmem, SPECIAL, hardened_abort, hardened_on_free};
 use crate::cgroup::mode;
-use crate::magazine::{ChargedPush, Hold, MagCache};
+use crate::magazine::{ChargedPush, DRAINS, Hold, MagCache};
 use crate::page::pages_for;
 use crate::platform::{Ownership, PAGE_SIZE, PageSource, Platform};
 use crate::slab::classes::{GEOMETRIES, SizeClass, class_of, class_of_large, lut_class};
@@ -402,6 +402,50 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     pub(crate) unsafe fn free_into(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         // SAFETY: forwarded.
         unsafe { self.free_into_as::<false>(owner, ptr) }
+    }
+
+    /// A typed cache's free of `ptr`, an object of `owner` (its cache or a
+    /// charged cache of it): as `free_into` after one load of the word in
+    /// the slot's handshake (see [`Kmem::alloc_current`]), which also
+    /// tells whether a special path is on (then the hold ends, and
+    /// `typed_special` frees it: with detection on, `free_typed_checked`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_into`]; `size` and `align` are the typed
+    /// cache's.
+    #[inline(always)]
+    pub(crate) unsafe fn free_typed(&self, owner: &MagCache<R>, ptr: NonNull<u8>, typed_special: impl FnOnce()) {
+        let held = if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {
+            Hold::None
+        } else {
+            self.slots.try_hold_checked(&self.platform, DRAINS | SPECIAL)
+        };
+        match held {
+            Hold::Clear(slot) => {
+                hardened_on_free(owner, ptr);
+                // SAFETY: forwarded; we hold `slot`, with no drain in
+                // progress.
+                unsafe {
+                    if owner.cache.geometry().has_owners() {
+                        self.free_charged_in(owner, ptr, slot)
+                    } else if !owner.push_held(self, slot, ptr) {
+                        self.free_into_slow(owner, ptr)
+                    }
+                }
+            }
+            Hold::Flagged(slot, _) => {
+                self.slots.unhold(&self.platform, slot);
+                typed_special()
+            }
+            Hold::None => {
+                if self.special() {
+                    return typed_special();
+                }
+                // SAFETY: forwarded.
+                unsafe { self.free_into(owner, ptr) }
+            }
+        }
     }
 
     /// [`Kmem::free_into`], with the plain free out of line if
