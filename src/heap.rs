@@ -404,11 +404,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// the class index, no multiply, no add of the tree's offset).
     #[inline(always)]
     pub(crate) fn cache_of(&self, c: SizeClass) -> &MagCache<R> {
+        // The caches are inline in the tree here, and `offset_in` gives
+        // the offset of class `c`'s (below NCLASSES) in `Self` (its
+        // `ClassArray`), in the classes' `CellArray`.
         #[cfg(not(any(loom, all(miri, feature = "std"))))]
-        // SAFETY: the caches are inline in the tree here, and `offset_in`
-        // gives the offset of class `c`'s (below NCLASSES) in `Self` (its
-        // `ClassArray`): a `MagCache<R>` inside `*self`, in the classes'
-        // `CellArray`, of which only shared references are ever made.
+        // SAFETY: so a `MagCache<R>` inside `*self`, of which only shared
+        // references are ever made.
         return unsafe { &*core::ptr::from_ref(self).cast::<u8>().add(c.offset_in::<Self>()).cast::<MagCache<R>>() };
         #[cfg(any(loom, all(miri, feature = "std")))]
         // SAFETY: a class index is below NCLASSES.

@@ -397,7 +397,20 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ) -> Option<NonNull<u8>> {
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
-        let p = match charged.alloc_fast_charged(self, |slot| unsafe { self.tree.stock_take_at(slot, g, n) }) {
+        let r = charged.alloc_fast_charged(self, |slot| unsafe { self.tree.stock_take_at(slot, g, n) });
+        self.charged_popped::<NOUNWIND>(r, g, charged)
+    }
+
+    /// What [`Kmem::alloc_charged`] does with its pop's outcome `r`: a hit
+    /// gets its owner word, everything else goes out of line.
+    #[inline(always)]
+    fn charged_popped<const NOUNWIND: bool>(
+        &self,
+        r: ChargedPop,
+        g: &Group<R>,
+        charged: &MagCache<R>,
+    ) -> Option<NonNull<u8>> {
+        let p = match r {
             ChargedPop::Hit(p) => p,
             ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged(g, charged, true),
             ChargedPop::Charged => return self.charged_refill(g, charged).ok(),
@@ -425,17 +438,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ) -> Option<NonNull<u8>> {
         let n = charged.cache.geometry().size;
         // SAFETY: forwarded; the closure runs under the hold of `slot`.
-        let p = match unsafe { charged.alloc_charged_held(self, slot, |slot| self.tree.stock_take_at(slot, g, n)) } {
-            ChargedPop::Hit(p) => p,
-            ChargedPop::Charged if NOUNWIND => return self.no_unwind_charged(g, charged, true),
-            ChargedPop::Charged => return self.charged_refill(g, charged).ok(),
-            ChargedPop::Uncharged if NOUNWIND => return self.no_unwind_charged(g, charged, false),
-            ChargedPop::Uncharged => return self.alloc_charged_slow(g, charged).ok(),
-        };
-        // SAFETY: a fresh object of a charged cache.
-        unsafe { Self::set_owner(charged, p, g) };
-        hardened_on_alloc(charged, p);
-        Some(p)
+        let r = unsafe { charged.alloc_charged_held(self, slot, |slot| self.tree.stock_take_at(slot, g, n)) };
+        self.charged_popped::<NOUNWIND>(r, g, charged)
     }
 
     /// Records `g` as the owner of `p`.

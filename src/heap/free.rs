@@ -494,14 +494,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     unsafe fn free_charged_in(&self, owner: &MagCache<R>, ptr: NonNull<u8>, slot: usize) {
         let n = owner.cache.geometry().size;
-        // SAFETY: a live object of `owner`, whose slabs have owner words,
-        // written only through `word_store`.
-        let key = unsafe {
-            let w = owner.cache.owner_word(ptr.as_ptr());
-            let key = word_load(w);
-            word_store(w, core::ptr::null_mut());
-            key
-        };
+        // SAFETY: forwarded.
+        let key = unsafe { Self::take_owner(owner, ptr) };
         if key.is_null() {
             self.slots.unhold(&self.platform, slot);
             // Not charged (a double free the slab will refuse).
@@ -509,11 +503,44 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return unsafe { self.free_into_slow(owner, ptr) };
         }
         // SAFETY: forwarded; the closure runs under the hold of `slot`.
-        match unsafe { owner.free_charged_held(self, slot, ptr, |slot| self.tree.stock_add_at(slot, key, n)) } {
+        let r = unsafe { owner.free_charged_held(self, slot, ptr, |slot| self.tree.stock_add_at(slot, key, n)) };
+        // SAFETY: forwarded.
+        unsafe { self.charged_pushed(r, owner, ptr, key) }
+    }
+
+    /// Reads and clears the owner word of `ptr`, a live object of
+    /// `owner` (a charged cache): the group it is charged to, or null.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object of `owner`, whose slabs have owner words.
+    #[inline(always)]
+    unsafe fn take_owner(owner: &MagCache<R>, ptr: NonNull<u8>) -> *mut () {
+        // SAFETY: a live object of `owner`, whose slabs have owner words,
+        // written only through `word_store`.
+        unsafe {
+            let w = owner.cache.owner_word(ptr.as_ptr());
+            let key = word_load(w);
+            word_store(w, core::ptr::null_mut());
+            key
+        }
+    }
+
+    /// What [`Kmem::free_charged`] does with its push's outcome `r`, the
+    /// object's owner word having named `key`: everything but a push goes
+    /// out of line.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kmem::free_charged`]; on [`ChargedPush::Refused`] the
+    /// caller holds its slot.
+    #[inline(always)]
+    unsafe fn charged_pushed(&self, r: ChargedPush, owner: &MagCache<R>, ptr: NonNull<u8>, key: *mut ()) {
+        match r {
             ChargedPush::Pushed => {}
             // SAFETY: forwarded (uncharged).
             ChargedPush::Uncharged => unsafe { self.free_into_slow(owner, ptr) },
-            // SAFETY: forwarded; we hold `slot`.
+            // SAFETY: forwarded; the caller holds `slot`.
             ChargedPush::Refused(slot) => unsafe { self.free_charged_held(owner, ptr, key, slot) },
             // SAFETY: forwarded.
             ChargedPush::NoSlot => unsafe { self.free_charged_slow(owner, ptr, key) },
@@ -531,29 +558,17 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     unsafe fn free_charged(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         let n = owner.cache.geometry().size;
-        // SAFETY: a live object of `owner`, whose slabs have owner words,
-        // written only through `word_store`.
-        let key = unsafe {
-            let w = owner.cache.owner_word(ptr.as_ptr());
-            let key = word_load(w);
-            word_store(w, core::ptr::null_mut());
-            key
-        };
+        // SAFETY: forwarded.
+        let key = unsafe { Self::take_owner(owner, ptr) };
         if key.is_null() {
             // Not charged (a double free the slab will refuse).
             // SAFETY: forwarded.
             return unsafe { self.free_into_slow(owner, ptr) };
         }
         // SAFETY: forwarded; the closure runs under the hold of `slot`.
-        match unsafe { owner.free_fast_charged(self, ptr, |slot| self.tree.stock_add_at(slot, key, n)) } {
-            ChargedPush::Pushed => {}
-            // SAFETY: forwarded (uncharged).
-            ChargedPush::Uncharged => unsafe { self.free_into_slow(owner, ptr) },
-            // SAFETY: forwarded; we hold `slot`.
-            ChargedPush::Refused(slot) => unsafe { self.free_charged_held(owner, ptr, key, slot) },
-            // SAFETY: forwarded.
-            ChargedPush::NoSlot => unsafe { self.free_charged_slow(owner, ptr, key) },
-        }
+        let r = unsafe { owner.free_fast_charged(self, ptr, |slot| self.tree.stock_add_at(slot, key, n)) };
+        // SAFETY: forwarded.
+        unsafe { self.charged_pushed(r, owner, ptr, key) }
     }
 
     /// [`Kmem::free_charged`] when the slot's stock did not take the

@@ -85,11 +85,11 @@ pub(crate) fn fast_hold(word: &AtomicUsize) -> Option<usize> {
     // Relaxed: the word only ever names its holder's own slot, or none.
     let v = word.load(Ordering::Relaxed);
     let a = if v < ARMED_END { v } else { counted(word, v)? };
-    // SAFETY: `a` is `armed(s)` for a slot `s`: an armed word (only `arm`
-    // stores one, and revokers only switch one to counting) or what
-    // `counted` returns. Told to the compiler after both paths meet,
-    // `slot * 32`, the magazine layer's offset of the slot's entries,
-    // folds into `a` itself: no shift on the fast path.
+    // Told to the compiler after both paths meet, `slot * 32`, the
+    // magazine layer's offset of the slot's entries, folds into `a`
+    // itself: no shift on the fast path.
+    // SAFETY: `a` is `armed(s)`, `s < MAX_CPUS`: an armed word (only `arm`
+    // stores one; revokers only count it) or what `counted` returns.
     unsafe { core::hint::assert_unchecked(a % (1 << SLOT_SHIFT) == 0 && a < ARMED_END) };
     Some(a >> SLOT_SHIFT)
 }

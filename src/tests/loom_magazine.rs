@@ -470,8 +470,9 @@ fn loom_three_threads_wait_for_one_lock() {
 fn loom_checked_holds_race_a_drain_and_a_mode_bit() {
     /// A mode bit of the model's (the layers above own the real ones).
     const BIT: usize = 1;
-    fn alloc_checked(env: &TestEnv, c: &MagCache<R>) -> core::ptr::NonNull<u8> {
-        let held = match env.slots.try_hold_checked(&env.plat, DRAINS | BIT) {
+    /// The heap's hold: on under it unless the word shows a drain.
+    fn hold_checked(env: &TestEnv) -> Option<usize> {
+        match env.slots.try_hold_checked(&env.plat, DRAINS | BIT) {
             Hold::Clear(slot) => Some(slot),
             Hold::Flagged(slot, w) if w & DRAINS == 0 => Some(slot),
             Hold::Flagged(slot, _) => {
@@ -479,26 +480,19 @@ fn loom_checked_holds_race_a_drain_and_a_mode_bit() {
                 None
             }
             Hold::None => None,
-        };
+        }
+    }
+    fn alloc_checked(env: &TestEnv, c: &MagCache<R>) -> core::ptr::NonNull<u8> {
         // SAFETY: held, with no drain in progress.
-        match held.and_then(|slot| unsafe { c.pop_held(env, slot) }) {
+        match hold_checked(env).and_then(|slot| unsafe { c.pop_held(env, slot) }) {
             Some(p) => p,
             None => c.alloc(env).expect("memory"),
         }
     }
     fn free_checked(env: &TestEnv, c: &MagCache<R>, p: core::ptr::NonNull<u8>) {
-        let held = match env.slots.try_hold_checked(&env.plat, DRAINS | BIT) {
-            Hold::Clear(slot) => Some(slot),
-            Hold::Flagged(slot, w) if w & DRAINS == 0 => Some(slot),
-            Hold::Flagged(slot, _) => {
-                env.slots.unhold(&env.plat, slot);
-                None
-            }
-            Hold::None => None,
-        };
         // SAFETY: a live object of `c`, freed once; held, with no drain.
         unsafe {
-            if !held.is_some_and(|slot| c.push_held(env, slot, p)) {
+            if !hold_checked(env).is_some_and(|slot| c.push_held(env, slot, p)) {
                 c.free(env, p)
             }
         }
