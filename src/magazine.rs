@@ -284,6 +284,10 @@ pub(crate) struct MagCache<R: RawMutex> {
     /// A link for the owner's list of caches waiting to be freed (unused
     /// by this layer).
     pub(crate) retired_next: AtomicPtr<MagCache<R>>,
+    /// The charged cache that serves groups' objects of this cache, once
+    /// the owner made it (unused by this layer): beside the cache, so an
+    /// accounted hit finds it with one load from the cache it already has.
+    pub(crate) charged: AtomicPtr<MagCache<R>>,
     cpus: CellArray<UnsafeCell<CpuMags>, MAX_CPUS>,
     depots: CellArray<CachePadded<Mutex<R, Depot>>, MAX_NODES>,
 }
@@ -323,6 +327,7 @@ impl<R: RawMutex> MagCache<R> {
                 active_slots: atomic_usize(0),
                 touched: atomic_bool(false),
                 retired_next: atomic_null(),
+                charged: atomic_null(),
                 cpus: CellArray::new(repeat!(UnsafeCell::new(CpuMags::EMPTY); MAX_CPUS)),
                 depots: CellArray::new(repeat!(CachePadded::new(Mutex::const_new(R::INIT, Depot::new())); MAX_NODES)),
             }

@@ -33,7 +33,7 @@ use crate::slab::Cache;
 use crate::slab::classes::GEOMETRIES;
 use crate::slab::classes::NCLASSES;
 use crate::sync::{
-    AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, atomic_null, atomic_u32, atomic_usize, loom_const_fn, repeat,
+    AtomicPtr, AtomicU32, AtomicUsize, CellArray, OneCell, atomic_null, atomic_u32, atomic_usize, loom_const_fn,
 };
 
 mod charged;
@@ -89,9 +89,6 @@ pub(crate) struct Tree<R: RawMutex> {
     pub(crate) groups: OneCell<Cache<R>>,
     /// Self-hosted metadata: the charged caches (see `charged`).
     pub(crate) charged_caches: OneCell<Cache<R>>,
-    /// The charged cache of each size class; null until first use (see
-    /// `charged`).
-    charged: CellArray<AtomicPtr<MagCache<R>>, NCLASSES>,
     /// Each slot's byte stock of object charges (see `objects`).
     pub(super) stocks: Stocks,
     /// Self-hosted metadata: descriptors of typed caches.
@@ -237,7 +234,6 @@ impl<R: RawMutex> Tree<R> {
                 zombies: atomic_null(),
                 groups: OneCell::new(Cache::new(Group::<R>::GEOMETRY)),
                 charged_caches: OneCell::new(Cache::new(MagCache::<R>::GEOMETRY)),
-                charged: CellArray::new(repeat!(atomic_null(); NCLASSES)),
                 stocks: Stocks::new(),
                 descriptors: OneCell::new(Cache::new(CacheDesc::<R>::GEOMETRY)),
                 pressure_nodes: OneCell::new(Cache::new(super::pressure::PressureNode::GEOMETRY)),

@@ -206,7 +206,7 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         };
         // The handle borrows the `Kmem` since `create_cache` checked it.
         let t = k.tree_borrowed();
-        let charged = t.charged_in(k, &self.desc().charged, base).ok_or(Error::OutOfMemory)?;
+        let charged = t.charged_in(k, &self.desc().cache.charged, base).ok_or(Error::OutOfMemory)?;
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
         match charged.alloc_fast_charged(k, |slot| unsafe { t.stock_take_at(slot, g, n) }) {

@@ -106,7 +106,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let base = self.cache_of(c);
         let slot = match self.slots.try_hold_checked(&self.platform, !mode::DEBUG) {
             Hold::Clear(slot) => slot,
-            Hold::Flagged(slot, w) => return self.alloc_flagged::<NOUNWIND>(slot, w, c, base, size, align),
+            Hold::Flagged(slot, w) => return self.alloc_flagged::<NOUNWIND>(slot, w, base, size, align),
             Hold::None => return Self::alloc_current_out::<NOUNWIND>(size, align, self),
         };
         // SAFETY: we hold `slot`, with no drain in progress.
@@ -128,7 +128,6 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         &self,
         slot: usize,
         w: usize,
-        c: SizeClass,
         base: &MagCache<R>,
         size: usize,
         align: usize,
@@ -156,15 +155,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             hardened_on_alloc(base, p);
             return Some(p);
         };
-        let c = c.index();
-        match self.tree.class_charged(c) {
+        match self.tree.charged_of(base) {
             // SAFETY: as above.
             Some(charged) => unsafe { self.alloc_charged_in::<NOUNWIND>(g, charged, slot) },
             None => {
                 self.slots.unhold(&self.platform, slot);
-                // SAFETY: `c` is below NCLASSES (a class's index).
-                let base = unsafe { self.tree.classes().get_unchecked(c) };
-                if NOUNWIND { self.no_unwind_new_charged(g, c, base) } else { self.alloc_in_new_charged(g, c, base) }
+                if NOUNWIND { self.no_unwind_new_charged(g, base) } else { self.alloc_in_new_charged(g, base) }
             }
         }
     }
@@ -359,22 +355,13 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// pass null or a live group of this allocator.
     #[inline(always)]
     fn alloc_class<const NOUNWIND: bool>(&self, g: *const Group<R>, c: SizeClass) -> Option<NonNull<u8>> {
-        // The grouped path looks up the class's cache only where it makes
-        // the charged one (a hit does not use it): box-group 165 -> 162.
         // SAFETY: callers pass null or a live group of this allocator.
         if let Some(g) = unsafe { g.as_ref() } {
-            let c = c.index();
-            return match self.tree.class_charged(c) {
+            let base = self.cache_of(c);
+            return match self.tree.charged_of(base) {
                 Some(charged) => self.alloc_charged::<NOUNWIND>(g, charged),
-                None => {
-                    // SAFETY: `c` is below NCLASSES (a class's index).
-                    let base = unsafe { self.tree.classes().get_unchecked(c) };
-                    if NOUNWIND {
-                        self.no_unwind_new_charged(g, c, base)
-                    } else {
-                        self.alloc_in_new_charged(g, c, base)
-                    }
-                }
+                None if NOUNWIND => self.no_unwind_new_charged(g, base),
+                None => self.alloc_in_new_charged(g, base),
             };
         }
         let base = self.cache_of(c);
@@ -503,22 +490,21 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// See [`Kmem::no_unwind_special`].
     #[cold]
     #[inline(never)]
-    fn no_unwind_new_charged(&self, g: &Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+    fn no_unwind_new_charged(&self, g: &Group<R>, base: &MagCache<R>) -> Option<NonNull<u8>> {
         let guard = NoUnwind;
-        let r = self.alloc_in_new_charged(g, c, base);
+        let r = self.alloc_in_new_charged(g, base);
         core::mem::forget(guard);
         r
     }
 
-    /// [`Kmem::alloc_in`] for the first group object of class `c`: makes
-    /// the class's charged cache, then allocates.
+    /// [`Kmem::alloc_in`] for the first group object of a size class
+    /// (`base`, its cache): makes the class's charged cache, then
+    /// allocates.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_in_new_charged(&self, g: &Group<R>, c: usize, base: &MagCache<R>) -> Option<NonNull<u8>> {
+    pub(super) fn alloc_in_new_charged(&self, g: &Group<R>, base: &MagCache<R>) -> Option<NonNull<u8>> {
         self.settle();
-        // SAFETY: `class_of` gave `c` (caller), below NCLASSES.
-        let slot = unsafe { self.tree.charged_slots().get_unchecked(c) };
-        let charged = self.tree.charged_in(self, slot, base)?;
+        let charged = self.tree.charged_in(self, &base.charged, base)?;
         self.alloc_charged_slow(g, charged).ok()
     }
 

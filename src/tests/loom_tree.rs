@@ -151,7 +151,7 @@ impl TreeEnv {
         let Some(g) = (unsafe { t.effective(g).as_ref() }) else {
             return base.alloc(self).unwrap().as_ptr() as usize;
         };
-        let charged = t.charged_in(self, t.charged_slots().get(class()).unwrap(), base).unwrap();
+        let charged = t.charged_in(self, &base.charged, base).unwrap();
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
         let p = match charged.alloc_fast_charged(self, |slot| unsafe { t.stock_take_at(slot, g, n) }) {

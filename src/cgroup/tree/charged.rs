@@ -12,23 +12,24 @@ use super::{Tree, class_name};
 use crate::error::Name;
 use crate::magazine::{Acct, Env, MagCache};
 use crate::slab::Pages;
-use crate::slab::classes::NCLASSES;
-use crate::sync::{AtomicPtr, CellArray, Ordering};
+use crate::sync::{AtomicPtr, Ordering};
 
 impl<R: RawMutex> Tree<R> {
     /// The charged cache of size class `c`, once made.
-    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn class_charged(&self, c: usize) -> Option<&MagCache<R>> {
-        // SAFETY: `class_of` gives indices below NCLASSES (callers).
-        let slot = unsafe { self.charged.get_unchecked(c) };
-        // SAFETY: published, so live until the tree goes.
-        unsafe { slot.load(Ordering::Acquire).as_ref() }
+        self.charged_of(self.classes().get(c)?)
     }
 
-    /// Where the size classes' charged caches are published.
+    /// The charged cache of `base` (a size class's or a typed cache's),
+    /// once made.
     #[inline(always)]
-    pub(crate) fn charged_slots(&self) -> &CellArray<AtomicPtr<MagCache<R>>, NCLASSES> {
-        &self.charged
+    pub(crate) fn charged_of<'a>(&self, base: &'a MagCache<R>) -> Option<&'a MagCache<R>> {
+        // SAFETY: published (`make_charged`), so live until the tree frees
+        // it: for a size class once no group is left (`release_charged`),
+        // for a typed cache with its descriptor; a caller holds a group (an
+        // allocation) or a read guard (an iteration).
+        unsafe { base.charged.load(Ordering::Acquire).as_ref() }
     }
 
     /// The charged cache whose pointer `slot` holds (a size class's in the
@@ -149,8 +150,8 @@ impl<R: RawMutex> Tree<R> {
             // guard) can still reach it.
             limbo.retire_cache(c);
         };
-        self.charged.iter().for_each(&mut release);
-        self.for_each_desc(|d| release(&d.charged));
+        self.classes().iter().for_each(|b| release(&b.charged));
+        self.for_each_desc(|d| release(&d.cache.charged));
         self.reclaim_groups(env, &mut limbo);
     }
 
@@ -160,15 +161,15 @@ impl<R: RawMutex> Tree<R> {
         // A shrink with no group left frees charged caches once no reader
         // holds a guard (`release_charged`): a report may run without one.
         let _read = self.read_guard();
-        for c in 0..NCLASSES {
-            if let Some(cache) = self.class_charged(c) {
+        for (c, base) in self.classes().iter().enumerate() {
+            if let Some(cache) = self.charged_of(base) {
                 f(class_name(c), cache);
             }
         }
         self.for_each_desc(|d| {
             // SAFETY: published; the read guard of `for_each_desc` keeps
             // a destroyed cache's charged cache from being freed.
-            if let Some(cache) = unsafe { d.charged.load(Ordering::Acquire).as_ref() } {
+            if let Some(cache) = unsafe { d.cache.charged.load(Ordering::Acquire).as_ref() } {
                 f(d.name, cache);
             }
         });

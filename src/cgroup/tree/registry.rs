@@ -30,11 +30,9 @@ pub(crate) struct CacheDesc<R: RawMutex> {
     pub(crate) name: Name,
     /// Set while a `KmemCache` handle owns the descriptor.
     pub(crate) live: AtomicBool,
-    /// Created with `ACCOUNT`: groups' objects come from `charged`.
+    /// Created with `ACCOUNT`: groups' objects come from the charged
+    /// cache `cache.charged` names (null until first use).
     pub(crate) accounted: bool,
-    /// The charged cache groups' objects of an accounted cache come from
-    /// (see `charged`); null until first use.
-    pub(crate) charged: AtomicPtr<MagCache<R>>,
     /// The next older descriptor; changed under the registry lock
     /// (`Release`), read by iterations (`Acquire`).
     pub(super) next: AtomicPtr<CacheDesc<R>>,
@@ -88,7 +86,6 @@ impl<R: RawMutex> Tree<R> {
                 name,
                 live: atomic_bool(true),
                 accounted,
-                charged: atomic_null(),
                 next: AtomicPtr::new(self.registry.load(Ordering::Relaxed)),
                 retired_next: atomic_null(),
             });
@@ -190,7 +187,7 @@ impl<R: RawMutex> Tree<R> {
     /// charged cache for freeing once no iteration runs. The caller holds
     /// the registry lock; `limbo` is the tree lock's.
     fn retire(&self, limbo: &mut Limbo<R>, desc: &CacheDesc<R>) {
-        if let Some(c) = NonNull::new(desc.charged.swap(core::ptr::null_mut(), Ordering::AcqRel)) {
+        if let Some(c) = NonNull::new(desc.cache.charged.swap(core::ptr::null_mut(), Ordering::AcqRel)) {
             limbo.retire_cache(c);
         }
         // SAFETY: linked descriptors are live, and links change only under
@@ -209,7 +206,7 @@ impl<R: RawMutex> Tree<R> {
         // SAFETY: published; freed only with the descriptor (which the
         // caller's handle or iteration keeps) or once no read guard is
         // held.
-        if let Some(c) = unsafe { desc.charged.load(Ordering::Acquire).as_ref() } {
+        if let Some(c) = unsafe { desc.cache.charged.load(Ordering::Acquire).as_ref() } {
             f(c);
         }
     }
