@@ -251,6 +251,9 @@ impl Revoker {
     /// are short. Only the slot's holder calls it.
     #[inline]
     pub(crate) fn arm(&self, slot: usize, word: &AtomicUsize) {
+        // `fast_hold` tells the compiler that an armed word is below
+        // `ARMED_END`: it is, as long as slots are.
+        debug_assert!(slot < MAX_CPUS);
         if self.contended.load(Ordering::Relaxed) {
             word.store(counting(slot, FAST_TICKS), Ordering::Relaxed);
             return;
