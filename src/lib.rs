@@ -44,8 +44,9 @@
 //!   of its run past its last object go back to the source.
 //! * **cache**: the slabs of one object size and alignment: a size class of
 //!   the general heap, or a named typed cache ([`Kmem::create_cache`]); an
-//!   accounted cache has one *charged cache*, made at first use, that
-//!   serves every group's objects of it from shared slabs (see
+//!   accounted cache has one *charged cache*, made at first use and
+//!   named by the cache itself (so a group's hit finds it with one load),
+//!   that serves every group's objects of it from shared slabs (see
 //!   *Charging* below).
 //! * **size class**: one of 43 object sizes from 8 B to 16 KiB, spaced so a
 //!   request wastes at most 25% of its class.

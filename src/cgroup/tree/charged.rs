@@ -25,16 +25,15 @@ impl<R: RawMutex> Tree<R> {
     /// once made.
     #[inline(always)]
     pub(crate) fn charged_of<'a>(&self, base: &'a MagCache<R>) -> Option<&'a MagCache<R>> {
-        // SAFETY: published (`make_charged`), so live until the tree frees
-        // it: for a size class once no group is left (`release_charged`),
-        // for a typed cache with its descriptor; a caller holds a group (an
+        // A size class's is freed once no group is left (`release_charged`),
+        // a typed cache's with its descriptor; callers hold a group (an
         // allocation) or a read guard (an iteration).
+        // SAFETY: published (`make_charged`), so live until then.
         unsafe { base.charged.load(Ordering::Acquire).as_ref() }
     }
 
-    /// The charged cache whose pointer `slot` holds (a size class's in the
-    /// tree, a typed cache's in its descriptor), made from `base` at first
-    /// use; `None` when there is no memory for it.
+    /// The charged cache whose pointer `slot` holds (`base.charged`), made
+    /// from `base` at first use; `None` when there is no memory for it.
     #[inline]
     pub(crate) fn charged_in<'a, E: Env<R>>(
         &self,
