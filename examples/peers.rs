@@ -21,6 +21,10 @@
 //!   them (ns per pair of the aggregate). Scaling, printed after the
 //!   table, is `threads/1` time over `threads/2` time (2.0 is perfect on
 //!   two CPUs), and `threads/8` over `threads/100`.
+//!
+//! `kmemcg-rseq` is the same allocator on the opt-in `Rseq` platform
+//! (per-CPU slots through restartable sequences): a column of its own,
+//! never counted as a peer.
 
 #[path = "support/workloads.rs"]
 mod workloads;
@@ -29,10 +33,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kmemcg::{Kmem, OsPages};
+use kmemcg::{DefaultRawMutex, Kmem, OsPages, Rseq};
 use workloads::{BATCH, on_threads, random, xfree_run};
 
 static KMEM: Kmem<OsPages> = Kmem::new(OsPages::new());
+/// The same allocator on `Rseq`'s per-CPU slots (per-thread slots where
+/// rseq is missing), not a peer: a column beside `kmemcg`, not in "best".
+static KMEM_RSEQ: Kmem<OsPages, DefaultRawMutex, Rseq> = Kmem::with_platform(OsPages::new(), Rseq::new());
 static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static MIMALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 static SYSTEM: System = System;
@@ -117,7 +124,8 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
-    let names = ["kmemcg", "jemalloc", "mimalloc", "system"];
+    let names = ["kmemcg", "jemalloc", "mimalloc", "system", "kmemcg-rseq"];
+    const PEERS: std::ops::Range<usize> = 1..4;
     let only: Option<Vec<String>> = std::env::args().nth(2).map(|a| a.split(',').map(str::to_owned).collect());
     let workloads: Vec<&str> =
         WORKLOADS.iter().copied().filter(|w| only.as_ref().is_none_or(|o| o.iter().any(|x| x == w))).collect();
@@ -133,7 +141,8 @@ fn main() {
                     0 => measure(&KMEM, w),
                     1 => measure(&JEMALLOC, w),
                     2 => measure(&MIMALLOC, w),
-                    _ => measure(&SYSTEM, w),
+                    3 => measure(&SYSTEM, w),
+                    _ => measure(&KMEM_RSEQ, w),
                 };
                 s[ai][wi].push(ns);
             }
@@ -141,17 +150,21 @@ fn main() {
     }
     let med: Vec<Vec<f64>> = s.iter_mut().map(|a| a.iter_mut().map(|v| median(v)).collect()).collect();
     println!("{rounds} interleaved rounds, median ns per step (fat LTO, generic loops)");
-    println!("| workload | kmemcg | jemalloc | mimalloc | system | kmemcg / best peer |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| workload | kmemcg | jemalloc | mimalloc | system | kmemcg-rseq | kmemcg / best peer | kmemcg-rseq / best peer |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for (wi, w) in workloads.iter().enumerate() {
-        let best = (1..names.len()).map(|a| med[a][wi]).fold(f64::INFINITY, f64::min);
+        let best = PEERS.map(|a| med[a][wi]).fold(f64::INFINITY, f64::min);
         println!(
-            "| {w} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x |",
+            "| {w} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2}x |",
             med[0][wi],
             med[1][wi],
             med[2][wi],
             med[3][wi],
-            med[0][wi] / best
+            med[4][wi],
+            med[0][wi] / best,
+            med[4][wi] / best
         );
     }
     let idx = |w: &str| workloads.iter().position(|x| *x == w);

@@ -412,8 +412,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     ///
     /// # Safety
     ///
-    /// As for [`Kmem::free_into`]; `size` and `align` are the typed
-    /// cache's.
+    /// As for [`Kmem::free_into`]; `typed_special` frees `ptr` by the
+    /// typed cache's checked path (it is called with no hold).
     #[inline(always)]
     pub(crate) unsafe fn free_typed(&self, owner: &MagCache<R>, ptr: NonNull<u8>, typed_special: impl FnOnce()) {
         let held = if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {

@@ -64,7 +64,6 @@ pub(crate) enum Hold {
     Flagged(usize, usize),
 }
 
-/// The handshake states of all slots.
 /// What one CPU slot's slow paths did; see `Kmem::slot_stats`.
 ///
 /// On a platform without an asymmetric barrier (e.g.
@@ -81,6 +80,7 @@ pub struct SlotStats {
     pub misses: usize,
 }
 
+/// The handshake states of all slots.
 pub(crate) struct Slots {
     sync: CellArray<SlotSync, MAX_CPUS>,
     /// The allocation paths' word: the mode bits below [`DRAIN`] (see

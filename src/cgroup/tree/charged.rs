@@ -165,10 +165,10 @@ impl<R: RawMutex> Tree<R> {
                 f(class_name(c), cache);
             }
         }
+        // The read guards keep a destroyed cache's charged cache from
+        // being freed while `f` looks at it.
         self.for_each_desc(|d| {
-            // SAFETY: published; the read guard of `for_each_desc` keeps
-            // a destroyed cache's charged cache from being freed.
-            if let Some(cache) = unsafe { d.cache.charged.load(Ordering::Acquire).as_ref() } {
+            if let Some(cache) = self.charged_of(&d.cache) {
                 f(d.name, cache);
             }
         });

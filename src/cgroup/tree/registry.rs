@@ -203,10 +203,9 @@ impl<R: RawMutex> Tree<R> {
         // (`release_charged`), once no read guard is held.
         let _read = self.read_guard();
         f(&desc.cache);
-        // SAFETY: published; freed only with the descriptor (which the
-        // caller's handle or iteration keeps) or once no read guard is
-        // held.
-        if let Some(c) = unsafe { desc.cache.charged.load(Ordering::Acquire).as_ref() } {
+        // Freed only with the descriptor (which the caller's handle or
+        // iteration keeps) or once no read guard is held.
+        if let Some(c) = self.charged_of(&desc.cache) {
             f(c);
         }
     }
