@@ -461,6 +461,23 @@ pub(crate) fn spin_hint() {
     core::hint::spin_loop();
 }
 
+/// Step `i` (counted from 0) of a wait for another thread that may be
+/// preempted: a CPU pause hint for the first few steps, then, with `std`,
+/// a yield of the CPU, which the waited-for thread may be waiting for (a
+/// drain that spins on two CPUs shared by three threads waits out the
+/// scheduler's whole time slice, milliseconds: `examples/drain_cost.rs`).
+/// Without `std` (a kernel, whose holders mask interrupts) always a pause.
+#[inline]
+#[allow(dead_code)]
+pub(crate) fn wait_step(i: usize) {
+    #[cfg(all(feature = "std", not(loom)))]
+    if i >= 64 {
+        return std::thread::yield_now();
+    }
+    let _ = i;
+    spin_hint();
+}
+
 /// Spins until `done` holds, a bounded while (`SETTLE_TRIES` tries, with
 /// `std` yielding the CPU between them after the first few); returns
 /// whether it did. For waits on other threads' work in flight outside an
@@ -473,13 +490,7 @@ pub(crate) fn wait_until(mut done: impl FnMut() -> bool) -> bool {
         if done() {
             return true;
         }
-        #[cfg(all(feature = "std", not(loom)))]
-        if i >= 64 {
-            std::thread::yield_now();
-            continue;
-        }
-        let _ = i;
-        spin_hint();
+        wait_step(i);
     }
     done()
 }

@@ -7,7 +7,7 @@ use crossbeam_utils::CachePadded;
 use crate::platform::{MAX_CPUS, Platform};
 use crate::sync::{
     AtomicBool, AtomicU8, AtomicUsize, CellArray, Ordering, atomic_bool, atomic_u8, atomic_usize, compiler_fence,
-    fence, loom_const_fn, repeat, spin_hint,
+    fence, loom_const_fn, repeat, spin_hint, wait_step,
 };
 
 /// [`Slots::word`]: one drain in progress. Below it, the mode bits.
@@ -79,6 +79,15 @@ pub struct SlotStats {
     /// spills and flushes).
     pub misses: usize,
 }
+
+/// How many times a drainer that counted itself reads a held slot's state
+/// before it takes the holder for preempted and withdraws its count (see
+/// `Slots::begin_drain`). (Under loom, where each read is a step of the
+/// model, two.)
+#[cfg(not(loom))]
+const HOLDER_SPINS: usize = 64;
+#[cfg(loom)]
+const HOLDER_SPINS: usize = 2;
 
 /// The handshake states of all slots.
 pub(crate) struct Slots {
@@ -278,8 +287,10 @@ impl Slots {
     /// current operation, never on an allocation path.
     pub(super) fn begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> bool {
         let s = &self.sync[slot];
+        let mut i = 0;
         while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            spin_hint();
+            wait_step(i);
+            i += 1;
         }
         // SAFETY: a drain: the slot's per-CPU state is what it empties, and
         // `end_drain` gives a stolen slot back.
@@ -298,20 +309,42 @@ impl Slots {
                 }
             }
         }
-        // Counted in the word every holder reads (holders of every slot
-        // take the shared path until the drain ends: drains are short and
-        // rare, and one word to read is what keeps the fast path at one
-        // load for its mode and its drains).
-        self.word.fetch_add(DRAIN, Ordering::Relaxed);
-        if plat.asymmetric() {
-            plat.heavy_barrier();
-        } else {
-            fence(Ordering::SeqCst);
+        // Counted in the word every holder reads: holders of every slot
+        // take the shared path until the drain ends (one word to read is
+        // what keeps the fast path at one load for its mode and its
+        // drains), so the count is up only while the drain runs, never
+        // while it waits for a preempted holder.
+        let mut i = 0;
+        loop {
+            self.word.fetch_add(DRAIN, Ordering::Relaxed);
+            if plat.asymmetric() {
+                plat.heavy_barrier();
+            } else {
+                fence(Ordering::SeqCst);
+            }
+            // A holder in an operation leaves within a few instructions,
+            // and with the count up no new hold starts.
+            for _ in 0..HOLDER_SPINS {
+                if s.state.load(Ordering::Acquire) != HELD {
+                    return false;
+                }
+                spin_hint();
+            }
+            // Still held: the holder was preempted in its operation, and
+            // may wait for this very CPU. Withdraw the count (as
+            // `try_begin_drain` does: a holder that saw it took the
+            // shared path for one operation, nothing else changed), so
+            // that the other slots' fast paths run meanwhile; wait for
+            // the hold to end, yielding (`wait_step`); count again.
+            // (`examples/drain_cost.rs`: with the count kept up through
+            // the wait, two threads on two CPUs ran 5x slower while a
+            // third shrank every 10 ms.)
+            self.word.fetch_sub(DRAIN, Ordering::Relaxed);
+            while s.state.load(Ordering::Acquire) == HELD {
+                wait_step(i);
+                i += 1;
+            }
         }
-        while s.state.load(Ordering::Acquire) == HELD {
-            spin_hint();
-        }
-        false
     }
 
     /// [`Slots::begin_drain`] that waits for nobody: `None` when another
