@@ -160,7 +160,7 @@ use crossbeam_utils::CachePadded;
 
 use super::cpu::{MAX_CPUS, Platform, RseqFast, cpu_for_slot};
 use super::threads::Threads;
-use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Ordering, atomic_bool, atomic_u8, spin_hint};
+use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Ordering, atomic_bool, atomic_u8, wait_step};
 
 /// `locks[c]`: nobody holds CPU `c`'s slot.
 const FREE: u8 = 0;
@@ -294,6 +294,9 @@ fn mode() -> u8 {
 #[cold]
 #[inline(never)]
 fn init() -> u8 {
+    // Others wait yielding: registering for membarrier may take the
+    // kernel milliseconds (an RCU grace period).
+    let mut i = 0;
     loop {
         match MODE.compare_exchange(UNKNOWN, SETTLING, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => {
@@ -315,7 +318,10 @@ fn init() -> u8 {
                 return m;
             }
             Err(m @ (RSEQ | THREADS)) => return m,
-            Err(_) => spin_hint(),
+            Err(_) => {
+                wait_step(i);
+                i += 1;
+            }
         }
     }
 }

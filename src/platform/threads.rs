@@ -327,6 +327,9 @@ extern "C" fn release_slot(value: *mut libc::c_void) {
 /// any slot is handed out (contract point 3).
 #[cold]
 fn init() -> Option<libc::pthread_key_t> {
+    // Others wait for the one thread setting up, yielding: registering for
+    // membarrier may take the kernel milliseconds (an RCU grace period).
+    let mut i = 0;
     loop {
         match KEY.load(Ordering::Acquire) {
             0 => {
@@ -360,7 +363,10 @@ fn init() -> Option<libc::pthread_key_t> {
                     return None;
                 }
             }
-            1 => crate::sync::spin_hint(),
+            1 => {
+                crate::sync::wait_step(i);
+                i += 1;
+            }
             k => return Some((k - 2) as libc::pthread_key_t),
         }
     }
