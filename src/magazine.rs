@@ -22,8 +22,13 @@
 //! | `state = HELD` (Relaxed) | take `drainers` lock |
 //! | light fence | `word += DRAIN` (Relaxed read-modify-write) |
 //! | read `word` (Acquire); if it counts a drain: `state = USED`, use the shared path | heavy fence |
-//! | ... magazines ... | wait for `state != HELD` (Acquire) |
+//! | ... magazines ... | wait for `state != HELD` (Acquire), a few reads |
 //! | `state = USED` (Release) | ... magazines ... ; `word -= DRAIN` (Release) |
+//!
+//! A holder still `HELD` after those few reads was preempted inside its
+//! operation: the drainer takes its count back (`word -= DRAIN`; a holder
+//! that saw it meanwhile only took the shared path once), waits for the
+//! hold to end while yielding the CPU, and starts over from the count.
 //!
 //! This is Dekker's pattern: each side stores its mark, fences, and reads
 //! the other's, so they cannot both proceed. The drainer's mark is a count
@@ -32,7 +37,9 @@
 //! path both whether a drain runs and whether the mode is plain, and a
 //! holder that finds mode bits but no drain may go on under its hold (the
 //! grouped paths do). Every holder, of any slot, backs off while a drain
-//! runs; drains are short and rare. The word is only written by
+//! runs; drains are short and rare, and the count is up only while one
+//! runs, never while it waits for a preempted holder (that wait lasts
+//! until the scheduler runs the holder again: `examples/drain_cost.rs`). The word is only written by
 //! read-modify-writes, so a holder's `Acquire` load that reads a later
 //! value than a drain's end still synchronises with it. With an asymmetric platform
 //! (Linux `membarrier`) the holder's fence is a compiler fence and the
