@@ -283,8 +283,9 @@ impl Slots {
     }
 
     /// The drainer's side: exclusive access to `slot`'s magazines until
-    /// `end_drain`. Spins only against other drainers and a holder's
-    /// current operation, never on an allocation path.
+    /// `end_drain`. Waits only for other drainers of the slot and for a
+    /// holder's current operation (yielding the CPU once that takes more
+    /// than a few reads), never on an allocation path.
     pub(super) fn begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> bool {
         let s = &self.sync[slot];
         let mut i = 0;
