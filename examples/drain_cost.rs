@@ -3,8 +3,9 @@
 //! What drains cost the threads that allocate meanwhile. A drain of one
 //! slot (by `shrink`, `reap`, a group's removal) counts itself in the
 //! word every fast path reads, and while the count is not zero the fast
-//! paths of *every* slot take the shared path; a drain that must wait for
-//! a preempted holder keeps the count up for that wait. This times
+//! paths of *every* slot take the shared path; a drain that meets a
+//! holder preempted in its operation withdraws the count while it waits
+//! (it kept it up through that wait until session 27). This times
 //! 64-byte pairs (inlined, as `peers`' `pair`) on 1, 2 and 4 threads of the
 //! default platform, `Threads`, while another thread calls `shrink()`
 //! never, every 10 ms, every 1 ms, or back to back; rounds interleave the

@@ -25,10 +25,13 @@
 //! | ... magazines ... | wait for `state != HELD` (Acquire), a few reads |
 //! | `state = USED` (Release) | ... magazines ... ; `word -= DRAIN` (Release) |
 //!
-//! A holder still `HELD` after those few reads was preempted inside its
-//! operation: the drainer takes its count back (`word -= DRAIN`; a holder
+//! A holder still `HELD` after those few reads may have been preempted
+//! inside its operation (or be in a slow path that holds the slot across
+//! a refill): the drainer takes its count back (`word -= DRAIN`; a holder
 //! that saw it meanwhile only took the shared path once), waits for the
-//! hold to end while yielding the CPU, and starts over from the count.
+//! hold to end while yielding the CPU, and starts over from the count,
+//! reading twice as long each round; after a few rounds it keeps the
+//! count up and waits for the hold in flight, so no holder starves it.
 //!
 //! This is Dekker's pattern: each side stores its mark, fences, and reads
 //! the other's, so they cannot both proceed. The drainer's mark is a count
@@ -37,8 +40,8 @@
 //! path both whether a drain runs and whether the mode is plain, and a
 //! holder that finds mode bits but no drain may go on under its hold (the
 //! grouped paths do). Every holder, of any slot, backs off while a drain
-//! runs; drains are short and rare, and the count is up only while one
-//! runs, never while it waits for a preempted holder (that wait lasts
+//! runs; drains are short and rare, and the count is withdrawn while a
+//! drain waits for a holder preempted in its operation (that wait lasts
 //! until the scheduler runs the holder again: `examples/drain_cost.rs`). The word is only written by
 //! read-modify-writes, so a holder's `Acquire` load that reads a later
 //! value than a drain's end still synchronises with it. With an asymmetric platform
