@@ -28,10 +28,11 @@
 //! A holder still `HELD` after those few reads may have been preempted
 //! inside its operation (or be in a slow path that holds the slot across
 //! a refill): the drainer takes its count back (`word -= DRAIN`; a holder
-//! that saw it meanwhile only took the shared path once), waits for the
-//! hold to end while yielding the CPU, and starts over from the count,
-//! reading twice as long each round; after a few rounds it keeps the
-//! count up and waits for the hold in flight, so no holder starves it.
+//! that saw it meanwhile only took the shared path once), waits a bounded
+//! while (a few yields of the CPU) for the hold to end, and starts over
+//! from the count, reading twice as many times each round; after four
+//! rounds it keeps the count up and waits for the hold in flight, so no
+//! holder starves it.
 //!
 //! This is Dekker's pattern: each side stores its mark, fences, and reads
 //! the other's, so they cannot both proceed. The drainer's mark is a count

@@ -359,8 +359,10 @@ impl Slots {
             }
             // With the count up no new hold starts; an operation in
             // flight ends within a few instructions, a slow path's hold
-            // (a refill that takes locks) within microseconds: a window
-            // that doubles each round outlasts it.
+            // (a refill that takes locks) within microseconds, which a
+            // window doubling each round (64 to 512 reads, a few to tens
+            // of microseconds) may or may not outlast: holds longer than
+            // the last window are waited for in the final round.
             for _ in 0..HOLDER_SPINS << round {
                 if s.state.load(Ordering::Acquire) != HELD {
                     return false;
