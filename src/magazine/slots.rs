@@ -473,7 +473,7 @@ impl Slots {
 
 #[cfg(all(test, feature = "std", not(loom), not(miri)))]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use crate::sync::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
     use super::Slots;
