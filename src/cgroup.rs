@@ -81,8 +81,8 @@ const FREED: u8 = 2;
 /// A token is shared by every allocator on the platform (with `std`, one
 /// per thread for all of them), so code of one allocator may hold a token
 /// of another's group, made with another lock type. It reads only this
-/// head, which follows the counter in a `repr(C)` `Group<R>` (nothing
-/// before it depends on `R`).
+/// head, which starts a `repr(C)` `Group<R>` (so it is where it is for
+/// every `R`).
 ///
 /// **Tokens hold references.** A platform's current-group slot owns one
 /// reference on the group its token names (none for the root, whose token
@@ -137,8 +137,8 @@ impl TokenHead {
     }
 }
 
-/// Where the token head sits in every `Group<R>`: after the counter, so
-/// the same for every lock type.
+/// Where the token head sits in every `Group<R>`: at its start, so the
+/// same for every lock type.
 const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, head);
 
 // Two groups and a slab header fit one page, so the group cache needs no
@@ -148,7 +148,11 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 // the largest groups.
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
-static_assertions::const_assert_eq!(HEAD_OFFSET, core::mem::size_of::<PageCounter>());
+static_assertions::const_assert_eq!(HEAD_OFFSET, 0);
+// The fields before the counter fill its alignment (128 bytes on the
+// 64-bit targets): moving the head first cost no padding.
+#[cfg(all(target_pointer_width = "64", not(loom)))]
+static_assertions::const_assert_eq!(core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, counter), 128);
 
 /// A memory event of a group (Linux `memory.events`): counted in the
 /// group's [`GroupStat`](crate::GroupStat), locally and in each ancestor
@@ -244,18 +248,19 @@ impl Events {
 
 /// One group of the tree.
 ///
-/// `repr(C)`: the counter first (the counter that refused a charge leads
-/// back to its group through `PageCounter::owner`, see
-/// `Tree::group_of_counter`), then the token head at
-/// [`HEAD_OFFSET`] (see [`TokenHead`]). Two groups fit a page (the group
+/// `repr(C)`: the token head first, at [`HEAD_OFFSET`] 0 (see
+/// [`TokenHead`]), so a token is the group's own address and the grouped
+/// fast path charges the group its token names with no offset to take
+/// off; then the fields the group's creation and its tree links touch,
+/// which fill the counter's alignment; then the counter (the counter that
+/// refused a charge leads back to its group through `PageCounter::owner`,
+/// see `Tree::group_of_counter`). Two groups fit a page (the group
 /// cache's slabs stay single pages; asserted above).
 ///
 /// Fields are private to this layer; the layers above read a group through
 /// its methods.
 #[repr(C)]
 pub(crate) struct Group<R: RawMutex> {
-    /// Pages charged to this group and its descendants.
-    counter: PageCounter,
     /// Which tree made this group, and how a token drops a reference on it.
     head: TokenHead,
     name: Name,
@@ -288,6 +293,9 @@ pub(crate) struct Group<R: RawMutex> {
     /// (which keeps unlinked groups from being freed). `prev_all` links
     /// back, under the tree lock only.
     next_all: AtomicPtr<Group<R>>,
+    /// Pages charged to this group and its descendants: at the first
+    /// multiple of its alignment after the fields above.
+    counter: PageCounter,
     prev_all: AtomicPtr<Group<R>>,
     /// Link on the zombie stack (written before the push, whose `Release`
     /// publishes it) and then in the tree lock's limbo list. An atomic, so

@@ -328,9 +328,24 @@ impl<R: RawMutex> Cache<R> {
     /// owner words.
     #[inline(always)]
     pub(crate) unsafe fn owner_word(&self, ptr: *mut u8) -> *mut *mut () {
+        // SAFETY: forwarded; a cache has its own slabs' order.
+        unsafe { self.owner_word_found_by(self, ptr) }
+    }
+
+    /// [`Cache::owner_word`] with the slab found through `like`'s
+    /// geometry: a free that found the object's header through the
+    /// cache of its class (`like`) masks the pointer once for both.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Cache::owner_word`], and `like`'s slabs have this
+    /// cache's order.
+    #[inline(always)]
+    pub(crate) unsafe fn owner_word_found_by(&self, like: &Self, ptr: *mut u8) -> *mut *mut () {
         let geo = self.geo();
         debug_assert!(geo.has_owners());
-        let base = self.slab_of(ptr);
+        debug_assert_eq!(geo.slab_mask, like.geo().slab_mask);
+        let base = like.slab_of(ptr);
         let off = geo.owner_offset(ptr.addr() - base.addr());
         debug_assert_eq!(
             Some(off),

@@ -160,7 +160,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // (`w`).
         unsafe {
             if owner.cache.geometry().has_owners() {
-                self.free_charged_in(owner, ptr, slot)
+                self.free_charged_in(owner, base, ptr, slot)
             } else if !owner.push_held(self, slot, ptr) {
                 self.free_into_slow(owner, ptr)
             }
@@ -428,7 +428,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 // progress.
                 unsafe {
                     if owner.cache.geometry().has_owners() {
-                        self.free_charged_in(owner, ptr, slot)
+                        self.free_charged_in(owner, owner, ptr, slot)
                     } else if !owner.push_held(self, slot, ptr) {
                         self.free_into_slow(owner, ptr)
                     }
@@ -490,12 +490,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// # Safety
     ///
     /// As for [`Kmem::free_charged`]; the caller holds `slot`, with no
-    /// drain in progress.
+    /// drain in progress; `found_by` is a cache whose slabs have `owner`'s
+    /// order, through which the caller found `ptr`'s header (see
+    /// [`Cache::owner_word_found_by`](crate::slab::Cache::owner_word_found_by)).
     #[inline(always)]
-    unsafe fn free_charged_in(&self, owner: &MagCache<R>, ptr: NonNull<u8>, slot: usize) {
+    unsafe fn free_charged_in(&self, owner: &MagCache<R>, found_by: &MagCache<R>, ptr: NonNull<u8>, slot: usize) {
         let n = owner.cache.geometry().size;
         // SAFETY: forwarded.
-        let key = unsafe { Self::take_owner(owner, ptr) };
+        let key = unsafe { Self::take_owner(owner, found_by, ptr) };
         if key.is_null() {
             self.slots.unhold(&self.platform, slot);
             // Not charged (a double free the slab will refuse).
@@ -510,16 +512,19 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// Reads and clears the owner word of `ptr`, a live object of
     /// `owner` (a charged cache): the group it is charged to, or null.
+    /// Its slab is found through `found_by`'s geometry.
     ///
     /// # Safety
     ///
-    /// `ptr` is a live object of `owner`, whose slabs have owner words.
+    /// `ptr` is a live object of `owner`, whose slabs have owner words;
+    /// `found_by`'s slabs have their order.
     #[inline(always)]
-    unsafe fn take_owner(owner: &MagCache<R>, ptr: NonNull<u8>) -> *mut () {
+    unsafe fn take_owner(owner: &MagCache<R>, found_by: &MagCache<R>, ptr: NonNull<u8>) -> *mut () {
         // SAFETY: a live object of `owner`, whose slabs have owner words,
-        // written only through `word_store`.
+        // written only through `word_store`, found through a cache of the
+        // same slab order (caller).
         unsafe {
-            let w = owner.cache.owner_word(ptr.as_ptr());
+            let w = owner.cache.owner_word_found_by(&found_by.cache, ptr.as_ptr());
             let key = word_load(w);
             word_store(w, core::ptr::null_mut());
             key
@@ -559,7 +564,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     unsafe fn free_charged(&self, owner: &MagCache<R>, ptr: NonNull<u8>) {
         let n = owner.cache.geometry().size;
         // SAFETY: forwarded.
-        let key = unsafe { Self::take_owner(owner, ptr) };
+        let key = unsafe { Self::take_owner(owner, owner, ptr) };
         if key.is_null() {
             // Not charged (a double free the slab will refuse).
             // SAFETY: forwarded.
