@@ -498,12 +498,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let n = owner.cache.geometry().size;
         // SAFETY: forwarded.
         let key = unsafe { Self::take_owner(owner, found_by, ptr) };
-        if key.is_null() {
-            self.slots.unhold(&self.platform, slot);
-            // Not charged (a double free the slab will refuse).
-            // SAFETY: forwarded.
-            return unsafe { self.free_into_slow(owner, ptr) };
-        }
+        // A null `key` (an object not charged: a double free the slab will
+        // refuse) is no stock's owner (`magazine::NO_OWNER`): the stock
+        // refuses it, and `free_charged_held` takes it from there.
         // SAFETY: forwarded; the closure runs under the hold of `slot`.
         let r = unsafe { owner.free_charged_held(self, slot, ptr, |slot| self.tree.stock_add_at(slot, key, n)) };
         // SAFETY: forwarded.
@@ -581,18 +578,25 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// the group was removed): [`Tree::give_slow_at`] and the push, still
     /// under the hold of `slot`, so frees of a removed group's objects
     /// stay on the magazines. Out of line with its arguments in
-    /// registers, so the hit path around it saves none.
+    /// registers, so the hit path around it saves none. A null `key` (the
+    /// object was not charged: a double free) ends the hold and goes to
+    /// the slab, which refuses it.
     ///
     /// # Safety
     ///
-    /// `ptr` is a live object of `owner`, a charged cache, freed once,
-    /// whose owner word held `key` (now cleared); the caller holds `slot`
-    /// and hands the hold over.
+    /// `ptr` is an object of `owner`, a charged cache, whose owner word
+    /// held `key` (now cleared): if `key` is not null, a live one freed
+    /// once. The caller holds `slot` and hands the hold over.
     ///
     /// [`Tree::give_slow_at`]: crate::cgroup::Tree
     #[cold]
     #[inline(never)]
     unsafe fn free_charged_held(&self, owner: &MagCache<R>, ptr: NonNull<u8>, key: *mut (), slot: usize) {
+        if key.is_null() {
+            self.slots.unhold(&self.platform, slot);
+            // SAFETY: forwarded (not charged).
+            return unsafe { self.free_into_slow(owner, ptr) };
+        }
         // SAFETY: forwarded: we hold `slot`.
         let pushed = unsafe {
             self.tree.give_slow_at(slot, key, owner.cache.geometry().size);

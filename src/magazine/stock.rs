@@ -9,8 +9,12 @@
 //! reclaim) takes it through the same handshake
 //! ([`Slots::begin_drain`](super::Slots)).
 //!
-//! This layer does not know what an owner is: a non-null pointer the
-//! layers above give (a group) and read back when they flush a stock.
+//! This layer does not know what an owner is: a pointer the layers above
+//! give (a group, never null, never [`NO_OWNER`]) and read back when they
+//! flush a stock. An empty stock's owner is [`NO_OWNER`], not null: a free
+//! whose object's owner word is null (an uncharged object, a double free)
+//! then misses every stock with the one compare that tests the owner, and
+//! the fast path tests nothing else for it.
 
 use lock_api::RawMutex;
 
@@ -18,8 +22,13 @@ use super::Env;
 use crate::platform::MAX_CPUS;
 use crate::sync::{AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_usize, loom_const_fn, repeat};
 
-/// One slot's stock: `bytes` charged to `owner` (null: none) beyond what its
-/// objects use.
+/// The owner of an empty stock: no owner's key (keys are non-null and
+/// aligned), and not null either (see the module docs). Only compared,
+/// never followed.
+pub(crate) const NO_OWNER: *mut () = core::ptr::dangling_mut::<u8>().cast();
+
+/// One slot's stock: `bytes` charged to `owner` ([`NO_OWNER`]: none)
+/// beyond what its objects use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Stock {
     pub(crate) owner: *mut (),
@@ -28,7 +37,7 @@ pub(crate) struct Stock {
 
 impl Stock {
     /// No owner, no bytes.
-    pub(crate) const EMPTY: Stock = Stock { owner: core::ptr::null_mut(), bytes: 0 };
+    pub(crate) const EMPTY: Stock = Stock { owner: NO_OWNER, bytes: 0 };
 
     /// Takes the stock's contents, leaving it empty.
     #[inline]
@@ -108,7 +117,7 @@ impl Stocks {
             let s = unsafe { &mut *s };
             let had = s.owner;
             let r = f(s);
-            if had.is_null() && !s.owner.is_null() {
+            if had == NO_OWNER && s.owner != NO_OWNER {
                 self.note(slot);
             }
             r
@@ -149,15 +158,15 @@ impl Stocks {
             let taken = self.cells[slot].with_mut(|s| {
                 // SAFETY: the handshake (or the steal) gives us the slot.
                 let s = unsafe { &mut *s };
-                if !s.owner.is_null() && want(s) { s.take() } else { Stock::EMPTY }
+                if s.owner != NO_OWNER && want(s) { s.take() } else { Stock::EMPTY }
             });
-            if !taken.owner.is_null() {
+            if taken.owner != NO_OWNER {
                 // Counted before the slot is let go, so a drainer that
                 // visits the slot next and finds it empty sees it here.
                 self.taken.fetch_add(1, Ordering::Relaxed);
             }
             cx.slots().end_drain(cx.plat(), slot, stolen);
-            if !taken.owner.is_null() {
+            if taken.owner != NO_OWNER {
                 each(taken);
                 // Release: what `each` did (the bytes flushed, pages
                 // uncharged) comes before a reader that sees the count

@@ -763,3 +763,41 @@ fn names_come_and_go_on_a_dry_source() {
         "made {made}, taken {taken}, out of memory {short}"
     );
 }
+
+/// A grouped free of a charged object whose owner word is null (what the
+/// second of a double free finds: the first cleared it) puts no bytes in
+/// the slot's stock, even an empty one: an empty stock's owner is no key
+/// and not null (`magazine::NO_OWNER`), so the free's one compare of the
+/// owner misses it and the object goes to its slab. Were an empty
+/// stock's owner null, the free would stock its bytes for a null owner,
+/// and the next charge that displaced them would follow it.
+#[test]
+fn a_free_with_a_null_owner_word_stocks_nothing() {
+    on_own_thread(|| {
+        let (k, g) = kmem_with_child("null-owner");
+        let l = Layout::from_size_align(64, 8).unwrap();
+        let _in = g.enter();
+        // SAFETY: a valid layout.
+        let p = core::ptr::NonNull::new(unsafe { k.alloc(l) }).unwrap();
+        // Every stock flushed (and the magazines emptied); `p` stays live.
+        k.shrink();
+        assert_eq!(g.stat().stocked, 0);
+        let base = k.cache_of(crate::slab::classes::lut_class(64, 8).unwrap());
+        // SAFETY: a live object of the class's charged cache.
+        let owner = unsafe { K::owner(base, p) };
+        assert!(owner.cache.geometry().has_owners(), "a group's object is in the charged cache");
+        // SAFETY: `p`'s owner word; the object stays live until the free.
+        unsafe { crate::sync::word_store(owner.cache.owner_word(p.as_ptr()), core::ptr::null_mut()) };
+        // SAFETY: freed once with its layout (its charge is lost with
+        // the owner word: `g` keeps it).
+        unsafe { k.dealloc(p.as_ptr(), l) };
+        // The next charge on this slot displaces whatever the stock holds,
+        // and flushes it: a stock of a null owner's bytes would be
+        // followed here.
+        // SAFETY: a valid layout; freed once with it.
+        unsafe { k.dealloc(k.alloc(l), l) };
+        k.shrink();
+        assert_eq!(g.stat().stocked, 0);
+        assert_eq!(owner.cache.stats().active_objects, 0, "the objects went back");
+    });
+}
