@@ -1,5 +1,5 @@
 //! What accounting costs: the seed 000 `find /` experiment, an accounted
-//! `pair-64`, and the memory price of per-group caches.
+//! `pair-64`, and what groups' objects cost in pages.
 //!
 //! Run with: `cargo bench --bench accounting` (optionally a directory to
 //! walk instead of `/usr`: `cargo bench --bench accounting -- /path`).
@@ -14,8 +14,10 @@
 //!    unaccounted run beside the seed's own table.
 //! 2. `pair-64` through a 64-byte typed cache, unaccounted vs accounted in
 //!    a group, and `GlobalAlloc` pair-64 in the root vs inside a group.
-//! 3. 100 groups each holding one live object of every size class: the
-//!    pages each group holds (one slab per (class, group)).
+//! 3. 100 groups each holding one live object of two sizes per doubling
+//!    from 8 bytes to 16 KiB: the pages each group is charged (its
+//!    objects' bytes in whole pages; every group's objects share the
+//!    charged caches' slabs) and the pages all of them take.
 //!
 //! Besides the tables it writes `target/kmemcg-results/accounting_seed000.csv`
 //! (parts 1) and `accounting_pair64.csv` (part 2) for `cargo run --release -p kmemcg-plots`.
@@ -165,7 +167,7 @@ fn main() {
     ];
     results::write_csv("accounting_pair64.csv", "path,case,ns_per_pair,ratio", &csv);
 
-    // 3. The price of per-group caches.
+    // 3. What a group's objects cost in pages.
     let before = KMEM.stats().source.pages_in_use;
     let mut held = Vec::new();
     let groups: Vec<_> = (0..100).map(|i| KMEM.root().create_child(&format!("g{i}")).unwrap()).collect();

@@ -159,8 +159,10 @@
 //! binds at page granularity of its bytes; against that, an accounted
 //! hit does a stock compare and an owner store besides the magazine pop,
 //! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
-//! `box-group` and `typed-group`: 167 and 133 instructions a pair against
-//! 104 and 77 unaccounted). What would bring that near the unaccounted
+//! `box-group` and `typed-group`: 124 and 103 instructions a pair against
+//! 73 and 58 unaccounted; `cargo bench --bench accounting` times a
+//! `GlobalAlloc` pair inside a group at about 1.7x one in the root).
+//! What would bring that near the unaccounted
 //! hit, magazines of objects kept charged to one group per slot, would
 //! hold charges for freed objects beyond the stock's page per slot, per
 //! cache, and give back the memory rows above; the stock's bound wins.
