@@ -79,7 +79,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: forwarded.
             Hold::Flagged(slot, w) => return unsafe { self.free_flagged(slot, w, c, base, ptr, size, align) },
             // SAFETY: forwarded.
-            Hold::None => return unsafe { Self::free_class_out(c, ptr, size, align, self) },
+            Hold::None => return unsafe { Self::free_class_out(ptr, size, align, c, self) },
         };
         let Some(base) = self.checked_base(base, ptr) else {
             return self.slots.unhold(&self.platform, slot);
@@ -127,7 +127,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             if others != mode::DEBUG || ptr.as_ptr().addr().wrapping_add(size).is_multiple_of(PAGE_SIZE) {
                 self.slots.unhold(&self.platform, slot);
                 // SAFETY: forwarded.
-                return unsafe { Self::free_class_out(c, ptr, size, align, self) };
+                return unsafe { Self::free_class_out(ptr, size, align, c, self) };
             }
             if w & mode::GROUPS == 0 {
                 // `DEBUG` alone: no groups, so the object is the base
@@ -168,14 +168,16 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// [`Kmem::free_class_moded`] out of line, with the block's pointer,
-    /// size and alignment in the registers a `GlobalAlloc::dealloc` call
-    /// brought them in.
+    /// size and alignment first, in the registers a `GlobalAlloc::dealloc`
+    /// call brought them in (the class after them: first, it made
+    /// `dealloc`'s fast path copy the size to a spare register, one
+    /// instruction on every free).
     ///
     /// # Safety
     ///
     /// As for [`Kmem::free_class`].
     #[inline(never)]
-    unsafe fn free_class_out(c: SizeClass, ptr: NonNull<u8>, size: usize, align: usize, this: &Self) {
+    unsafe fn free_class_out(ptr: NonNull<u8>, size: usize, align: usize, c: SizeClass, this: &Self) {
         // SAFETY: forwarded.
         unsafe { this.free_class_moded(c, ptr, size, align) }
     }
