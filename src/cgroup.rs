@@ -149,10 +149,15 @@ const HEAD_OFFSET: usize = core::mem::offset_of!(Group<crate::platform::DefaultR
 static_assertions::const_assert_eq!(Group::<crate::platform::DefaultRawMutex>::GEOMETRY.order, 0);
 
 static_assertions::const_assert_eq!(HEAD_OFFSET, 0);
-// The fields before the counter fill its alignment (128 bytes on the
-// 64-bit targets): moving the head first cost no padding.
+// The fields before the counter fit in 128 bytes on the 64-bit targets
+// (its alignment on x86_64 and aarch64, and where `CachePadded` is
+// smaller, riscv64's 64, where it then starts at 128; s390x's 256 puts
+// it there): moving the head first cost no padding.
 #[cfg(all(target_pointer_width = "64", not(loom)))]
-static_assertions::const_assert_eq!(core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, counter), 128);
+static_assertions::const_assert_eq!(core::mem::offset_of!(Group<crate::platform::DefaultRawMutex>, counter), {
+    let align = core::mem::align_of::<crossbeam_utils::CachePadded<u8>>();
+    if align > 128 { align } else { 128 }
+});
 
 /// A memory event of a group (Linux `memory.events`): counted in the
 /// group's [`GroupStat`](crate::GroupStat), locally and in each ancestor

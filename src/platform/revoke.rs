@@ -109,12 +109,22 @@ pub(crate) const fn ticks_used(v: usize) -> usize {
 /// Only the word's holder calls it (nobody else writes a counting word).
 #[inline(always)]
 fn counted(word: &AtomicUsize, v: usize) -> Option<usize> {
+    off_the_armed_path();
     if v == NONE || v >> TICK_SHIFT <= 1 {
         return None;
     }
     word.store(v - (1 << TICK_SHIFT), Ordering::Relaxed);
     Some(v & ((1 << TICK_SHIFT) - 1))
 }
+
+/// Called where a counting or absent word sends the fast path: a call
+/// of a cold function tells LLVM the branch is unlikely
+/// (`core::hint::cold_path`, stable only after the crate's
+/// `rust-version`), so the armed path runs straight through. Laid out
+/// between the word's test and the pop, the counted path had cost every
+/// allocation through `GlobalAlloc` a taken jump.
+#[cold]
+fn off_the_armed_path() {}
 
 /// Who may be revoked, and whether slots are short.
 pub(crate) struct Revoker {

@@ -164,10 +164,11 @@ pub(crate) fn class_of(size: usize, align: usize) -> Option<usize> {
 /// [`class_of`] of the requests its one table serves, `0 < size` and
 /// `size` rounded up to `align` at most [`LUT_MAX`] (`None` for the
 /// others, which [`class_of_large`] takes): for the fast paths, which send
-/// the rest out of line whole. The class comes as its table row, from
-/// which a fast path reads the index ([`SizeClass::index`]) where it needs
-/// that, and the base cache's place ([`SizeClass::offset_in`]) where it
-/// needs the cache, each with one load.
+/// the rest out of line whole. The class comes as the request's last
+/// byte, from which a fast path reads the index ([`SizeClass::index`])
+/// where it needs that, and the base cache's place
+/// ([`SizeClass::offset_in`]) where it needs the cache, each with one
+/// load.
 #[inline(always)]
 pub(crate) fn lut_class(size: usize, align: usize) -> Option<SizeClass> {
     // `size` rounded up to `align` (a power of two), less one: no add, so
@@ -176,11 +177,11 @@ pub(crate) fn lut_class(size: usize, align: usize) -> Option<SizeClass> {
     // earlier test shifted the alignment left, which overflowed to zero
     // for 2^56 and up: the fuzzer found it).
     let last = size.wrapping_sub(1) | align.wrapping_sub(1);
-    if last < LUT_MAX { Some(SizeClass(Found::Row(last >> 2))) } else { None }
+    if last < LUT_MAX { Some(SizeClass(Found::Last(last))) } else { None }
 }
 
-/// A size class as a lookup found it (invariant: a row below
-/// `LUT_MAX / 4`, or an index below [`NCLASSES`]).
+/// A size class as a lookup found it (invariant: a request's last byte
+/// below [`LUT_MAX`], or an index below [`NCLASSES`]).
 ///
 /// Passed down the fast paths unevaluated, so that each branch loads what
 /// it uses: the plain one the cache's offset, the moded one the index.
@@ -191,8 +192,10 @@ pub(crate) struct SizeClass(Found);
 
 #[derive(Clone, Copy)]
 enum Found {
-    /// A row of [`LUT`].
-    Row(usize),
+    /// `(size - 1) | (align - 1)` of a request [`lut_class`] took: the
+    /// index of its row in [`Offsets::TABLE`], and four times that of its
+    /// row of [`LUT`] (give or take the two low bits).
+    Last(usize),
     /// A class index.
     Index(usize),
 }
@@ -213,23 +216,24 @@ impl SizeClass {
     #[inline(always)]
     pub(crate) fn index(self) -> usize {
         match self.0 {
-            // SAFETY: a row is below `LUT_MAX / 4` (see the type).
-            Found::Row(r) => *unsafe { at(&LUT, r) } as usize,
+            // SAFETY: `l` is below `LUT_MAX` (see the type).
+            Found::Last(l) => *unsafe { at(&LUT, l >> 2) } as usize,
             Found::Index(c) => c,
         }
     }
 
     /// The byte offset of the class's item in `A` (see [`ClassArray`]):
-    /// for a row, read from a table of them, so a fast path finds the
-    /// class's cache with one load and no multiply.
+    /// for a request the table took, read from a table of them, so a fast
+    /// path finds the class's cache with one load (indexed by the
+    /// request's last byte itself, no shift or mask) and one scaled add.
     #[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
     #[inline(always)]
     pub(crate) fn offset_in<A: ClassArray>(self) -> usize {
         match self.0 {
-            Found::Row(r) => {
-                let table: &'static [u32; LUT_MAX / 4] = &Offsets::<A>::TABLE;
-                // SAFETY: a row is below `LUT_MAX / 4` (see the type).
-                *unsafe { at(table, r) } as usize
+            Found::Last(l) => {
+                let table: &'static [u16; LUT_MAX] = &Offsets::<A>::TABLE;
+                // SAFETY: `l` is below `LUT_MAX` (see the type).
+                (*unsafe { at(table, l) } as usize) * OFFSET_UNIT
             }
             Found::Index(c) => A::BASE + c * A::STRIDE,
         }
@@ -246,18 +250,31 @@ pub(crate) trait ClassArray {
     const STRIDE: usize;
 }
 
-/// [`LUT`] as byte offsets of the classes' items in `A` (see
-/// [`SizeClass::offset_in`]): 4 KiB for each `A` it is used with.
+/// What [`Offsets::TABLE`] counts offsets in: the scale of an x86
+/// address, so that the offset's multiply folds into the add of the
+/// `Kmem`'s address (one `lea`).
+const OFFSET_UNIT: usize = 8;
+
+/// [`LUT`] as offsets of the classes' items in `A`, in [`OFFSET_UNIT`]s
+/// (see [`SizeClass::offset_in`]), one row per value of a request's
+/// `(size - 1) | (align - 1)`: 8 KiB for each `A` it is used with. A row
+/// per value, not per four as [`LUT`]'s, spares every allocation and free
+/// the mask (or shift) of that value, and the offset's scale folds into
+/// the add of the `Kmem`'s address that the `u32` byte offsets of rows
+/// per four took: one instruction on each operation of a fast path, for
+/// 4 KiB of read-only data more (jemalloc's table of the same job is
+/// 4 KiB of class indices, which then index a second table).
 #[cfg_attr(all(miri, feature = "std", not(loom)), allow(dead_code))] // classes out of line there
 struct Offsets<A>(core::marker::PhantomData<A>);
 
 impl<A: ClassArray> Offsets<A> {
-    const TABLE: [u32; LUT_MAX / 4] = {
-        assert!(A::BASE + A::STRIDE * NCLASSES <= u32::MAX as usize);
-        let mut t = [0u32; LUT_MAX / 4];
+    const TABLE: [u16; LUT_MAX] = {
+        assert!(A::BASE % OFFSET_UNIT == 0 && A::STRIDE % OFFSET_UNIT == 0);
+        assert!((A::BASE + A::STRIDE * NCLASSES) / OFFSET_UNIT <= u16::MAX as usize);
+        let mut t = [0u16; LUT_MAX];
         let mut i = 0;
         while i < t.len() {
-            t[i] = (A::BASE + LUT[i] as usize * A::STRIDE) as u32;
+            t[i] = ((A::BASE + LUT[i >> 2] as usize * A::STRIDE) / OFFSET_UNIT) as u16;
             i += 1;
         }
         t
