@@ -138,6 +138,23 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
     /// in a register), with the error path out of line.
     #[inline(always)]
     fn alloc_object(&self) -> Result<NonNull<u8>, Error> {
+        let k = self.kmem;
+        if !k.holds_read_mode() {
+            return self.alloc_object_moded();
+        }
+        // The hold first and one load of the mode word after it.
+        k.alloc_cache_current(&self.desc().cache, self.desc().accounted, || self.alloc_object_moded_out())
+    }
+
+    /// [`KmemCache::alloc_object_moded`] out of line.
+    #[inline(never)]
+    fn alloc_object_moded_out(&self) -> Result<NonNull<u8>, Error> {
+        self.alloc_object_moded()
+    }
+
+    /// [`KmemCache::alloc_object`] reading the mode word first.
+    #[inline(always)]
+    fn alloc_object_moded(&self) -> Result<NonNull<u8>, Error> {
         // `alloc_object_for(current())`, with one load of the mode word
         // for its tests.
         let m = self.kmem.alloc_mode();

@@ -181,6 +181,42 @@ fn child_charge_fails_at_parent_max_with_typed_error() {
     k.check_accounting();
 }
 
+/// A typed allocation for the current group (`alloc`, not `alloc_in`)
+/// takes the slot's hold before it reads the mode word: the group's
+/// charge, the first object of an accounted cache (its charged cache made
+/// then), an unaccounted cache's objects (the root's), and an injection
+/// armed after the fast path ran must all come out as through the moded
+/// path.
+#[test]
+fn typed_allocations_for_the_current_group_charge_it_and_see_its_injections() {
+    on_own_thread(|| {
+        let (k, g) = kmem_with_child("typed-current");
+        let acc = k.create_cache::<[u64; 8]>("typed-current-acc", CacheFlags::ACCOUNT).unwrap();
+        let plain = k.create_cache::<[u64; 8]>("typed-current-plain", CacheFlags::NONE).unwrap();
+        let _in = g.enter();
+        let first = acc.alloc([7; 8]).unwrap();
+        let before = g.usage();
+        assert!(before >= 64, "the first object charged: {before}");
+        let held: Vec<_> = (0..200u64).map(|i| acc.alloc([i; 8]).unwrap()).collect();
+        assert!(g.usage() >= 201 * 64, "every object charged: {}", g.usage());
+        let owner = k.tree().charged_of(&acc.desc().cache).expect("made by the first object");
+        // Counted out of its slabs: live, or in the slot's magazines.
+        assert!(owner.cache.stats().active_objects >= 201, "all from the charged cache");
+        let usage = g.usage();
+        let roots: Vec<_> = (0..200u64).map(|i| plain.alloc([i; 8]).unwrap()).collect();
+        assert_eq!(g.usage(), usage, "an unaccounted cache's objects are not the group's");
+        assert!(roots.iter().zip(0u64..).all(|(b, i)| b[7] == i));
+        g.inject_faults(crate::FaultInjection::new(crate::FailRule::Nth(2))).unwrap();
+        let got: Vec<_> = (0..3u64).map(|i| acc.alloc([i; 8]).map(|b| b[0])).collect();
+        assert_eq!(got, [Ok(0), Err(Error::Injected), Ok(2)]);
+        assert_eq!(g.injected_failures(), 1);
+        assert!(plain.alloc([1; 8]).is_ok(), "an unaccounted cache does not fail for the group");
+        drop((first, held, roots));
+        drop(_in);
+        assert_uncharged_after_shrink(k, &[&g]);
+    });
+}
+
 #[test]
 fn typed_alloc_in_charges_the_given_group_without_entering_it() {
     let (k, a) = kmem_with_child("alloc-in-a");
