@@ -827,6 +827,9 @@ fn a_free_with_a_null_owner_word_stocks_nothing() {
         // SAFETY: freed once with its layout (its charge is lost with
         // the owner word: `g` keeps it).
         unsafe { k.dealloc(p.as_ptr(), l) };
+        // No stock took its bytes: an empty stock's owner is not null, so
+        // the null word matched none.
+        assert_eq!(k.tree().bad_stocks(k), 0, "a stock holds bytes of no owner");
         // The next charge on this slot displaces whatever the stock holds,
         // and flushes it: a stock of a null owner's bytes would be
         // followed here.

@@ -299,6 +299,20 @@ impl<R: RawMutex> Tree<R> {
         self.stocks.drain(env, true, |_| true, |s| self.flush_stock(s));
     }
 
+    /// Slots whose stock is in a state no path may leave it in: a null
+    /// owner, or bytes with no owner (`magazine::NO_OWNER`). Each slot is
+    /// looked at through its handshake; the stocks stay as they are.
+    #[cfg(test)]
+    pub(crate) fn bad_stocks<E: Env<R>>(&self, env: &E) -> usize {
+        let mut bad = 0;
+        self.stocks.peek_all(env, |s| {
+            if s.owner.is_null() || (s.owner == Stock::EMPTY.owner && s.bytes != 0) {
+                bad += 1;
+            }
+        });
+        bad
+    }
+
     /// Pages charged to `g` for objects (a snapshot).
     #[cfg(any(test, feature = "paranoid"))]
     pub(crate) fn obj_pages(&self, g: &Group<R>) -> usize {
