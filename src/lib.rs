@@ -159,8 +159,8 @@
 //! binds at page granularity of its bytes; against that, an accounted
 //! hit does a stock compare and an owner store besides the magazine pop,
 //! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
-//! `box-group` and `typed-group`: 121 and 100 instructions a pair against
-//! 70 and 54 unaccounted; `cargo bench --bench accounting` times a
+//! `box-group` and `typed-group`: 121 and 99 instructions a pair against
+//! 70 and 53 unaccounted; `cargo bench --bench accounting` times a
 //! `GlobalAlloc` pair inside a group at about 1.7x one in the root).
 //! What would bring that near the unaccounted
 //! hit, magazines of objects kept charged to one group per slot, would

@@ -177,8 +177,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// groups), for the current group, as [`Kmem::alloc_current`] takes a
     /// size class's: the slot's hold first, whose one load of the mode word
     /// tells the mode and the drains together (the typed path had read
-    /// the word before the hold as well: `typed` 58 -> 54 instructions a
-    /// pair, `typed-group` 103 -> 100). Only where
+    /// the word before the hold as well: `typed` 58 -> 53 instructions a
+    /// pair, `typed-group` 103 -> 99). Only where
     /// [`Kmem::holds_read_mode`]. Where the hold tells nothing more
     /// (no fast hold; detection, injection or a drain flagged; the first
     /// grouped object of the cache, its charged cache still to make),
@@ -231,7 +231,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // SAFETY: we hold `slot`, with no drain in progress.
         let p = match unsafe { base.pop_held(self, slot) } {
             Some(p) => p,
-            None => return self.alloc_slow_from(base),
+            None => self.alloc_slow_from(base)?,
         };
         hardened_on_alloc(base, p);
         Ok(p)
