@@ -12,7 +12,7 @@ use super::Cgroup;
 use crate::cgroup::{CacheDesc, Group, mode};
 use crate::error::{Error, Name};
 use crate::heap::{Heap, Kmem, KmemOf, hardened_on_alloc, special_in};
-use crate::magazine::{ChargedPop, MagCache};
+use crate::magazine::MagCache;
 use crate::platform::{PageSource, Platform};
 use crate::slab::CacheStats;
 
@@ -226,16 +226,8 @@ impl<'k, T, K: Heap> KmemCache<'k, T, K> {
         let charged = t.charged_in(k, &self.desc().cache.charged, base).ok_or(Error::OutOfMemory)?;
         let n = charged.cache.geometry().size;
         // SAFETY: the closure runs under the hold of `slot`.
-        match charged.alloc_fast_charged(k, |slot| unsafe { t.stock_take_at(slot, g, n) }) {
-            ChargedPop::Hit(p) => {
-                // SAFETY: a fresh object of a charged cache.
-                unsafe { KmemOf::<K>::set_owner(charged, p, g) };
-                hardened_on_alloc(charged, p);
-                Ok(p)
-            }
-            ChargedPop::Charged => k.charged_refill(g, charged),
-            ChargedPop::Uncharged => k.alloc_charged_slow(g, charged),
-        }
+        let r = charged.alloc_fast_charged(k, |slot| unsafe { t.stock_take_at(slot, g, n) });
+        k.charged_popped_typed(r, g, charged)
     }
 
     /// The cache's name.

@@ -212,16 +212,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     // (`w`); the closure runs under that hold.
                     let r =
                         unsafe { charged.alloc_charged_held(self, slot, |slot| self.tree.stock_take_at(slot, g, n)) };
-                    return match r {
-                        ChargedPop::Hit(p) => {
-                            // SAFETY: a fresh object of a charged cache.
-                            unsafe { Self::set_owner(charged, p, g) };
-                            hardened_on_alloc(charged, p);
-                            Ok(p)
-                        }
-                        ChargedPop::Charged => self.charged_refill(g, charged),
-                        ChargedPop::Uncharged => self.alloc_charged_slow(g, charged),
-                    };
+                    return self.charged_popped_typed(r, g, charged);
                 }
                 // The root's object, under this hold.
                 slot
@@ -480,6 +471,27 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         unsafe { Self::set_owner(charged, p, g) };
         hardened_on_alloc(charged, p);
         Some(p)
+    }
+
+    /// [`Kmem::charged_popped`] for a typed cache, whose allocation
+    /// reports why it failed.
+    #[inline(always)]
+    pub(crate) fn charged_popped_typed(
+        &self,
+        r: ChargedPop,
+        g: &Group<R>,
+        charged: &MagCache<R>,
+    ) -> Result<NonNull<u8>, Error> {
+        match r {
+            ChargedPop::Hit(p) => {
+                // SAFETY: a fresh object of a charged cache.
+                unsafe { Self::set_owner(charged, p, g) };
+                hardened_on_alloc(charged, p);
+                Ok(p)
+            }
+            ChargedPop::Charged => self.charged_refill(g, charged),
+            ChargedPop::Uncharged => self.alloc_charged_slow(g, charged),
+        }
     }
 
     /// [`Kmem::alloc_charged`] under the caller's hold of `slot`, which it
