@@ -99,7 +99,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         // Where slots are locks (`PerCpu`, `NoCpus`, `Rseq`), the mode word
         // first: their holds make no handshake whose load could tell it
         // (after the lock, the same test cost 2 to 3 instructions more).
-        if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {
+        if !self.holds_read_mode() {
             return self.alloc_current_moded::<NOUNWIND>(size, align);
         }
         let Some(c) = lut_class(size, align) else { return Self::alloc_current_out::<NOUNWIND>(size, align, self) };
@@ -166,7 +166,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     }
 
     /// Whether a slot's hold makes a handshake whose load of the mode word
-    /// can tell the mode as well ([`Kmem::alloc_cache_current`]): not
+    /// can tell the mode as well (`alloc_current`, `free_class`,
+    /// `free_typed`, [`Kmem::alloc_cache_current`]): not
     /// where slots are locks (`PerCpu`, `NoCpus`) or `Rseq`'s.
     #[inline(always)]
     pub(crate) fn holds_read_mode(&self) -> bool {

@@ -69,7 +69,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     #[inline(always)]
     unsafe fn free_class(&self, c: SizeClass, ptr: NonNull<u8>, size: usize, align: usize) {
         // As in `alloc_current`: where slots are locks, the mode word first.
-        if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {
+        if !self.holds_read_mode() {
             // SAFETY: forwarded.
             return unsafe { self.free_class_moded(c, ptr, size, align) };
         }
@@ -418,7 +418,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// typed cache's checked path (it is called with no hold).
     #[inline(always)]
     pub(crate) unsafe fn free_typed(&self, owner: &MagCache<R>, ptr: NonNull<u8>, typed_special: impl FnOnce()) {
-        let held = if self.platform.rseq_fast().is_some() || self.platform.slots_are_locks() {
+        let held = if !self.holds_read_mode() {
             Hold::None
         } else {
             self.slots.try_hold_checked(&self.platform, DRAINS | SPECIAL)
