@@ -88,7 +88,7 @@
 //! Accounting equation per cache: objects out of the slabs = objects in
 //! loaded/previous magazines + objects in depot magazines + live objects.
 
-use core::mem::{align_of, size_of};
+use core::mem::{align_of, offset_of, size_of};
 use core::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
@@ -99,7 +99,7 @@ use crate::platform::{MAX_CPUS, MAX_NODES, PageSource, Platform};
 use crate::slab::{Cache, CacheStats, Geometry, GrowError, Pages};
 use crate::sync::{
     AtomicBool, AtomicPtr, AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_bool, atomic_null, atomic_usize, fence,
-    loom_const_fn, repeat,
+    formed_address, loom_const_fn, repeat,
 };
 
 mod cpu_mags;
@@ -402,6 +402,39 @@ impl<R: RawMutex> MagCache<R> {
         }
     }
 
+    /// The magazines of `slot`, `&self.cpus[slot]`, with the address
+    /// formed in a register of its own (see [`formed_address`]): the fast
+    /// paths' loads of `top` read the last operation's store of it. On a
+    /// platform of one slot ([`Platform::one_slot`]) the compiler's own
+    /// address, a constant offset.
+    ///
+    /// # Safety
+    ///
+    /// `slot < MAX_CPUS`.
+    #[inline(always)]
+    unsafe fn mags_of<E: Env<R>>(&self, cx: &E, slot: usize) -> &UnsafeCell<CpuMags> {
+        if cx.plat().one_slot() {
+            // SAFETY: `slot < MAX_CPUS` (caller).
+            return unsafe { self.cpus.get_unchecked(slot) };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.mags_formed(slot) }
+    }
+
+    /// [`MagCache::mags_of`]'s formed address.
+    ///
+    /// # Safety
+    ///
+    /// `slot < MAX_CPUS`.
+    #[inline(always)]
+    unsafe fn mags_formed(&self, slot: usize) -> &UnsafeCell<CpuMags> {
+        // Within `self`: `slot < MAX_CPUS` (caller).
+        let p = formed_address!(self, slot * size_of::<UnsafeCell<CpuMags>>(), offset_of!(Self, cpus));
+        // SAFETY: element `slot` (< MAX_CPUS, caller) of the array at
+        // `cpus`, as `self.cpus.get_unchecked(slot)`.
+        unsafe { &*p.cast::<UnsafeCell<CpuMags>>() }
+    }
+
     /// A pop from the loaded magazine, or `None` for any other case.
     #[inline(always)]
     pub(crate) fn alloc_fast<E: Env<R>>(&self, cx: &E) -> Option<NonNull<u8>> {
@@ -433,7 +466,7 @@ impl<R: RawMutex> MagCache<R> {
     #[inline(always)]
     pub(crate) unsafe fn pop_held<E: Env<R>>(&self, cx: &E, slot: usize) -> Option<NonNull<u8>> {
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        let r = unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+        let r = unsafe { self.mags_of(cx, slot) }.with_mut(|m| {
             // SAFETY: we hold the slot, so its magazines are ours.
             unsafe { (*m).pop() }
         });
@@ -468,7 +501,7 @@ impl<R: RawMutex> MagCache<R> {
             ChargedPop::Uncharged
         } else {
             // SAFETY: the platform contract keeps slots below MAX_CPUS.
-            match unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+            match unsafe { self.mags_of(cx, slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).pop() }
             }) {
@@ -537,7 +570,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let pushed = local
-            && unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+            && unsafe { self.mags_of(cx, slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -636,7 +669,7 @@ impl<R: RawMutex> MagCache<R> {
         let local = cx.plat().nodes() <= 1 || unsafe { self.cache.node_of(ptr.as_ptr()) } == cx.plat().node_of(slot);
         // SAFETY: the platform contract keeps slots below MAX_CPUS.
         let hit = local
-            && unsafe { self.cpus.get_unchecked(slot) }.with_mut(|m| {
+            && unsafe { self.mags_of(cx, slot) }.with_mut(|m| {
                 // SAFETY: we hold the slot, so its magazines are ours.
                 unsafe { (*m).push(ptr) }
             });
@@ -762,5 +795,22 @@ impl<R: RawMutex> MagCache<R> {
             ms.depot_empty += d.empty.len;
         }
         (self.cache.stats(), ms)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod formed_tests {
+    use super::*;
+    use crate::platform::DefaultRawMutex;
+
+    /// The formed address of each slot's magazines is the array's own.
+    #[test]
+    fn every_slot_s_magazines_are_found_where_the_array_has_them() {
+        let c = MagCache::<DefaultRawMutex>::new(Geometry::smallest(64, 8).unwrap(), Acct::None);
+        for slot in 0..MAX_CPUS {
+            // SAFETY: `slot < MAX_CPUS`.
+            let formed = unsafe { c.mags_formed(slot) };
+            assert!(core::ptr::eq(formed, &c.cpus[slot]), "slot {slot}");
+        }
     }
 }

@@ -20,7 +20,9 @@ use lock_api::RawMutex;
 
 use super::Env;
 use crate::platform::MAX_CPUS;
-use crate::sync::{AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_usize, loom_const_fn, repeat};
+use core::mem::offset_of;
+
+use crate::sync::{AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_usize, formed_address, loom_const_fn, repeat};
 
 /// The owner of an empty stock: no owner's key (keys are non-null and
 /// aligned), and not null either (see the module docs). Only compared,
@@ -111,8 +113,14 @@ impl Stocks {
     /// The caller holds `slot` (it came from the slot handshake).
     #[inline(always)]
     pub(crate) unsafe fn under<T>(&self, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
-        // SAFETY: the platform contract keeps slots below MAX_CPUS.
-        unsafe { self.cells.get_unchecked(slot) }.with_mut(|s| {
+        // The cell's address formed in a register (see `formed_address`):
+        // a charge's load of `bytes` reads the last free's store of it.
+        // Within `self`: `slot < MAX_CPUS` (the platform contract).
+        let cell = formed_address!(self, slot * size_of::<StockCell>(), offset_of!(Self, cells));
+        // SAFETY: element `slot` (< MAX_CPUS: the platform contract) of
+        // the array at `cells`, as `self.cells.get_unchecked(slot)`.
+        let cell = unsafe { &*cell.cast::<StockCell>() };
+        cell.with_mut(|s| {
             // SAFETY: the caller holds the slot, so its stock is ours.
             let s = unsafe { &mut *s };
             let had = s.owner;
@@ -197,5 +205,21 @@ impl Stocks {
     /// another thread cannot make an empty group look charged.
     pub(crate) fn in_transit(&self) -> usize {
         self.taken.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The formed address of each slot's stock is the array's own.
+    #[test]
+    fn every_slot_s_stock_is_found_where_the_array_has_it() {
+        let stocks = Stocks::new();
+        for slot in 0..MAX_CPUS {
+            // SAFETY: a single thread, holding every slot in turn.
+            let formed = unsafe { stocks.under(slot, core::ptr::from_mut) };
+            assert_eq!(formed, stocks.cells[slot].with_mut(|s| s), "slot {slot}");
+        }
     }
 }
