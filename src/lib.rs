@@ -53,7 +53,12 @@
 //! * **magazine**: a small stack of free objects of one cache; each CPU
 //!   slot has a *loaded* and a *previous* one per cache (Bonwick), in a
 //!   cache line of its own that also holds the loaded one's top, floor and
-//!   ceiling, so a hit touches that line and one round.
+//!   ceiling, so a hit touches that line and one round. The fast paths
+//!   address a slot's magazines (and its byte stock) through a register
+//!   formed for them, at a displacement from it: on Intel cores a load of
+//!   `top` addressed with the slot's offset as an index register, reading
+//!   the previous operation's store, took twice as long (BENCHMARKS.md,
+//!   *Session 30*).
 //! * **depot**: per node and cache, the spare full and empty magazines.
 //! * **group**: a node of the cgroup tree ([`Cgroup`]); the root is the
 //!   whole allocator.
@@ -159,8 +164,8 @@
 //! binds at page granularity of its bytes; against that, an accounted
 //! hit does a stock compare and an owner store besides the magazine pop,
 //! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
-//! `box-group` and `typed-group`: 121 and 99 instructions a pair against
-//! 70 and 53 unaccounted; `cargo bench --bench accounting` times a
+//! `box-group` and `typed-group`: 127 and 105 instructions a pair against
+//! 72 and 55 unaccounted; `cargo bench --bench accounting` times a
 //! `GlobalAlloc` pair inside a group at about 1.7x one in the root).
 //! What would bring that near the unaccounted
 //! hit, magazines of objects kept charged to one group per slot, would
