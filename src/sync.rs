@@ -62,9 +62,11 @@ macro_rules! formed_address {
         let p: *const u8 = {
             let p: *const u8;
             // SAFETY: one `lea`: it reads no memory, writes no flags, and
-            // hands back the pointer `base` offset by `off + disp`.
-            // (`nomem` is right: the block computes an address, it touches
-            // nothing behind it.)
+            // hands back the pointer `base` offset by `off + disp`, as
+            // `base.wrapping_byte_add(off + disp)` would: the result keeps
+            // `base`'s provenance (an asm block acts as Rust code that
+            // could do what it does). `nomem` is right: the block computes
+            // an address, it touches nothing behind it.
             #[allow(clippy::pointers_in_nomem_asm_block)]
             unsafe {
                 core::arch::asm!(
@@ -78,9 +80,12 @@ macro_rules! formed_address {
             };
             p
         };
-        // SAFETY: within the object at `base` (the caller's part).
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        let p: *const u8 = unsafe { base.add($disp).add(off) };
+        let p: *const u8 = {
+            let disp: usize = $disp;
+            // SAFETY: within the object at `base` (the caller's part).
+            unsafe { base.add(disp).add(off) }
+        };
         p
     }};
 }

@@ -16,12 +16,12 @@
 //! then misses every stock with the one compare that tests the owner, and
 //! the fast path tests nothing else for it.
 
+use core::mem::offset_of;
+
 use lock_api::RawMutex;
 
 use super::Env;
 use crate::platform::MAX_CPUS;
-use core::mem::offset_of;
-
 use crate::sync::{AtomicUsize, CellArray, Ordering, UnsafeCell, atomic_usize, formed_address, loom_const_fn, repeat};
 
 /// The owner of an empty stock: no owner's key (keys are non-null and
@@ -110,7 +110,8 @@ impl Stocks {
     ///
     /// # Safety
     ///
-    /// The caller holds `slot` (it came from the slot handshake).
+    /// The caller holds `slot` (it came from the slot handshake, so it is
+    /// below `MAX_CPUS`).
     #[inline(always)]
     pub(crate) unsafe fn under<T>(&self, slot: usize, f: impl FnOnce(&mut Stock) -> T) -> T {
         // The cell's address formed in a register (see `formed_address`):
@@ -217,7 +218,8 @@ mod tests {
     fn every_slot_s_stock_is_found_where_the_array_has_it() {
         let stocks = Stocks::new();
         for slot in 0..MAX_CPUS {
-            // SAFETY: a single thread, holding every slot in turn.
+            // SAFETY: `slot < MAX_CPUS`, and no other thread touches
+            // these stocks.
             let formed = unsafe { stocks.under(slot, core::ptr::from_mut) };
             assert_eq!(formed, stocks.cells[slot].with_mut(|s| s), "slot {slot}");
         }

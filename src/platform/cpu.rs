@@ -215,10 +215,11 @@ pub unsafe trait Platform: Sync {
     }
     /// Whether `enter` and `try_enter` only ever return slot 0, as
     /// [`NoCpus`]'s do (a constant). A hint for code generation, which no safety
-    /// argument relies on: the magazine layer then leaves the slot's
-    /// offset (0) to the compiler to fold away, where elsewhere it forms
-    /// each slot's address in a register of its own (one instruction an
-    /// access, for faster store forwarding on x86_64).
+    /// argument relies on: the magazine layer then leaves the offset (0)
+    /// of the slot's magazines to the compiler to fold away, where
+    /// elsewhere it forms their address in a register of its own (one
+    /// instruction an access, for faster store forwarding on x86_64). The
+    /// slot's byte stock (grouped paths) is formed either way.
     #[inline(always)]
     fn one_slot(&self) -> bool {
         false
