@@ -373,8 +373,9 @@ impl<'k, K: Heap> Cgroup<'k, K> {
     /// name it, per cache. What other threads are giving back at that
     /// moment (quarantined objects on their way to their caches, stocks a
     /// reclaim took) is waited for, a bounded while (about 65,000 tries,
-    /// yielding the CPU with `std`): a thread kept from running longer
-    /// than that can still make an empty group look charged.
+    /// yielding the CPU with `std`, then with `std` up to 2 s more): a
+    /// thread kept from running longer than that can still make an empty
+    /// group look charged.
     // A snapshot by value, like `stat()`: a `no_std` crate has no box for it.
     #[allow(clippy::result_large_err)]
     pub fn check_empty(&self) -> Result<(), GroupStat> {
