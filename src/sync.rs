@@ -61,13 +61,14 @@ macro_rules! formed_address {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         let p: *const u8 = {
             let p: *const u8;
-            #[allow(clippy::pointers_in_nomem_asm_block)]
-            // SAFETY: one `lea`: it reads no memory, writes no flags, and
-            // hands back the pointer `base` offset by `off + disp`, as
+            // The block reads no memory, writes no flags, and hands back
+            // the pointer `base` offset by `off + disp`, as
             // `base.wrapping_byte_add(off + disp)` would: the result keeps
             // `base`'s provenance (an asm block acts as Rust code that
             // could do what it does). `nomem` is right: the block computes
             // an address, it touches nothing behind it.
+            #[allow(clippy::pointers_in_nomem_asm_block)]
+            // SAFETY: one `lea`, as argued just above.
             unsafe {
                 core::arch::asm!(
                     "lea {p}, [{b} + {o} + {d}]",
