@@ -6,7 +6,10 @@
 //! log-uniform sizes 8..=4096, fixed seed) on its own `Kmem<OsPages>`, then
 //! frees everything and reaps. Prints CSV: phase, live bytes, peak live
 //! bytes, pages in use from the page source, pages mapped, and the ratio of
-//! bytes held to peak live bytes; then the slabs left per cache.
+//! bytes held to peak live bytes; then the slabs left per cache. On
+//! stderr: where the pages over the live bytes go, the pages in use at
+//! their most, and the floor of any allocator that keeps each size
+//! class's slots to that class (`segregated_bound`).
 //!
 //! Then the footprint against peers: the same 2M steps, each allocator
 //! alone in a fresh process (this binary run again with
@@ -173,17 +176,25 @@ fn breakdown(k: &Kmem<OsPages>, live: usize) {
 fn pages_held() {
     let k: &'static Kmem<OsPages> = Box::leak(Box::new(Kmem::new(OsPages::new())));
     let mut slots: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 0); LIVE];
-    let (mut live, mut peak) = (0usize, 0usize);
+    let (mut live, mut peak, mut most) = (0usize, 0usize, 0usize);
     println!("phase,live_bytes,peak_live_bytes,pages_in_use,pages_mapped,held_over_peak");
     for (i, st) in plan().into_iter().enumerate() {
         live = step(k, &mut slots, st, live, false);
         peak = peak.max(live);
+        if i % 1000 == 0 {
+            most = most.max(k.source().stats().pages_in_use);
+        }
         if i == STEPS / 2 {
             row(k, "random-midway", live, peak);
         }
     }
     row(k, "random-end", live, peak);
+    eprintln!(
+        "pages in use at their most (looked at every 1,000 steps): {most}, {:.3} of peak live",
+        (most * PAGE_SIZE) as f64 / peak as f64
+    );
     breakdown(k, live);
+    segregated_bound(k);
     for (p, size) in slots.drain(..) {
         // SAFETY: as above.
         unsafe { k.dealloc(p, Layout::from_size_align_unchecked(size, 8)) };
@@ -203,4 +214,53 @@ fn pages_held() {
             println!("{},{}", cols[0], cols[6]);
         }
     }
+}
+
+/// The least any allocator that keeps each size class's slots to that
+/// class can hold for the `random` steps, over their peak live bytes:
+/// every class must at some point hold its own highest count of live
+/// objects, and a slot that held an object of one class serves no other
+/// until its whole slab is empty. So the pages of class `c` are at least
+/// `max_t live_c(t) * size_c`, and the sum of those over the classes is a
+/// floor (no magazines, no headers, no partly filled slabs), against
+/// which kmemcg's figure and the goal are read. The classes are this
+/// `Kmem`'s (`kmalloc-*` rows of its `slabinfo`); a request aligned to 8
+/// goes to the first class of at least its size whose size is a multiple
+/// of 8 (classes are naturally aligned).
+fn segregated_bound(k: &Kmem<OsPages>) {
+    let sizes: Vec<usize> = k
+        .slabinfo()
+        .to_string()
+        .lines()
+        .filter(|l| l.starts_with("kmalloc-"))
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .filter(|s: &usize| s.is_multiple_of(8))
+        .collect();
+    let class = |size: usize| sizes.iter().position(|&c| c >= size).unwrap();
+    let (mut count, mut highest) = (vec![0usize; sizes.len()], vec![0usize; sizes.len()]);
+    let mut slots = vec![0usize; LIVE];
+    let (mut live, mut peak, mut rounded, mut rounded_at_peak) = (0usize, 0usize, 0usize, 0usize);
+    for (slot, size) in plan() {
+        if slots[slot] != 0 {
+            let c = class(slots[slot]);
+            count[c] -= 1;
+            live -= slots[slot];
+            rounded -= sizes[c];
+        }
+        let c = class(size);
+        count[c] += 1;
+        highest[c] = highest[c].max(count[c]);
+        slots[slot] = size;
+        live += size;
+        rounded += sizes[c];
+        if live > peak {
+            (peak, rounded_at_peak) = (live, rounded);
+        }
+    }
+    let floor: usize = highest.iter().zip(&sizes).map(|(n, s)| n * s).sum();
+    eprintln!(
+        "segregated-fit floor, over peak live: class sizes at the peak {:.3}; every class at its own highest count {:.3}",
+        rounded_at_peak as f64 / peak as f64,
+        floor as f64 / peak as f64
+    );
 }
