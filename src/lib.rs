@@ -164,8 +164,8 @@
 //! binds at page granularity of its bytes; against that, an accounted
 //! hit does a stock compare and an owner store besides the magazine pop,
 //! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
-//! `box-group` and `typed-group`: 127 and 105 instructions a pair against
-//! 72 and 55 unaccounted; `cargo bench --bench accounting` times a
+//! `box-group` and `typed-group`: 126 and 105 instructions a pair against
+//! 71 and 55 unaccounted; `cargo bench --bench accounting` times a
 //! `GlobalAlloc` pair inside a group at about 1.7x one in the root).
 //! What would bring that near the unaccounted
 //! hit, magazines of objects kept charged to one group per slot, would

@@ -103,12 +103,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             return self.alloc_current_moded::<NOUNWIND>(size, align);
         }
         let Some(c) = lut_class(size, align) else { return Self::alloc_current_out::<NOUNWIND>(size, align, self) };
-        let base = self.cache_of(c);
         let slot = match self.slots.try_hold_checked(&self.platform, !mode::DEBUG) {
             Hold::Clear(slot) => slot,
-            Hold::Flagged(slot, w) => return self.alloc_flagged::<NOUNWIND>(slot, w, base, size, align),
+            Hold::Flagged(slot, w) => return self.alloc_flagged::<NOUNWIND>(slot, w, self.cache_of(c), size, align),
             Hold::None => return Self::alloc_current_out::<NOUNWIND>(size, align, self),
         };
+        let base = self.cache_of(c);
         // SAFETY: we hold `slot`, with no drain in progress.
         let p = match unsafe { base.pop_held(self, slot) } {
             Some(p) => p,
