@@ -320,7 +320,10 @@ pub unsafe trait PageSource: Sync {
     /// Takes the `pages` pages that start at `at` — the end of a live run of
     /// this source — if all of them are free, so the run can grow in place
     /// (`realloc` of a large object). Returns whether it took them; the
-    /// default never does.
+    /// default never does. Safe for any address: `Region` and `OsPages`
+    /// refuse one off a page boundary or outside their memory, and pages
+    /// claimed at a page that ends no run of the caller's are the caller's
+    /// from then on (a leak if it never frees them, not a fault).
     fn claim_pages(&self, _at: NonNull<u8>, _pages: usize) -> bool {
         false
     }

@@ -535,11 +535,16 @@ impl<const Z: usize, const N: usize> Buddy<Z, N> {
     /// ends at `start` can grow in place: only if every one of them is free
     /// (and, in an island, inside the island of the page before `start`);
     /// the parts of the free blocks that stick out go back. Returns whether
-    /// it took them; on `false` nothing changed.
+    /// it took them; on `false` nothing changed. `start` comes from a safe
+    /// `PageSource::claim_pages`, so anything is checked: an address off a
+    /// page boundary is refused (the pages' blocks would be found by
+    /// rounding down, and the piece past the claim handed back, link and
+    /// all, at an address off a page: a review found a misaligned write
+    /// and unaligned runs handed out).
     pub(crate) fn claim(&mut self, start: *mut u8, pages: usize) -> bool {
         let lo = start.addr();
         let Some(hi) = pages.checked_mul(PAGE_SIZE).and_then(|len| lo.checked_add(len)) else { return false };
-        if pages == 0 || lo < PAGE_SIZE {
+        if pages == 0 || lo < PAGE_SIZE || !lo.is_multiple_of(PAGE_SIZE) {
             return false;
         }
         let Some(z0) = self.zone_of(lo - PAGE_SIZE) else { return false };
