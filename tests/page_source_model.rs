@@ -10,24 +10,14 @@
 //! looked for safe page-source calls corrupting state (after one found
 //! `claim_pages` taking an address off a page: `tests/claim_pages.rs`).
 
+#[path = "support/rng.rs"]
+mod rng;
+
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
 use kmemcg::{DefaultRawMutex, MAX_NODES, MAX_ORDER, PAGE_SIZE, PageSource, Region};
-
-/// xorshift64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use rng::Rng;
 
 /// `bytes` of leaked memory starting `skew` bytes past a 64 KiB boundary.
 fn leaked(bytes: usize, skew: usize) -> &'static mut [MaybeUninit<u8>] {

@@ -2,28 +2,19 @@
 //! per-thread slots: random alloc/free with cross-thread frees, thread
 //! churn with reap, producer/consumer frees.
 
+#[path = "support/rng.rs"]
+mod rng;
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
 use kmemcg::{Kmem, OsPages, PageSource};
+use rng::Rng;
 
 fn kmem() -> &'static Kmem<OsPages> {
     Box::leak(Box::new(Kmem::new(OsPages::new())))
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// A block with its layout and the byte it is filled with.
