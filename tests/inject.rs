@@ -125,17 +125,24 @@ fn leak_and_budget_checks_name_what_a_scope_holds() {
     };
     // Escaped, or a release build may elide both allocations.
     std::hint::black_box(&leaked);
+    // With guard-page sampling on (KMEMCG_DEBUG=1: one allocation in 256,
+    // counted across this binary's tests running at once, so which one is
+    // not fixed) the box may be the sample: it then lives on a page of its
+    // own, ending at its guard page, and the report counts it with the
+    // large blocks, in no cache (this test failed once that way in CI).
+    let sampled = KMEM.detection().guard_every() != 0 && (&raw const *leaked.0).addr().wrapping_add(40) % 4096 == 0;
     let st = g.check_empty().unwrap_err();
     let text = st.to_string();
     // The 40-byte box (in the 40-byte class, or a larger one with
     // KMEMCG_DEBUG's trailer) is the one object left.
     let rows: Vec<_> = st.caches().filter(|r| r.1 > 0).map(|(name, objects, _)| (name.to_owned(), objects)).collect();
-    assert_eq!(rows.len(), 1, "{text}");
-    assert!(rows[0].0.starts_with("kmalloc-") && rows[0].1 == 1, "{text}");
-    assert!(st.large > 100_000, "{text}");
+    assert_eq!(rows.len(), usize::from(!sampled), "{text}");
+    assert!(sampled || (rows[0].0.starts_with("kmalloc-") && rows[0].1 == 1), "{text}");
+    assert!(st.large > 100_000 + if sampled { 4096 } else { 0 }, "{text}");
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.assert_empty())).unwrap_err();
     let msg = panic.downcast_ref::<String>().unwrap();
-    assert!(msg.contains("group leaky is not empty") && msg.contains(&format!("slab {} 1 ", rows[0].0)), "{msg}");
+    assert!(msg.contains("group leaky is not empty"), "{msg}");
+    assert!(sampled || msg.contains(&format!("slab {} 1 ", rows[0].0)), "{msg}");
     drop(leaked);
     g.assert_empty();
     g.assert_peak_at_most(1 << 20);
