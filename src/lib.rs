@@ -164,8 +164,8 @@
 //! binds at page granularity of its bytes; against that, an accounted
 //! hit does a stock compare and an owner store besides the magazine pop,
 //! and a free a slab-header read and an owner load (see `scripts/icount.sh`,
-//! `box-group` and `typed-group`: 126 and 105 instructions a pair against
-//! 71 and 55 unaccounted; `cargo bench --bench accounting` times a
+//! `box-group` and `typed-group`: 123 and 105 instructions a pair against
+//! 69 and 55 unaccounted; `cargo bench --bench accounting` times a
 //! `GlobalAlloc` pair inside a group at about 1.7x one in the root).
 //! What would bring that near the unaccounted
 //! hit, magazines of objects kept charged to one group per slot, would
@@ -309,7 +309,8 @@
 //! exhausted page source give null from `GlobalAlloc`, `AllocError` from
 //! the `Allocator`, or an [`Error`] from typed APIs, and leave every live
 //! object intact. Debug builds check every free: a pointer that no cache
-//! owns is ignored and counted in [`KmemStats::bad_frees`]. With feature
+//! owns (null too, which `GlobalAlloc`'s contract rules out and release
+//! builds do not test) is ignored and counted in [`KmemStats::bad_frees`]. With feature
 //! `hardened`, double frees and foreign frees abort with a message
 //! instead. Slabs keep their free objects in a bitmap, not in links inside
 //! the objects, so a write after free cannot redirect an allocation in

@@ -54,6 +54,13 @@ fn run_case() {
             let mut on_stack = [0u64; 6];
             KMEM.dealloc(on_stack.as_mut_ptr().cast(), l);
         },
+        // SAFETY: deliberate misuse, in a child process that hardened mode
+        // must stop before it corrupts anything.
+        "null_free" => unsafe {
+            let p = KMEM.alloc(l);
+            KMEM.dealloc(core::ptr::null_mut(), l);
+            KMEM.dealloc(p, l);
+        },
         "typed_double_free" => {
             let c = KMEM.create_cache::<[u64; 4]>("hardened-objs", CacheFlags::NONE).unwrap();
             let b = c.alloc([1; 4]).unwrap();
@@ -130,6 +137,15 @@ fn typed_cache_double_free_is_caught() {
 #[test]
 fn foreign_free_aborts_with_a_message() {
     let (ok, err) = child("foreign_free");
+    assert!(!ok);
+    assert!(err.contains("kmemcg: free of a pointer that no cache owns"), "{err}");
+}
+
+#[test]
+fn null_free_aborts_with_a_message() {
+    // Release builds without `hardened` trust `GlobalAlloc`'s contract
+    // (a freed pointer is never null) and do not test it.
+    let (ok, err) = child("null_free");
     assert!(!ok);
     assert!(err.contains("kmemcg: free of a pointer that no cache owns"), "{err}");
 }

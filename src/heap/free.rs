@@ -371,7 +371,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
 
     /// Counts and (hardened) reports a free of a pointer no cache owns.
     #[cold]
-    pub(super) fn bad_free(&self) {
+    pub(crate) fn bad_free(&self) {
         self.bad_frees.add(1);
         hardened_abort("kmemcg: free of a pointer that no cache owns");
     }

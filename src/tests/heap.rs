@@ -428,6 +428,13 @@ fn bad_input_gives_null_and_keeps_live_objects() {
         // SAFETY: rejected by the page-alignment check.
         unsafe { k.dealloc(live, Layout::from_size_align(1 << 20, 8).unwrap()) };
         assert_eq!(k.stats().bad_frees, 3);
+        // A null pointer, of a size class and of the page path (release
+        // builds trust `GlobalAlloc`'s contract and do not test it).
+        // SAFETY: rejected by the null test of checked builds.
+        unsafe { k.dealloc(core::ptr::null_mut(), keep) };
+        // SAFETY: as above.
+        unsafe { k.dealloc(core::ptr::null_mut(), Layout::from_size_align(1 << 20, 8).unwrap()) };
+        assert_eq!(k.stats().bad_frees, 5);
     }
     // SAFETY: still live, 64 bytes.
     assert!(unsafe { core::slice::from_raw_parts(live, 64) }.iter().all(|&b| b == 0xAB));
