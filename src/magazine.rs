@@ -68,7 +68,7 @@
 //! slot (the loaded magazine's top, floor and ceiling; no other busy slot
 //! shares its line) and one round of the loaded magazine, with no call
 //! and no stack frame: a `GlobalAlloc` hit, the size-class lookup
-//! included, is 41 instructions to allocate and 43 to free under
+//! included, is 26 instructions to allocate and 25 to free under
 //! callgrind (`__rust_alloc` and `__rust_dealloc` in `scripts/icount.sh`'s
 //! `box` case; jemalloc's, in an earlier count: 33 and 36). Every other case (no slot yet, an
 //! empty or full magazine, a remote-node free, a drain racing) goes out

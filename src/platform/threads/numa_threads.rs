@@ -9,9 +9,9 @@ use super::*;
 /// slots as `Threads` (the two share all state), so a program may use
 /// both.
 ///
-/// Not the default: every free asks for the node count, which costs 4
+/// Not the default: every free asks for the node count, which costs 6
 /// instructions per 64-byte alloc+free pair even on one node
-/// (`scripts/icount.sh`, case `numa`: 88 against `generic`'s 84; a load
+/// (`scripts/icount.sh`, case `numa`: 52 against `generic`'s 46; a load
 /// of a library static, which a position-independent binary reaches
 /// through the GOT, and the branch; a thread-local copy cost 3 to 4). A
 /// host with one node pays nothing only if it does not ask, so `Threads`
