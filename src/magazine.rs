@@ -275,9 +275,10 @@ pub(crate) struct MagCache<R: RawMutex> {
     depot_max: usize,
     /// Bit `s` is set while slot `s` may hold magazines of this cache, so
     /// drains skip the others. Set by the holder on its slow path, before
-    /// it installs a magazine; cleared by a drainer before its handshake,
-    /// so a magazine installed concurrently is either seen by the drain or
-    /// leaves the bit set.
+    /// it installs a magazine; cleared by a drainer once it has the slot
+    /// (after its handshake or steal, in `empty_slot`), just before it
+    /// takes the magazines: no magazine can be installed meanwhile, and
+    /// one installed after the drain sets the bit again.
     used_slots: AtomicUsize,
     /// Bit `s` is set when slot `s` took a slow path on this cache since
     /// the last reap (set with `used_slots`; taken whole by `reap`): a
@@ -345,11 +346,12 @@ impl<R: RawMutex> MagCache<R> {
         }
     }
 
-    /// Records that `slot` may hold magazines of this cache (slow path),
-    /// before the slow path looks at `dead`. The fence pairs with the one
-    /// in `Cache::mark_dead`: either this CPU sees the cache dead and gives
-    /// it no magazine, or the removal's drain sees the bit and empties the
-    /// slot (found by loom: without it a magazine could outlive the drain).
+    /// Records that `slot` may hold magazines of this cache (slow path).
+    /// The fence once paired with a dead-cache flag that group removal set
+    /// (found by loom: without it a magazine could outlive the removal's
+    /// drain); charged caches are shared since and never die with a group.
+    /// It is kept, on slow paths only: the marks are ordered before
+    /// whatever the slow path does next.
     #[inline]
     fn note_slot(&self, slot: usize) {
         let bit = 1usize << slot;
