@@ -410,16 +410,20 @@ impl Slots {
         }
         if !plat.slots_are_locks() {
             self.word.fetch_add(DRAIN, Ordering::Relaxed);
-            if plat.asymmetric() {
-                plat.heavy_barrier();
+            // A barrier the platform could not run (a refused membarrier)
+            // gives the drain up, as a held slot does.
+            let barrier = if plat.asymmetric() {
+                plat.try_heavy_barrier()
             } else {
                 fence(Ordering::SeqCst);
-            }
-            if s.state.load(Ordering::Acquire) != HELD {
+                true
+            };
+            if barrier && s.state.load(Ordering::Acquire) != HELD {
                 return Some(false);
             }
-            // Held: withdraw. A holder that saw the count meanwhile took
-            // the shared path for one operation; nothing else changed.
+            // Held (or not known): withdraw. A holder that saw the count
+            // meanwhile took the shared path for one operation; nothing
+            // else changed.
             self.word.fetch_sub(DRAIN, Ordering::Relaxed);
         }
         s.drainers.store(false, Ordering::Release);

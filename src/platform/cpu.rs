@@ -226,6 +226,15 @@ pub unsafe trait Platform: Sync {
     }
     /// A full barrier on every slot holder (only when `asymmetric`).
     fn heavy_barrier(&self) {}
+    /// [`Platform::heavy_barrier`] for a drain that may be skipped (a
+    /// reap, which gives back what nobody uses): `false` when the barrier
+    /// could not be run, and that drain is then given up instead of going
+    /// on. `true` only once a full barrier ran, as `heavy_barrier`
+    /// guarantees. The default runs `heavy_barrier`.
+    fn try_heavy_barrier(&self) -> bool {
+        self.heavy_barrier();
+        true
+    }
     /// Takes a slot that nobody holds, to drain it; see the contract.
     ///
     /// # Safety

@@ -245,9 +245,25 @@ pub use numa_threads::NumaThreads;
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-/// Tries of a refused `membarrier` before `heavy_barrier` stops the
-/// program.
+/// Tries of a refused `membarrier` before [`membarrier`] gives up.
 const BARRIER_TRIES: usize = 8;
+
+/// `membarrier(PRIVATE_EXPEDITED)`: whether it ran. The process
+/// registered in `init`, but the kernel may still refuse the call
+/// (`ENOMEM` on kernels that allocate the CPU mask, or a seccomp filter
+/// installed since, on the calling thread only); a refusal is retried a
+/// few times, yielding between tries.
+fn membarrier() -> bool {
+    for _ in 0..BARRIER_TRIES {
+        // SAFETY: membarrier touches no memory of ours.
+        if unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) } == 0 {
+            return true;
+        }
+        // SAFETY: no memory touched.
+        unsafe { libc::sched_yield() };
+    }
+    false
+}
 
 /// The per-thread slot platform; the default with `std`. Every slot is
 /// node 0: see [`NumaThreads`] for hosts with several nodes.
@@ -712,23 +728,17 @@ unsafe impl Platform for Threads {
 
     /// `membarrier(PRIVATE_EXPEDITED)`. Holders fence with the compiler
     /// alone while [`Platform::asymmetric`] holds, so the drain that asks
-    /// for this barrier must not go on without it. The process registered
-    /// in `init`; the kernel may still refuse the call later (`ENOMEM` on
-    /// kernels that allocate the CPU mask, or a seccomp filter installed
-    /// since, on this thread only). A refusal is retried a few times,
-    /// yielding between tries, and then stops the program: a drain racing
-    /// a holder's magazines would hand objects out twice.
+    /// for this barrier must not go on without it: a refusal (see
+    /// [`membarrier`]) stops the program. Reaps ask through
+    /// [`Platform::try_heavy_barrier`] and give up instead.
     fn heavy_barrier(&self) {
-        for _ in 0..BARRIER_TRIES {
-            // SAFETY: membarrier touches no memory of ours; registered in
-            // `init` (asymmetric() is true only then).
-            if unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) } == 0 {
-                return;
-            }
-            // SAFETY: no memory touched.
-            unsafe { libc::sched_yield() };
+        if !membarrier() {
+            super::fatal("kmemcg: membarrier(PRIVATE_EXPEDITED) failed; slots cannot be drained safely");
         }
-        super::fatal("kmemcg: membarrier(PRIVATE_EXPEDITED) failed; slots cannot be drained safely");
+    }
+
+    fn try_heavy_barrier(&self) -> bool {
+        membarrier()
     }
 
     /// `CLOCK_MONOTONIC` (loom: none).

@@ -88,6 +88,10 @@ unsafe impl Platform for NumaThreads {
         Threads.heavy_barrier()
     }
 
+    fn try_heavy_barrier(&self) -> bool {
+        Threads.try_heavy_barrier()
+    }
+
     fn now_ms(&self) -> Option<u64> {
         Threads.now_ms()
     }
