@@ -74,7 +74,8 @@ static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 ///    semantics), or waits until no context holds one and synchronizes
 ///    with every holder before and after it (a platform whose slots are
 ///    try-locks, as [`NoCpus`]'s), so slot holders may use compiler fences
-///    only; `try_enter` returns a slot only once `asymmetric()` is true
+///    only; `try_heavy_barrier` returns `true` only after such a barrier
+///    ran (`false` lets the caller give its drain up); `try_enter` returns a slot only once `asymmetric()` is true
 ///    (under Miri the fast paths make the full fence themselves, so there
 ///    it may return one either way, as `Threads` does);
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
