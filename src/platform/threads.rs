@@ -729,7 +729,7 @@ unsafe impl Platform for Threads {
     /// `membarrier(PRIVATE_EXPEDITED)`. Holders fence with the compiler
     /// alone while [`Platform::asymmetric`] holds, so the drain that asks
     /// for this barrier must not go on without it: a refusal (see
-    /// [`membarrier`]) stops the program. Reaps ask through
+    /// `membarrier` in this module) stops the program. Reaps ask through
     /// [`Platform::try_heavy_barrier`] and give up instead.
     fn heavy_barrier(&self) {
         if !membarrier() {
