@@ -405,7 +405,7 @@ pub(crate) fn published(slot: usize) -> *const AtomicUsize {
 
 /// Whether `try_enter` hands out slots. Relaxed: `ASYM` is settled in
 /// `init`, which every holder passed through (with an Acquire load of
-/// `KEY`) before its claim.
+/// `KEY`) before its claim (drainers: see `Threads::asymmetric`).
 #[inline(always)]
 fn fast_ok() -> bool {
     ASYM.load(Ordering::Relaxed) == 1
@@ -721,8 +721,18 @@ unsafe impl Platform for Threads {
     #[inline(always)]
     unsafe fn exit(&self, _slot: usize) {}
 
+    /// A holder passed through `init` before its claim, so it reads
+    /// `ASYM` settled. A drainer may not have (a thread that only reaps or
+    /// shrinks): where it reads `ASYM` unsettled it settles it through
+    /// `init`, whose Acquire load of `KEY` orders the value stored before
+    /// any claim before its own read (contract point 3: a stale "unknown"
+    /// would send it down the symmetric path while holders fence with the
+    /// compiler alone).
     #[inline(always)]
     fn asymmetric(&self) -> bool {
+        if ASYM.load(Ordering::Relaxed) == 0 {
+            let _ = init();
+        }
         fast_ok()
     }
 
