@@ -144,8 +144,9 @@
 //! atomic), which takes whole pages from the group's counter when it runs
 //! short, reclaiming if a limit refuses, as a slab grow does. A free
 //! reads the owner word, clears it, and gives the bytes back to the
-//! slot's stock; whole pages past a page go back to the counter, and a
-//! stock displaced by another group's is flushed into its group's
+//! slot's stock; whole pages past a page go back to the counter (a free
+//! that displaces another group's stock too), and the displaced stock is
+//! flushed into its group's
 //! `spare` (see `cgroup::tree::objects` for the invariant and the
 //! removal protocol, which loom checks). A removed group's frees use the
 //! stock as a live group's do (seed 001: no atomic operation per free);

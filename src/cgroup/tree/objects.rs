@@ -8,9 +8,11 @@
 //! the group and enough; else it charges whole pages (reclaiming if a
 //! limit refuses, as a slab grow does) and leaves the rest of them in the
 //! stock, displacing the group there before. A free gives its bytes to the
-//! stock if it holds the group, up to a page; a stock past a page flushes
-//! its whole pages, and a displaced stock is flushed whole. A flush adds
-//! bytes to the group's `spare` and uncharges the whole pages that makes.
+//! stock, displacing another group's if the stock holds one; either way
+//! the stock keeps less than a page and the whole pages past that are
+//! flushed (a free of up to 16 KiB would otherwise leave them charged for
+//! no object), and a displaced stock is flushed whole. A flush adds bytes
+//! to the group's `spare` and uncharges the whole pages that makes.
 //!
 //! Per group, always: pages charged for objects (`obj_pages`, as pages of
 //! the counter) = bytes of its live objects + bytes in stocks + `spare`.
@@ -177,12 +179,15 @@ impl<R: RawMutex> Tree<R> {
     }
 
     /// Puts `n` bytes charged to `g` into the stock of `slot`, which the
-    /// caller holds: added to it if it holds `g`'s (whole pages past a
-    /// page flushed), else in place of the stock there, which is flushed.
-    /// If `g` was `online` when the caller looked, then, a full fence
-    /// later, `g` is checked still online, and the stock taken back if not
-    /// (see the module docs, *Removal*); a removed group's stock stays.
-    /// Lock-free; calls nothing outside the allocator.
+    /// caller holds: added to it if it holds `g`'s, else in place of the
+    /// stock there, which is flushed; either way the stock keeps less than
+    /// a page and `g`'s whole pages past that are flushed (a free of up to
+    /// 16 KiB, the largest class, would otherwise leave a group, a removed
+    /// one too, with pages charged for no object). If `g` was `online`
+    /// when the caller looked, then, a full fence later, `g` is checked
+    /// still online, and the stock taken back if not (see the module docs,
+    /// *Removal*); a removed group's stock stays. Lock-free; calls nothing
+    /// outside the allocator.
     ///
     /// # Safety
     ///
@@ -190,22 +195,24 @@ impl<R: RawMutex> Tree<R> {
     unsafe fn put_at(&self, slot: usize, g: &Group<R>, n: usize, online: bool) {
         let owner = g.key();
         // SAFETY: forwarded.
-        let (out, swapped) = unsafe {
+        let (out, pages, swapped) = unsafe {
             self.stocks.under(slot, |s| {
                 if s.owner == owner {
                     s.bytes += n;
                     let keep = s.bytes % PAGE_SIZE;
                     let out = Stock { owner, bytes: s.bytes - keep };
                     s.bytes = keep;
-                    (out, false)
+                    (out, 0, false)
                 } else {
-                    (core::mem::replace(s, Stock { owner, bytes: n }), true)
+                    let keep = n % PAGE_SIZE;
+                    (core::mem::replace(s, Stock { owner, bytes: keep }), n - keep, true)
                 }
             })
         };
         self.flush_stock(out);
         if swapped && online {
-            // Pairs with the fence in `remove`.
+            // Pairs with the fence in `remove`. `g` is alive: `pages` are
+            // still charged to it.
             fence(Ordering::SeqCst);
             if g.is_offline() {
                 // SAFETY: forwarded.
@@ -213,6 +220,10 @@ impl<R: RawMutex> Tree<R> {
                     unsafe { self.stocks.under(slot, |s| if s.owner == owner { s.take() } else { Stock::EMPTY }) };
                 self.flush_stock(back);
             }
+        }
+        // Last: once flushed, these bytes no longer keep `g` alive.
+        if pages != 0 {
+            self.flush(g, pages);
         }
     }
 
