@@ -180,6 +180,24 @@ struct Entry<S: PageSource + 'static> {
     oom: usize,
 }
 
+impl<S: PageSource + 'static> Entry<S> {
+    /// A live group with no limit and nothing charged yet.
+    fn new(h: Cgroup<'static, Kmem<S>>, name: String, parent: usize, depth: usize) -> Self {
+        Entry {
+            h: Some(h),
+            name,
+            parent,
+            depth,
+            live: true,
+            live_children: 0,
+            obj_bytes: 0,
+            large_pages: 0,
+            max: usize::MAX,
+            oom: 0,
+        }
+    }
+}
+
 /// What the programs did, summed over a test's programs.
 #[derive(Default, Debug)]
 struct Counts {
@@ -430,18 +448,7 @@ impl<'c, S: PageSource + 'static> Model<'c, S> {
             Ok(h) => {
                 assert_eq!((h.usage(), h.max(), h.name()), (0, usize::MAX, name.as_str()));
                 let depth = self.groups[p].depth + 1;
-                self.groups.push(Entry {
-                    h: Some(h),
-                    name,
-                    parent: p,
-                    depth,
-                    live: true,
-                    live_children: 0,
-                    obj_bytes: 0,
-                    large_pages: 0,
-                    max: usize::MAX,
-                    oom: 0,
-                });
+                self.groups.push(Entry::new(h, name, p, depth));
                 self.groups[p].live_children += 1;
                 c.creates += 1;
             }
@@ -758,18 +765,7 @@ fn run<'c, S: PageSource + 'static>(
     c: &mut Counts,
 ) {
     let mut rng = Rng(seed);
-    let root = Entry {
-        h: Some(k.root()),
-        name: "/".into(),
-        parent: 0,
-        depth: 0,
-        live: true,
-        live_children: 0,
-        obj_bytes: 0,
-        large_pages: 0,
-        max: usize::MAX,
-        oom: 0,
-    };
+    let root = Entry::new(k.root(), "/".into(), 0, 0);
     let mut m: Model<'c, S> = Model {
         k,
         groups: vec![root],
