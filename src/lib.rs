@@ -311,9 +311,9 @@
 //! the `Allocator`, or an [`Error`] from typed APIs, and leave every live
 //! object intact. Debug builds check every free: a pointer that no cache
 //! owns (null too, which `GlobalAlloc`'s contract rules out and release
-//! builds do not test) is ignored and counted in [`KmemStats::bad_frees`]. With feature
-//! `hardened`, double frees and foreign frees abort with a message
-//! instead. Slabs keep their free objects in a bitmap, not in links inside
+//! builds do not test) is ignored and counted in
+//! [`KmemStats::bad_frees`]. With feature `hardened`, double frees and
+//! foreign frees abort with a message instead. Slabs keep their free objects in a bitmap, not in links inside
 //! the objects, so a write after free cannot redirect an allocation in
 //! any build, and a double free that reaches a slab is refused there.
 //!

@@ -75,9 +75,10 @@ static_assertions::const_assert!(MAX_CPUS.is_multiple_of(2) || MAX_CPUS == 1);
 ///    with every holder before and after it (a platform whose slots are
 ///    try-locks, as [`NoCpus`]'s), so slot holders may use compiler fences
 ///    only; `try_heavy_barrier` returns `true` only after such a barrier
-///    ran (`false` lets the caller give its drain up); `try_enter` returns a slot only once `asymmetric()` is true
-///    (under Miri the fast paths make the full fence themselves, so there
-///    it may return one either way, as `Threads` does);
+///    ran (`false` lets the caller give its drain up); `try_enter`
+///    returns a slot only once `asymmetric()` is true (under Miri the
+///    fast paths make the full fence themselves, so there it may return
+///    one either way, as `Threads` does);
 /// 4. `steal(slot)` returns `true` only for a slot no context holds, and
 ///    then no `enter` returns it until `unsteal(slot)`; so does
 ///    `try_steal(slot)`, which returns at once (`false`) where a context
