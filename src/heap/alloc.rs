@@ -110,13 +110,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         };
         let base = self.cache_of(c);
         // SAFETY: we hold `slot`, with no drain in progress.
-        let p = match unsafe { base.pop_held(self, slot) } {
-            Some(p) => p,
-            None if NOUNWIND => self.no_unwind_slow(base)?,
-            None => self.alloc_slow_opt(base)?,
-        };
-        hardened_on_alloc(base, p);
-        Some(p)
+        self.hit_or_slow::<NOUNWIND>(base, unsafe { base.pop_held(self, slot) })
     }
 
     /// [`Kmem::alloc_current`] once its handshake read word `w` with a
@@ -147,13 +141,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
         let Some(g) = (unsafe { g.as_ref() }) else {
             // The root's object, as on the plain path, under this hold.
             // SAFETY: we hold `slot`, with no drain in progress (`w`).
-            let p = match unsafe { base.pop_held(self, slot) } {
-                Some(p) => p,
-                None if NOUNWIND => self.no_unwind_slow(base)?,
-                None => self.alloc_slow_opt(base)?,
-            };
-            hardened_on_alloc(base, p);
-            return Some(p);
+            return self.hit_or_slow::<NOUNWIND>(base, unsafe { base.pop_held(self, slot) });
         };
         match self.tree.charged_of(base) {
             // SAFETY: as above.
@@ -429,7 +417,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             };
         }
         let base = self.cache_of(c);
-        let p = match base.alloc_fast(self) {
+        self.hit_or_slow::<NOUNWIND>(base, base.alloc_fast(self))
+    }
+
+    /// The object a magazine `hit` of the base cache `base` gave, or on a
+    /// miss one from its slow path (out of line, without unwinding under
+    /// `NOUNWIND`); checked when hardened.
+    #[inline(always)]
+    fn hit_or_slow<const NOUNWIND: bool>(&self, base: &MagCache<R>, hit: Option<NonNull<u8>>) -> Option<NonNull<u8>> {
+        let p = match hit {
             Some(p) => p,
             None if NOUNWIND => self.no_unwind_slow(base)?,
             None => self.alloc_slow_opt(base)?,

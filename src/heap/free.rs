@@ -81,12 +81,28 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // SAFETY: forwarded.
             Hold::None => return unsafe { Self::free_class_out(ptr, size, align, c, self) },
         };
+        // SAFETY: with no groups, every object of class `c` is in the base
+        // cache; we hold `slot`, with no drain in progress.
+        unsafe { self.free_base_held(slot, base, ptr) }
+    }
+
+    /// Frees `ptr` into `base` under the hold of `slot`, which ends here:
+    /// a push onto the loaded magazine, else the cache's slow path; a
+    /// pointer `base` does not own (debug and `hardened` builds check)
+    /// is counted, or aborts when hardened, and left alone.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is an object of `base`, a class's base cache (or, in checked
+    /// builds, a pointer they reject); the caller holds `slot`, with no
+    /// drain in progress.
+    #[inline(always)]
+    unsafe fn free_base_held(&self, slot: usize, base: &MagCache<R>, ptr: NonNull<u8>) {
         let Some(base) = self.checked_base(base, ptr) else {
             return self.slots.unhold(&self.platform, slot);
         };
         hardened_on_free(base, ptr);
-        // SAFETY: with no groups, every object of class `c` is in the base
-        // cache; we hold `slot`, with no drain in progress.
+        // SAFETY: forwarded.
         unsafe {
             if !base.push_held(self, slot, ptr) {
                 base.free_slow(self, ptr)
@@ -132,17 +148,8 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             if w & mode::GROUPS == 0 {
                 // `DEBUG` alone: no groups, so the object is the base
                 // cache's.
-                let Some(base) = self.checked_base(base, ptr) else {
-                    return self.slots.unhold(&self.platform, slot);
-                };
-                hardened_on_free(base, ptr);
                 // SAFETY: as in `free_class`'s plain push.
-                unsafe {
-                    if !base.push_held(self, slot, ptr) {
-                        base.free_slow(self, ptr)
-                    }
-                }
-                return;
+                return unsafe { self.free_base_held(slot, base, ptr) };
             }
         }
         let Some(base) = self.checked_base(base, ptr) else {
