@@ -62,6 +62,9 @@ struct Span {
     /// The pointer the memory was handed in with: its provenance covers
     /// the span (`PageSource::rebase` under Miri).
     base: AtomicPtr<u8>,
+    /// The end of the memory as handed in: past `end` where the bytes
+    /// after the last whole page keep the region's page metadata.
+    limit: AtomicUsize,
 }
 
 /// A page source over memory handed in by the caller: static arrays, or the
@@ -155,14 +158,15 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
         span.end.store(hi, Ordering::Relaxed);
         span.node.store(node, Ordering::Relaxed);
         span.base.store(start, Ordering::Relaxed);
+        span.limit.store(start.addr().saturating_add(len), Ordering::Relaxed);
         // Publishes the entry to `node_of` (pairs with its Acquire load).
         self.spans[node].store(n + 1, Ordering::Release);
         self.reserved.add(buddy.managed_pages() - before);
         Ok(())
     }
 
-    /// Whether `[start, start + len)` overlaps a region of any node (from
-    /// its first byte, metadata included, to the end of its pages). Each
+    /// Whether `[start, start + len)` overlaps a region of any node (as it
+    /// was handed in, metadata before or after its pages included). Each
     /// node's buddy refuses overlaps among its own zones; this covers the
     /// others: frees find their node by address, so memory added to two
     /// nodes (a block of this source, leaked and added again elsewhere)
@@ -172,7 +176,7 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
         (0..MAX_NODES).any(|node| {
             let n = self.spans[node].load(Ordering::Acquire);
             self.span_table[node][..n].iter().any(|s| {
-                let (base, end) = (s.base.load(Ordering::Relaxed).addr(), s.end.load(Ordering::Relaxed));
+                let (base, end) = (s.base.load(Ordering::Relaxed).addr(), s.limit.load(Ordering::Relaxed));
                 lo < end && base < hi
             })
         })
@@ -211,7 +215,13 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
 impl Span {
     loom_const_fn! {
         fn new() -> Self {
-            Span { start: atomic_usize(0), end: atomic_usize(0), node: atomic_usize(0), base: atomic_null() }
+            Span {
+                start: atomic_usize(0),
+                end: atomic_usize(0),
+                node: atomic_usize(0),
+                base: atomic_null(),
+                limit: atomic_usize(0),
+            }
         }
     }
 }

@@ -696,3 +696,35 @@ fn fast_words_hold_their_slots() {
     }
     assert_eq!(fast_hold(&AtomicUsize::new(NONE)), None);
 }
+
+/// A review's finding: the cross-node overlap check compares a new range
+/// with each span's handed-in start and its *usable* end, but a region
+/// handed in with room after its last whole page keeps its page metadata
+/// there (`MetaAt::Bytes(hi)`), past that end. Another node's region
+/// starting in those bytes is not refused: its buddy writes its free-list
+/// links over the first region's metadata. (The same node's buddy compares
+/// raw ranges, metadata included, and refuses it.)
+#[test]
+fn a_region_over_another_nodes_tail_metadata_is_refused() {
+    let r = leak(R::new());
+    let p = placed(16 * PAGE_SIZE, 0);
+    // Region A, node 0: 4 whole pages and 4 bytes after them, where its
+    // 4 meta bytes go.
+    // SAFETY: leaked memory, used by nothing else.
+    unsafe { r.add_raw(p, 4 * PAGE_SIZE + 4, 0) }.unwrap();
+    r.check();
+    // Region B, node 1, from A's usable end: its first 4 bytes are A's
+    // metadata (the caller broke `add_raw`'s contract; `Overlap` is the
+    // documented answer, as for every other overlap).
+    // SAFETY: inside the leaked buffer; refused (or not) before use.
+    let res = unsafe { r.add_raw(p.wrapping_add(4 * PAGE_SIZE), 8 * PAGE_SIZE, 1) };
+    if res.is_ok() {
+        let broken = std::panic::catch_unwind(|| r.check()).is_err();
+        panic!(
+            "node 1 accepted a region over node 0's page metadata (A's bytes {:#x}..+4); \
+             node 0's buddy invariants broken afterwards: {broken}",
+            p.addr() + 4 * PAGE_SIZE
+        );
+    }
+    assert_eq!(res, Err(RegionError::Overlap));
+}
