@@ -241,6 +241,11 @@
 //!   interrupt handler never runs on a CPU that holds an allocator lock or
 //!   its slot: a handler starts with no lock held, and the order above
 //!   holds for it as for any context;
+//! * so is a slot's drain, from before it takes the slot's drain flag
+//!   until after it lets it go (`Platform::drain_mask`): a task that
+//!   waits for that flag under the tree lock (a removal, a reclaim) has
+//!   interrupts masked, and if the drainer could be preempted between its
+//!   lock holds and that task then ran on its CPU, the CPU would hang;
 //! * interrupt context (`Cpu::in_interrupt`) allocates atomically: it never
 //!   takes locks 1 and 2, never calls shrinkers, and never spins on
 //!   anything a task holds while calling out (only on locks 3 to 6, each

@@ -48,6 +48,10 @@ pub(crate) struct SlotSync {
     /// holder only (`Relaxed` load and store), read by reports.
     hits: AtomicUsize,
     misses: AtomicUsize,
+    /// What `Platform::drain_mask` returned to the drainer that has
+    /// `drainers`, for its `drain_unmask` in `end_drain` (written and read
+    /// by that drainer only).
+    masked: AtomicUsize,
 }
 
 /// What [`Slots::try_hold_checked`] found.
@@ -137,6 +141,7 @@ impl Slots {
                         drainers: atomic_bool(false),
                         hits: atomic_usize(0),
                         misses: atomic_usize(0),
+                        masked: atomic_usize(0),
                     };
                     MAX_CPUS
                 )),
@@ -311,11 +316,7 @@ impl Slots {
     /// than a few reads), never on an allocation path.
     pub(super) fn begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> bool {
         let s = &self.sync[slot];
-        let mut i = 0;
-        while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            wait_step(i);
-            i += 1;
-        }
+        self.take_drain(plat, slot, true);
         // SAFETY: a drain: the slot's per-CPU state is what it empties, and
         // `end_drain` gives a stolen slot back.
         if unsafe { plat.steal(slot) } {
@@ -401,7 +402,7 @@ impl Slots {
     /// use, and the next reap finds it.
     pub(crate) fn try_begin_drain<P: Platform>(&self, plat: &P, slot: usize) -> Option<bool> {
         let s = &self.sync[slot];
-        if s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        if !self.take_drain(plat, slot, false) {
             return None;
         }
         // SAFETY: as in `begin_drain`.
@@ -426,7 +427,7 @@ impl Slots {
             // else changed.
             self.word.fetch_sub(DRAIN, Ordering::Relaxed);
         }
-        s.drainers.store(false, Ordering::Release);
+        self.release_drain(plat, slot);
         None
     }
 
@@ -434,15 +435,14 @@ impl Slots {
     /// (the platform's `steal`), with no handshake: for a reap's drain of
     /// orphaned slots. `end_drain(.., true)` ends it.
     pub(crate) fn try_steal<P: Platform>(&self, plat: &P, slot: usize) -> bool {
-        let s = &self.sync[slot];
-        if s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        if !self.take_drain(plat, slot, false) {
             return false;
         }
         // SAFETY: as in `begin_drain`.
         if unsafe { plat.try_steal(slot) } {
             return true;
         }
-        s.drainers.store(false, Ordering::Release);
+        self.release_drain(plat, slot);
         false
     }
 
@@ -460,7 +460,6 @@ impl Slots {
     }
 
     pub(crate) fn end_drain<P: Platform>(&self, plat: &P, slot: usize, stolen: bool) {
-        let s = &self.sync[slot];
         if stolen {
             // SAFETY: `begin_drain` stole it (`stolen`).
             unsafe { plat.unsteal(slot) };
@@ -471,7 +470,42 @@ impl Slots {
             // ever written by read-modify-writes).
             self.word.fetch_sub(DRAIN, Ordering::Release);
         }
+        self.release_drain(plat, slot);
+    }
+
+    /// Takes `slot`'s drain flag (`wait`: waiting, yielding, for another
+    /// drainer of the slot to finish; else `false` at once), with the
+    /// platform's drain mask ([`Platform::drain_mask`]) from before the
+    /// take until [`Slots::release_drain`]: a drainer preempted with the
+    /// flag would hang a context that waits for it with interrupts masked
+    /// on its CPU.
+    fn take_drain<P: Platform>(&self, plat: &P, slot: usize, wait: bool) -> bool {
+        let s = &self.sync[slot];
+        let saved = plat.drain_mask();
+        let mut i = 0;
+        while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            if !wait {
+                // SAFETY: this context's mask, the last it took.
+                unsafe { plat.drain_unmask(saved) };
+                return false;
+            }
+            wait_step(i);
+            i += 1;
+        }
+        s.masked.store(saved, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back the drain flag of `slot` that [`Slots::take_drain`] took,
+    /// then the drain mask.
+    fn release_drain<P: Platform>(&self, plat: &P, slot: usize) {
+        let s = &self.sync[slot];
+        let saved = s.masked.load(Ordering::Relaxed);
         s.drainers.store(false, Ordering::Release);
+        // SAFETY: `take_drain` took this mask on this context (which the
+        // mask kept from moving), and the drain's own (its locks') were all
+        // given back since: drains end before the locks around them.
+        unsafe { plat.drain_unmask(saved) };
     }
 }
 

@@ -265,6 +265,28 @@ pub unsafe trait Platform: Sync {
     /// The caller took `slot` with `steal` or `try_steal` (which returned
     /// `true`) and has not given it back since.
     unsafe fn unsteal(&self, _slot: usize) {}
+    /// Keeps other contexts off the calling CPU from before a drain takes
+    /// a slot's drain flag until after it lets the flag go (the drain of
+    /// one slot's magazines and byte stock: bounded work); the value goes
+    /// back to [`Platform::drain_unmask`]. A context that waits for that
+    /// flag (group removal, reclaim, `shrink`) may do so under the
+    /// allocator's locks; where those mask interrupts ([`crate::PerCpu`]
+    /// with [`crate::IrqSpinLock`]), a drainer preempted holding the flag
+    /// would hang such a waiter on its CPU for good. `PerCpu` masks local
+    /// interrupts. The default does nothing, for platforms whose waiters
+    /// yield or can be preempted (threads).
+    #[inline(always)]
+    fn drain_mask(&self) -> usize {
+        0
+    }
+    /// Ends what [`Platform::drain_mask`] began.
+    ///
+    /// # Safety
+    ///
+    /// `saved` is what `drain_mask` returned to the calling context, and
+    /// the masks it took since were all ended (in reverse order).
+    #[inline(always)]
+    unsafe fn drain_unmask(&self, _saved: usize) {}
     /// Whether the caller runs in interrupt context: its allocations are
     /// then *atomic* (no reclaim, no shrinkers, no tree lock) and charged
     /// to the root.

@@ -26,6 +26,13 @@
 //!   one operation and needs no IPI. A CPU whose slot a drain holds takes
 //!   the shared path meanwhile.
 //!
+//! Either way a drain runs with local interrupts masked on the draining
+//! CPU, from before it takes the slot's drain flag until after it lets it
+//! go (`Platform::drain_mask`), so a preemptive kernel cannot switch tasks
+//! inside it: the task switched to might wait for that flag with
+//! interrupts masked (a group removal under the tree lock) and never let
+//! the drainer run again.
+//!
 //! The flag of CPU `i`'s slot (`busy`, without `Cpu::BARRIER`):
 //!
 //! | transition | by | how |
@@ -365,6 +372,20 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
         self.cpus[slot].busy.store(0, Ordering::Release);
     }
 
+    /// A drain runs with local interrupts masked, as a slot hold and every
+    /// allocator lock do: no task switch, so no waiter for its drain flag
+    /// runs on this CPU before it ends.
+    fn drain_mask(&self) -> usize {
+        C::irq_save()
+    }
+
+    unsafe fn drain_unmask(&self, saved: usize) {
+        // SAFETY: saved by `drain_mask` on this CPU (which the mask kept us
+        // on), restored in reverse order (the caller's contract).
+        unsafe { C::irq_restore(saved) }
+    }
+
+    #[inline(always)]
     fn in_interrupt(&self) -> bool {
         C::in_interrupt()
     }
