@@ -486,9 +486,15 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                     // slab yet (every path that grows one settles first),
                     // and every other thread waits below until the Release
                     // store, which orders these writes before its reads.
+                    // Not preempted meanwhile where others may wait for
+                    // it with interrupts masked (`Platform::mask`).
+                    let saved = self.platform.mask();
                     // SAFETY: as just said.
                     unsafe { self.fit_to_source() };
                     self.home.store(me, Ordering::Release);
+                    // SAFETY: `saved` is this context's mask, and
+                    // `fit_to_source` gave its locks back.
+                    unsafe { self.platform.unmask(saved) };
                     return true;
                 }
                 Err(home) if home == me => return true,

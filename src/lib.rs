@@ -242,7 +242,7 @@
 //!   its slot: a handler starts with no lock held, and the order above
 //!   holds for it as for any context;
 //! * so is a slot's drain, from before it takes the slot's drain flag
-//!   until after it lets it go (`Platform::drain_mask`): a task that
+//!   until after it lets it go (`Platform::mask`): a task that
 //!   waits for that flag under the tree lock (a removal, a reclaim) has
 //!   interrupts masked, and if the drainer could be preempted between its
 //!   lock holds and that task then ran on its CPU, the CPU would hang;

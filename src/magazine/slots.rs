@@ -48,8 +48,8 @@ pub(crate) struct SlotSync {
     /// holder only (`Relaxed` load and store), read by reports.
     hits: AtomicUsize,
     misses: AtomicUsize,
-    /// What `Platform::drain_mask` returned to the drainer that has
-    /// `drainers`, for its `drain_unmask` in `end_drain` (written and read
+    /// What `Platform::mask` returned to the drainer that has
+    /// `drainers`, for its `unmask` in `end_drain` (written and read
     /// by that drainer only).
     masked: AtomicUsize,
 }
@@ -475,18 +475,18 @@ impl Slots {
 
     /// Takes `slot`'s drain flag (`wait`: waiting, yielding, for another
     /// drainer of the slot to finish; else `false` at once), with the
-    /// platform's drain mask ([`Platform::drain_mask`]) from before the
+    /// platform's mask ([`Platform::mask`]) from before the
     /// take until [`Slots::release_drain`]: a drainer preempted with the
     /// flag would hang a context that waits for it with interrupts masked
     /// on its CPU.
     fn take_drain<P: Platform>(&self, plat: &P, slot: usize, wait: bool) -> bool {
         let s = &self.sync[slot];
-        let saved = plat.drain_mask();
+        let saved = plat.mask();
         let mut i = 0;
         while s.drainers.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             if !wait {
                 // SAFETY: this context's mask, the last it took.
-                unsafe { plat.drain_unmask(saved) };
+                unsafe { plat.unmask(saved) };
                 return false;
             }
             wait_step(i);
@@ -497,7 +497,7 @@ impl Slots {
     }
 
     /// Gives back the drain flag of `slot` that [`Slots::take_drain`] took,
-    /// then the drain mask.
+    /// then the platform's mask.
     fn release_drain<P: Platform>(&self, plat: &P, slot: usize) {
         let s = &self.sync[slot];
         let saved = s.masked.load(Ordering::Relaxed);
@@ -505,7 +505,7 @@ impl Slots {
         // SAFETY: `take_drain` took this mask on this context (which the
         // mask kept from moving), and the drain's own (its locks') were all
         // given back since: drains end before the locks around them.
-        unsafe { plat.drain_unmask(saved) };
+        unsafe { plat.unmask(saved) };
     }
 }
 

@@ -265,28 +265,30 @@ pub unsafe trait Platform: Sync {
     /// The caller took `slot` with `steal` or `try_steal` (which returned
     /// `true`) and has not given it back since.
     unsafe fn unsteal(&self, _slot: usize) {}
-    /// Keeps other contexts off the calling CPU from before a drain takes
-    /// a slot's drain flag until after it lets the flag go (the drain of
-    /// one slot's magazines and byte stock: bounded work); the value goes
-    /// back to [`Platform::drain_unmask`]. A context that waits for that
-    /// flag (group removal, reclaim, `shrink`) may do so under the
-    /// allocator's locks; where those mask interrupts ([`crate::PerCpu`]
-    /// with [`crate::IrqSpinLock`]), a drainer preempted holding the flag
-    /// would hang such a waiter on its CPU for good. `PerCpu` masks local
-    /// interrupts. The default does nothing, for platforms whose waiters
-    /// yield or can be preempted (threads).
+    /// Keeps other contexts off the calling CPU while the allocator holds
+    /// a flag that other contexts wait for, until [`Platform::unmask`]
+    /// with the value returned: a slot's drain flag, from before a drain
+    /// takes it until after it lets it go (the drain of one slot's
+    /// magazines and byte stock: bounded work), and a `Kmem`'s first use,
+    /// while it fits its caches to the page source. A context that waits
+    /// for such a flag (group removal, reclaim, `shrink`) may do so under
+    /// the allocator's locks; where those mask interrupts
+    /// ([`crate::PerCpu`] with [`crate::IrqSpinLock`]), a holder preempted
+    /// with the flag would hang such a waiter on its CPU for good.
+    /// `PerCpu` masks local interrupts. The default does nothing, for
+    /// platforms whose waiters yield or can be preempted (threads).
     #[inline(always)]
-    fn drain_mask(&self) -> usize {
+    fn mask(&self) -> usize {
         0
     }
-    /// Ends what [`Platform::drain_mask`] began.
+    /// Ends what [`Platform::mask`] began.
     ///
     /// # Safety
     ///
-    /// `saved` is what `drain_mask` returned to the calling context, and
+    /// `saved` is what `mask` returned to the calling context, and
     /// the masks it took since were all ended (in reverse order).
     #[inline(always)]
-    unsafe fn drain_unmask(&self, _saved: usize) {}
+    unsafe fn unmask(&self, _saved: usize) {}
     /// Whether the caller runs in interrupt context: its allocations are
     /// then *atomic* (no reclaim, no shrinkers, no tree lock) and charged
     /// to the root.

@@ -28,7 +28,7 @@
 //!
 //! Either way a drain runs with local interrupts masked on the draining
 //! CPU, from before it takes the slot's drain flag until after it lets it
-//! go (`Platform::drain_mask`), so a preemptive kernel cannot switch tasks
+//! go (`Platform::mask`), so a preemptive kernel cannot switch tasks
 //! inside it: the task switched to might wait for that flag with
 //! interrupts masked (a group removal under the tree lock) and never let
 //! the drainer run again.
@@ -372,15 +372,15 @@ unsafe impl<C: Cpu> Platform for PerCpu<C> {
         self.cpus[slot].busy.store(0, Ordering::Release);
     }
 
-    /// A drain runs with local interrupts masked, as a slot hold and every
-    /// allocator lock do: no task switch, so no waiter for its drain flag
-    /// runs on this CPU before it ends.
-    fn drain_mask(&self) -> usize {
+    /// A drain (and the first use) runs with local interrupts masked, as a
+    /// slot hold and every allocator lock do: no task switch, so no waiter
+    /// for its flag runs on this CPU before it ends.
+    fn mask(&self) -> usize {
         C::irq_save()
     }
 
-    unsafe fn drain_unmask(&self, saved: usize) {
-        // SAFETY: saved by `drain_mask` on this CPU (which the mask kept us
+    unsafe fn unmask(&self, saved: usize) {
+        // SAFETY: saved by `mask` on this CPU (which the mask kept us
         // on), restored in reverse order (the caller's contract).
         unsafe { C::irq_restore(saved) }
     }
