@@ -14,7 +14,7 @@
 //! | --- | --- | --- | --- |
 //! | `usage` | charge/uncharge (`fetch_add`/`fetch_sub`) | `Relaxed`, then `fence(SeqCst)` in `try_charge` | the fence in `set_max`: a charger that read the old `max` has its add seen by `set_max`'s re-read of `usage`, which then retries (Dekker) |
 //! | `max` | `set_max` (`swap`) | `Relaxed`, then `fence(SeqCst)` | the fence in `try_charge` |
-//! | `high`, `soft`, `low`, `min` | setters, under `setting` | `Relaxed` | readers act on a recent value; none guards memory |
+//! | `high`, `soft`, `low`, `min` | their setters (one store each, no turn: nothing reads them together, and group removal resets `min` and `low` under the tree lock, where a turn would wait for a setter that may have been preempted) | `Relaxed` | readers act on a recent value; none guards memory |
 //! | `setting` | limit setters (a spin lock: `Acquire` CAS, `Release` store) | `Acquire`/`Release` | the previous setter's writes to `max` (and its rollback) |
 //! | `watermark` | charges (`fetch_max`), after every level accepted | `Relaxed` | statistic: a refused charge never raises it; `reset_watermark` races with charges and may lose one peak (tolerated, as in Linux) |
 //! | `failcnt` | failed charges | `Relaxed` | statistic |
@@ -268,22 +268,18 @@ impl PageCounter {
 
     /// Sets `high` (pages).
     pub fn set_high(&self, pages: usize) {
-        let _turn = self.setter_turn();
         self.high.store(pages, Ordering::Relaxed);
     }
     /// Sets the soft limit (pages).
     pub fn set_soft(&self, pages: usize) {
-        let _turn = self.setter_turn();
         self.soft.store(pages, Ordering::Relaxed);
     }
     /// Sets `low` (pages).
     pub fn set_low(&self, pages: usize) {
-        let _turn = self.setter_turn();
         self.low.store(pages, Ordering::Relaxed);
     }
     /// Sets `min` (pages).
     pub fn set_min(&self, pages: usize) {
-        let _turn = self.setter_turn();
         self.min.store(pages, Ordering::Relaxed);
     }
 
