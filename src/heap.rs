@@ -648,10 +648,18 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// just before a reap is the working set of that interval: the next
     /// reap returns it if it stays unused. A reap waits for no thread: a
     /// slot in an operation at that instant is left for the next one
-    /// (decay runs reaps inside allocations).
+    /// (decay runs reaps inside allocations). With detection on, the
+    /// quarantine and the retired sampled runs go back first (decay's
+    /// reaps leave them: they are bounded, and what they are for is to
+    /// keep freed memory unused for a while).
     pub fn reap(&self) -> usize {
         self.settle();
         self.flush_quarantine();
+        self.reap_slots_and_slabs()
+    }
+
+    /// [`Kmem::reap`] without the quarantine: decay's.
+    fn reap_slots_and_slabs(&self) -> usize {
         let idle = self.slots.reap_idle_mask();
         self.tree.reap(self, &idle) + self.source.trim()
     }

@@ -442,6 +442,14 @@ impl<R: RawMutex> Tree<R> {
                 }
             });
         }
+        if freed > 0 {
+            // With detection on, what the shrinkers freed waits in the
+            // quarantine, charged and keeping its slabs: give it back now
+            // (no lock held), so that the drains after this round free
+            // those slabs and the charges drop, as `reclaim` did for what
+            // was there before it began.
+            env.flush_deferred();
+        }
         (freed, held)
     }
 }
