@@ -92,14 +92,27 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // (the 4-byte-aligned class, objects of up to 4 bytes) is not
             // read, nor counted (a review found Miri reporting the race
             // of plain reads here with an allocation on another thread).
+            // The size is read between two reads of the tag, as a seqlock
+            // reader would: an allocation writes the size before the tag,
+            // a free the tag before it overwrites the size with its owner
+            // word (each with a `Release` fence between), so a size read
+            // between two live tags is that object's (short of the slot
+            // being freed, quarantined, let out and allocated again
+            // between the two reads).
             // SAFETY: as just said, the reads are in bounds, every write
             // they may race is atomic, and the tag check tells a live
             // checked object.
             unsafe {
-                if word_load_if_aligned(t) == Some(tag(ALIVE, s, slot, cache.cache.birth_of(s)))
-                    && let Some(n) = word_load_if_aligned(n)
-                {
-                    sizes.add(n, s.addr());
+                let live = Some(tag(ALIVE, s, slot, cache.cache.birth_of(s)));
+                if word_load_if_aligned(t) == live {
+                    core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                    let size = word_load_if_aligned(n);
+                    core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                    if let Some(size) = size
+                        && word_load_if_aligned(t) == live
+                    {
+                        sizes.add(size, s.addr());
+                    }
                 }
             }
         });

@@ -94,10 +94,14 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             }
             link.write_unaligned(core::ptr::null_mut());
             let word = owner.map_or(core::ptr::without_provenance(slot | RUN), |o| (o as *const MagCache<R>).cast());
-            // Shared, as the tag: `Cgroup::stat` reads them.
+            // Shared, as the tag: `Cgroup::stat` reads them. The tag
+            // first: a scan that reads the owner where the size was
+            // rereads the tag after (its `Acquire` fence; `leaks`) and
+            // finds it no longer live.
+            word_store_shared(t, tag(FREED, s, slot, birth_in(owner, s)));
+            core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
             ptr_store_shared(own.cast::<*const ()>(), word);
             s.add(HEAD).cast::<usize>().write_unaligned(front);
-            word_store_shared(t, tag(FREED, s, slot, birth_in(owner, s)));
         }
         #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
         if d.sites {

@@ -85,9 +85,12 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
                 let f_was = freed_front(s, slot);
                 expect_bytes(s, HEAD + W, slot, POISON, "write after free", cache, s.add(f_was), None);
             }
-            // Shared: `Cgroup::stat` reads them from other threads.
-            word_store_shared(t, tag(ALIVE, s, slot, birth));
+            // Shared: `Cgroup::stat` reads them from other threads. The
+            // size first: a scan that reads the live tag reads it after
+            // (its `Acquire` fence; `leaks`).
             word_store_shared(n, size);
+            core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+            word_store_shared(t, tag(ALIVE, s, slot, birth));
             #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
             if d.sites {
                 super::sites::allocated(s);
