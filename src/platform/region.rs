@@ -132,7 +132,9 @@ impl<R: RawMutex, const ZONES: usize> Region<R, ZONES> {
     /// # Safety
     ///
     /// The range must be valid for reads and writes, used by nothing else,
-    /// and stay so for as long as this `Region` exists.
+    /// and stay so for as long as this `Region` exists. It must not hold
+    /// address 0, which Rust never reads or writes through (start a memory
+    /// map's first range, if it begins there, a page later).
     pub unsafe fn add_raw(&self, start: *mut u8, len: usize, node: usize) -> Result<(), RegionError> {
         if node >= MAX_NODES {
             return Err(RegionError::BadNode);
