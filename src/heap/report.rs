@@ -45,7 +45,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
     /// cache every group's objects of it come from (`group` is `/` for the
     /// root, `*` for a charged cache, `-` for the allocator's own caches), where
     /// `limit` is the rounds per magazine and `active_objs` counts objects
-    /// out of the slabs (live or cached in magazines), as Linux does.
+    /// out of the slabs (live or cached in magazines), as Linux does. A
+    /// typed cache dropped while leaked objects keep its slabs stays, and
+    /// its rows (and its charged cache's) are listed as `name(dead)`.
     pub fn slabinfo(&self) -> SlabInfo<'_, Self> {
         SlabInfo { kmem: self }
     }
@@ -155,21 +157,31 @@ impl<K: Heap> fmt::Display for SlabInfo<'_, K> {
         row(f, format_args!("kmem_charged_cache"), Row::of_plain(&t.charged_caches), "-")?;
         row(f, format_args!("kmem_pressure"), Row::of_plain(&t.pressure_nodes), "-")?;
         let mut res = Ok(());
+        // A destroyed cache whose slabs leaked objects keep stays, dead,
+        // listed with a `(dead)` mark while it holds slabs, as its
+        // charged cache's row is: else those pages would be in no row.
         t.for_each_desc(|desc| {
-            if res.is_ok() && desc.live.load(Ordering::Relaxed) {
-                res = row(f, format_args!("{}", desc.name.as_str()), Row::of(&desc.cache), "/");
+            let live = desc.live.load(Ordering::Relaxed);
+            let r = Row::of(&desc.cache);
+            if res.is_ok() && (live || r.slabs.slabs > 0) {
+                res = row(f, format_args!("{}{}", desc.name.as_str(), dead_mark(live)), r, "/");
             }
         });
         res?;
         // One row per charged cache, named for the cache it charges for,
         // its group column `*` (every group's objects share its slabs).
-        t.for_each_charged(|name, c| {
+        t.for_each_charged_of(|name, live, c| {
             if res.is_ok() {
-                res = row(f, format_args!("{}", name.as_str()), Row::of(c), "*");
+                res = row(f, format_args!("{}{}", name.as_str(), dead_mark(live)), Row::of(c), "*");
             }
         });
         res
     }
+}
+
+/// What follows a destroyed cache's name in `slabinfo`.
+fn dead_mark(live: bool) -> &'static str {
+    if live { "" } else { "(dead)" }
 }
 
 impl fmt::Display for KmemStats {

@@ -592,9 +592,10 @@ fn a_typed_cache_with_a_leaked_object_stays_dead() {
         let c = k.create_cache::<u64>(&std::format!("c{i}"), CacheFlags::ACCOUNT).unwrap();
         drop(c.alloc_in(&g, 2).unwrap());
     }
-    // The leaked object's charged cache still reports it, charged to g.
+    // The leaked object's charged cache still reports it, charged to g,
+    // marked dead.
     let info = k.slabinfo().to_string();
-    let row = info.lines().find(|l| l.starts_with("leaky ") && l.ends_with(" *")).expect("a row for the leak");
+    let row = info.lines().find(|l| l.starts_with("leaky(dead) ") && l.ends_with(" *")).expect("a row for the leak");
     assert_eq!(row.split_whitespace().nth(1), Some("1"), "{row}");
     assert!(g.stat().caches().any(|(name, objects, _)| name == "leaky" && objects == 1), "{}", g.stat());
     k.check();

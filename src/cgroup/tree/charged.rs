@@ -157,19 +157,26 @@ impl<R: RawMutex> Tree<R> {
     /// Calls `f` on every charged cache with the name of the cache it
     /// charges for: the size classes', then the typed caches'.
     pub(crate) fn for_each_charged(&self, mut f: impl FnMut(Name, &MagCache<R>)) {
+        self.for_each_charged_of(|name, _, c| f(name, c));
+    }
+
+    /// [`Tree::for_each_charged`], also telling whether the cache each
+    /// charges for is live (size classes always are; a destroyed typed
+    /// cache stays, dead, while leaked objects keep its slabs).
+    pub(crate) fn for_each_charged_of(&self, mut f: impl FnMut(Name, bool, &MagCache<R>)) {
         // A shrink with no group left frees charged caches once no reader
         // holds a guard (`release_charged`): a report may run without one.
         let _read = self.read_guard();
         for (c, base) in self.classes().iter().enumerate() {
             if let Some(cache) = self.charged_of(base) {
-                f(class_name(c), cache);
+                f(class_name(c), true, cache);
             }
         }
         // The read guards keep a destroyed cache's charged cache from
         // being freed while `f` looks at it.
         self.for_each_desc(|d| {
             if let Some(cache) = self.charged_of(&d.cache) {
-                f(d.name, cache);
+                f(d.name, d.live.load(Ordering::Relaxed), cache);
             }
         });
     }
