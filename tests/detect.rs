@@ -673,6 +673,10 @@ fn detection_settings_parse_from_the_environment_value() {
     assert_eq!(Detection::from_env_value(b"poison"), Detection::OFF.poison(true).quarantine(1 << 20));
     assert_eq!(Detection::from_env_value(b"guard=100"), Detection::sampled(100));
     assert_eq!(Detection::from_env_value(b"all, guard=0"), Detection::ALL.guard_pages(0));
+    // A review's note: `sites` alone turned nothing on (sites are kept
+    // for checked objects only); it brings red zones and poison now.
+    assert_eq!(Detection::from_env_value(b"sites"), Detection::ALL.guard_pages(0).sites(true));
+    assert_eq!(Detection::from_env_value(b"sampled,sites"), Detection::SAMPLED.sites(true));
     // Unknown words are skipped; a value with no word understood turns
     // everything on rather than nothing.
     assert_eq!(Detection::from_env_value(b"redzone,bogus,quarantine=x"), Detection::OFF.redzones(true));

@@ -144,7 +144,8 @@ impl Detection {
     ///   [`Detection::sites`]), `sampled`
     ///   ([`Detection::SAMPLED`]'s rate) and `all`, later words
     ///   overriding earlier ones. `poison` without a `quarantine=` word
-    ///   gets the default 1 MiB quarantine.
+    ///   gets the default 1 MiB quarantine; `sites` without a check
+    ///   (red zones, poison or sampling) turns red zones and poison on.
     ///
     /// An unknown word is skipped; if no word of the value was understood,
     /// the result is [`Detection::ALL`] (whoever set the variable wanted
@@ -267,6 +268,12 @@ pub(super) const fn parse(v: &[u8]) -> (Detection, Option<(usize, usize)>) {
     if !known {
         return (Detection::ALL, unknown);
     }
+    if d.sites && !d.is_on() {
+        // Sites are recorded only for checked objects: whoever asked for
+        // them wants checks, so red zones and poison.
+        d.redzone = true;
+        d.poison = true;
+    }
     if d.poison && !quarantine_set {
         d.quarantine = DEFAULT_QUARANTINE;
     }
@@ -336,7 +343,8 @@ pub(super) fn env_detection(warned: &AtomicUsize) -> Detection {
             let word = core::str::from_utf8(&v[a..b]).unwrap_or("(not UTF-8)");
             super::report::warn(format_args!(
                 "kmemcg: KMEMCG_DEBUG: unknown word {word:?} skipped (known: 1, true, yes, on, all; 0, false, \
-                 no, off; or a list of redzone, poison, quarantine=N[k|m], guard=N); detection taken: {d:?}"
+                 no, off; or a list of redzone, poison, quarantine=N[k|m], guard=N, sampled, sites); detection \
+                 taken: {d:?}"
             ));
         }
         d
