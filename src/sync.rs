@@ -688,6 +688,21 @@ pub(crate) unsafe fn word_store(p: *mut *mut (), v: *mut ()) {
     unsafe { core::sync::atomic::AtomicPtr::from_ptr(p) }.store(v, core::sync::atomic::Ordering::Relaxed)
 }
 
+/// A `Release` fence between [`word_store_shared`]s, for a reader that
+/// loads them with [`word_load_if_aligned`] and [`shared_acquire_fence`]
+/// in the other order (a seqlock's writer). Not loom's: these words are
+/// plain atomics under loom too.
+#[inline(always)]
+pub(crate) fn shared_release_fence() {
+    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+}
+
+/// The reader's half of [`shared_release_fence`].
+#[inline(always)]
+pub(crate) fn shared_acquire_fence() {
+    core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+}
+
 /// Stores `v` at `p`: a relaxed atomic store where `p` is aligned to a
 /// word, else a plain unaligned write. For words another thread may read
 /// meanwhile with [`word_load_if_aligned`] (detection's slot headers,

@@ -105,9 +105,9 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             unsafe {
                 let live = Some(tag(ALIVE, s, slot, cache.cache.birth_of(s)));
                 if word_load_if_aligned(t) == live {
-                    core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                    crate::sync::shared_acquire_fence();
                     let size = word_load_if_aligned(n);
-                    core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                    crate::sync::shared_acquire_fence();
                     if let Some(size) = size
                         && word_load_if_aligned(t) == live
                     {

@@ -99,7 +99,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // rereads the tag after (its `Acquire` fence; `leaks`) and
             // finds it no longer live.
             word_store_shared(t, tag(FREED, s, slot, birth_in(owner, s)));
-            core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+            crate::sync::shared_release_fence();
             ptr_store_shared(own.cast::<*const ()>(), word);
             s.add(HEAD).cast::<usize>().write_unaligned(front);
         }

@@ -89,7 +89,7 @@ impl<S: PageSource, R: RawMutex, P: Platform> Kmem<S, R, P> {
             // size first: a scan that reads the live tag reads it after
             // (its `Acquire` fence; `leaks`).
             word_store_shared(n, size);
-            core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+            crate::sync::shared_release_fence();
             word_store_shared(t, tag(ALIVE, s, slot, birth));
             #[cfg(all(feature = "std", not(loom), target_os = "linux", target_env = "gnu"))]
             if d.sites {
